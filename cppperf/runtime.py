@@ -1,0 +1,71 @@
+"""Run services in this process on a (possibly embedded) NATS: used by `mine` and `serve`."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+from faststream.nats import NatsBroker
+
+from shared.bus import Bus
+from shared.embedded import EmbeddedNats
+from shared.service import ServiceContext
+from shared.settings import Settings
+from shared.store import Store
+
+CONSUMING_SERVICES = ("filter", "classifier", "builder")
+ALL_SERVICES = ("crawler", "filter", "classifier", "builder", "evaluator")
+NOT_YET = {"evaluator": "the evaluator service is not yet available (issue: Evaluator service)"}
+
+
+@contextlib.contextmanager
+def nats_endpoint(settings: Settings) -> Iterator[str]:
+    """The configured NATS URL, or an embedded nats-server for the duration of the block."""
+    if settings.nats_url:
+        yield settings.nats_url
+        return
+    with EmbeddedNats(settings.nats_data_dir()) as server:
+        yield server.url
+
+
+@contextlib.asynccontextmanager
+async def connect(settings: Settings, url: str) -> AsyncIterator[ServiceContext]:
+    bus = await Bus.connect(url, settings.bus)
+    try:
+        await bus.provision()
+        store = await Store.open(bus.js, replicas=settings.bus.replicas)
+        yield ServiceContext(settings=settings, bus=bus, store=store)
+    finally:
+        await bus.close()
+
+
+@dataclass
+class Running:
+    ctx: ServiceContext
+    broker: NatsBroker
+
+
+@contextlib.asynccontextmanager
+async def run_services(settings: Settings, url: str, services: list[str]) -> AsyncIterator[Running]:
+    """Start the consuming services named in `services` on one broker; stop them on exit."""
+    from services.builder import app as builder_app
+    from services.classifier import app as classifier_app
+    from services.filter import app as filter_app
+
+    async with connect(settings, url) as ctx:
+        broker = NatsBroker(url, logger=None)
+        closers = []
+        if "filter" in services:
+            filter_app.register(broker, ctx)
+        if "classifier" in services:
+            closers.append(classifier_app.register(broker, ctx))
+        if "builder" in services:
+            builder_app.register(broker, ctx)
+        await broker.start()
+        try:
+            yield Running(ctx, broker)
+        finally:
+            await broker.stop()
+            for c in closers:
+                await c.close()

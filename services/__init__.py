@@ -1,0 +1,1 @@
+"""The pipeline's stages, one package each: crawler, filter, classifier, builder, evaluator."""

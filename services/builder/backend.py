@@ -1,0 +1,140 @@
+"""Where builds and test runs happen. `LocalBackend` runs on this host in a per-instance workspace:
+
+    <work>/<instance>/old/{src,build}    the parent commit
+    <work>/<instance>/new/{src,build}    the commit
+    <work>/<instance>/ccache             one cache for both sides (CCACHE_BASEDIR = workspace)
+    <work>/<instance>/logs/              configure/build logs per side
+
+Both trees have the same shape and path length, so ccache hits across sides and binaries can be
+compared byte for byte after mapping `old` → `new` in embedded paths. The docker backend
+(containers issue) implements the same `Backend` protocol.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import subprocess
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+from services.builder.cmake import BuildSpec, StepResult, TestCase, build, configure, discover_tests, tool_env
+from services.builder.sandbox import Limits, RunResult, run
+from shared.errors import BadInput, InfraFailure
+
+SideName = Literal["old", "new"]
+SIDES: tuple[SideName, SideName] = ("old", "new")
+
+
+class Backend(Protocol):
+    name: str
+
+    def prepare(self, repo_path: Path, shas: dict[SideName, str]) -> None: ...
+    def build(self, side: SideName) -> list[StepResult]: ...
+    def tests(self, side: SideName) -> list[TestCase]: ...
+    def binaries_identical(self, tests: list[str]) -> bool: ...
+    def run_test(self, side: SideName, test: TestCase, limits: Limits) -> RunResult: ...
+    def cleanup(self) -> None: ...
+
+
+def export_tree(repo_path: Path, sha: str, dest: Path) -> None:
+    """Write the tree of `sha` into `dest` (git archive: works on bare and blobless mirrors)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(
+        ["git", "-C", str(repo_path), "archive", "--format=tar", sha], capture_output=True, check=False
+    )
+    if proc.returncode != 0:
+        raise BadInput(f"cannot export {sha[:12]}: {proc.stderr.decode(errors='replace').strip()[-300:]}")
+    with tarfile.open(fileobj=io.BytesIO(proc.stdout)) as tar:
+        tar.extractall(dest, filter="data")
+
+
+@dataclass
+class LocalBackend:
+    workspace: Path
+    spec: BuildSpec
+    env_overrides: dict[str, str]
+    sandbox: bool = True
+    output_limit: int = 64 * 1024
+    name: str = "local"
+
+    def side_dir(self, side: SideName) -> Path:
+        return self.workspace / side
+
+    @property
+    def logs(self) -> Path:
+        return self.workspace / "logs"
+
+    def prepare(self, repo_path: Path, shas: dict[SideName, str]) -> None:
+        if self.workspace.exists():
+            shutil.rmtree(self.workspace)
+        self.logs.mkdir(parents=True)
+        for side in SIDES:
+            export_tree(repo_path, shas[side], self.side_dir(side) / "src")
+
+    def _env(self) -> dict[str, str]:
+        return tool_env(self.workspace / "ccache", self.workspace)
+
+    def build(self, side: SideName) -> list[StepResult]:
+        d = self.side_dir(side)
+        env = self._env()
+        steps = [
+            configure(d / "src", d / "build", self.spec, env=env, log=self.logs / f"{side}-configure.log")
+        ]
+        if steps[-1].ok:
+            steps.append(build(d / "build", self.spec, env=env, log=self.logs / f"{side}-build.log"))
+        return steps
+
+    def tests(self, side: SideName) -> list[TestCase]:
+        return discover_tests(self.side_dir(side) / "build")
+
+    def _artifacts(self, side: SideName, tests: list[str]) -> dict[str, str] | None:
+        """Hash of each test executable and shared library in the build tree, paths normalised."""
+        root = self.side_dir(side)
+        build_dir = root / "build"
+        by_name = {t.name: t for t in self.tests(side)}
+        files: set[Path] = set()
+        for name in tests:
+            t = by_name.get(name)
+            if t is None or not t.command:
+                return None
+            exe = Path(t.command[0])
+            if not exe.is_absolute() or build_dir not in exe.parents:
+                return None  # a script or system tool: cannot prove it unchanged
+            files.add(exe)
+        files |= {p for p in build_dir.rglob("*.so*") if p.is_file()}
+        old_prefix = str(self.side_dir("old")).encode()
+        new_prefix = str(self.side_dir("new")).encode()
+        out: dict[str, str] = {}
+        for f in sorted(files):
+            data = f.read_bytes() if f.is_file() else b""
+            if side == "old":
+                data = data.replace(old_prefix, new_prefix)
+            out[str(f.relative_to(root))] = hashlib.sha256(data).hexdigest()
+        return out
+
+    def binaries_identical(self, tests: list[str]) -> bool:
+        old = self._artifacts("old", tests)
+        new = self._artifacts("new", tests)
+        return old is not None and old == new
+
+    def run_test(self, side: SideName, test: TestCase, limits: Limits) -> RunResult:
+        env = {**os.environ, **self.env_overrides, **test.env}
+        try:
+            return run(
+                test.command,
+                cwd=test.cwd,
+                env=env,
+                limits=limits,
+                output_limit=self.output_limit,
+                sandbox=self.sandbox,
+            )
+        except OSError as exc:
+            raise InfraFailure(f"cannot run {test.name}: {exc}") from exc
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.workspace, ignore_errors=True)

@@ -1,0 +1,165 @@
+"""CMake configure/build and CTest discovery for one source tree.
+
+Configure: `-DCMAKE_BUILD_TYPE=Release` (setting), Ninja when available, ccache as compiler
+launcher when installed, `BUILD_TESTING=ON` plus the project's own `<X>_TEST`/`<X>_BUILD_TESTS`
+style options found in its CMakeLists. Tests: `ctest --show-only=json-v1` gives each test's
+command, working directory and environment so the protocol can run them directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.builder.deps import MissingDeps, diagnose
+from services.builder.sandbox import Limits, RunResult, run
+
+_TEST_OPTION = re.compile(
+    r"option\s*\(\s*(\w*(?:BUILD_TESTS?|BUILD_TESTING|_TESTS?|_TESTING|_UNIT_TESTS|ENABLE_TESTS?|WITH_TESTS?))\b",
+    re.IGNORECASE,
+)
+
+
+def test_options(src: Path) -> list[str]:
+    """`-D<opt>=ON` for test switches declared with option() in the project's CMake files."""
+    opts: dict[str, None] = {"BUILD_TESTING": None}
+    files = (
+        [src / "CMakeLists.txt", *sorted((src / "cmake").glob("*.cmake"))]
+        if (src / "cmake").is_dir()
+        else [src / "CMakeLists.txt"]
+    )
+    for f in files:
+        if f.is_file():
+            for name in _TEST_OPTION.findall(f.read_text(errors="replace")):
+                if "DISABLE" not in name.upper() and "NO_" not in name.upper():
+                    opts.setdefault(name, None)
+    return [f"-D{o}=ON" for o in opts]
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    build_type: str = "Release"
+    jobs: int = 0
+    extra_args: tuple[str, ...] = ()
+    configure_timeout: float = 600.0
+    build_timeout: float = 3600.0
+
+
+@dataclass
+class StepResult:
+    step: str
+    ok: bool
+    result: RunResult
+    category: str | None = None  # configure | dependency | compile | timeout | infra
+    missing: MissingDeps | None = None
+    log_path: Path | None = None
+
+
+def tool_env(ccache_dir: Path | None, basedir: Path | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("LC_ALL", "C")
+    if ccache_dir is not None:
+        env["CCACHE_DIR"] = str(ccache_dir)
+        env["CCACHE_NOHASHDIR"] = "1"
+        if basedir is not None:
+            env["CCACHE_BASEDIR"] = str(basedir)
+    return env
+
+
+def configure_argv(src: Path, build: Path, spec: BuildSpec) -> list[str]:
+    argv = ["cmake", "-S", str(src), "-B", str(build), f"-DCMAKE_BUILD_TYPE={spec.build_type}"]
+    if shutil.which("ninja"):
+        argv += ["-G", "Ninja"]
+    if shutil.which("ccache"):
+        argv += ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", "-DCMAKE_C_COMPILER_LAUNCHER=ccache"]
+    argv += test_options(src)
+    argv += list(spec.extra_args)
+    return argv
+
+
+def configure(src: Path, build: Path, spec: BuildSpec, *, env: dict[str, str], log: Path) -> StepResult:
+    build.mkdir(parents=True, exist_ok=True)
+    res = run(
+        configure_argv(src, build, spec),
+        env=env,
+        limits=Limits(timeout=spec.configure_timeout, memory_mb=None),
+        sandbox=False,
+        log_file=log,
+        output_limit=256 * 1024,
+    )
+    if res.ok:
+        return StepResult("configure", True, res, log_path=log)
+    if res.timed_out:
+        return StepResult("configure", False, res, "timeout", log_path=log)
+    missing = diagnose(res.output, build / "CMakeCache.txt")
+    return StepResult("configure", False, res, "dependency" if missing else "configure", missing, log)
+
+
+def build(build_dir: Path, spec: BuildSpec, *, env: dict[str, str], log: Path) -> StepResult:
+    jobs = spec.jobs or os.cpu_count() or 1
+    res = run(
+        ["cmake", "--build", str(build_dir), "-j", str(jobs)],
+        env=env,
+        limits=Limits(timeout=spec.build_timeout, memory_mb=None),
+        sandbox=False,
+        log_file=log,
+        output_limit=256 * 1024,
+    )
+    if res.ok:
+        return StepResult("build", True, res, log_path=log)
+    if res.timed_out:
+        return StepResult("build", False, res, "timeout", log_path=log)
+    if res.returncode < 0 or "Killed signal terminated program" in res.output:
+        return StepResult("build", False, res, "infra", log_path=log)
+    return StepResult("build", False, res, "compile", log_path=log)
+
+
+@dataclass(frozen=True)
+class TestCase:
+    name: str
+    command: list[str]
+    cwd: str
+    env: dict[str, str] = field(default_factory=dict)
+    timeout: float | None = None
+    disabled: bool = False
+    will_fail: bool = False
+
+
+def discover_tests(build_dir: Path, *, env: dict[str, str] | None = None) -> list[TestCase]:
+    """Every CTest test with its command line, working directory and environment."""
+    proc = subprocess.run(
+        ["ctest", "--test-dir", str(build_dir), "--show-only=json-v1"],
+        capture_output=True,
+        check=False,
+        env=env,
+        timeout=300,
+    )
+    if proc.returncode != 0:
+        return []
+    data = json.loads(proc.stdout or b"{}")
+    tests: list[TestCase] = []
+    for t in data.get("tests", []):
+        if not t.get("command"):
+            continue
+        props = {p["name"]: p["value"] for p in t.get("properties", [])}
+        test_env: dict[str, str] = {}
+        for item in props.get("ENVIRONMENT", []) or []:
+            key, _, value = str(item).partition("=")
+            test_env[key] = value
+        tests.append(
+            TestCase(
+                name=t["name"],
+                command=[str(c) for c in t["command"]],
+                cwd=str(props.get("WORKING_DIRECTORY", build_dir)),
+                env=test_env,
+                timeout=float(props["TIMEOUT"]) if "TIMEOUT" in props else None,
+                disabled=bool(props.get("DISABLED", False)),
+                will_fail=bool(props.get("WILL_FAIL", False)),
+            )
+        )
+    return tests

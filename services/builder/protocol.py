@@ -1,0 +1,112 @@
+"""The measurement protocol: interleaved, seeded rounds; early stop; confirmation runs.
+
+Each round runs every still-active test once on each side; the order of tests and, per test, which
+side goes first are drawn from a seeded RNG (seed recorded), so drift hits both sides alike. The
+first `warmup` rounds are discarded. Every run must pass: the first failure ends the protocol with
+the test and side named. After `min_rounds` kept rounds a test whose ratio CI is clearly inside ±1 %
+or clearly beyond the threshold stops being run (rounds saved are counted).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from services.builder.backend import SideName
+from services.builder.sandbox import RunResult
+from services.builder.stats import clearly_settled
+
+RunOne = Callable[[SideName, str], RunResult]
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class Samples:
+    old: list[float] = field(default_factory=list)
+    new: list[float] = field(default_factory=list)
+    old_cpu: list[float] = field(default_factory=list)
+    new_cpu: list[float] = field(default_factory=list)
+
+    def add(self, side: SideName, res: RunResult) -> None:
+        (self.old if side == "old" else self.new).append(res.wall_s)
+        (self.old_cpu if side == "old" else self.new_cpu).append(res.cpu_s)
+
+
+@dataclass(frozen=True)
+class RunFailure:
+    test: str
+    side: SideName
+    round: int
+    returncode: int
+    timed_out: bool
+    output_tail: str
+
+
+@dataclass
+class Measurement:
+    seed: int
+    rounds: int
+    warmup: int
+    samples: dict[str, Samples]
+    rounds_run: dict[str, int]
+    settled: dict[str, str] = field(default_factory=dict)
+    failure: RunFailure | None = None
+
+    @property
+    def rounds_saved(self) -> int:
+        return sum(self.rounds - n for n in self.rounds_run.values())
+
+
+def measure(
+    tests: list[str],
+    run_one: RunOne,
+    *,
+    rounds: int,
+    warmup: int,
+    seed: int,
+    early_stop: bool = False,
+    min_rounds: int = 10,
+    min_improvement: float = 0.05,
+    progress: Progress | None = None,
+) -> Measurement:
+    rng = random.Random(seed)
+    samples = {t: Samples() for t in tests}
+    rounds_run = dict.fromkeys(tests, 0)
+    meas = Measurement(seed=seed, rounds=rounds, warmup=warmup, samples=samples, rounds_run=rounds_run)
+    active = list(tests)
+    total = rounds * len(tests)
+    done = 0
+    for r in range(rounds):
+        order = active[:]
+        rng.shuffle(order)
+        for name in order:
+            sides: list[SideName] = ["old", "new"]
+            rng.shuffle(sides)
+            for side in sides:
+                res = run_one(side, name)
+                if not res.ok:
+                    meas.failure = RunFailure(
+                        name, side, r, res.returncode, res.timed_out, res.output[-2000:]
+                    )
+                    return meas
+                if r >= warmup:
+                    samples[name].add(side, res)
+            rounds_run[name] += 1
+            done += 1
+            if progress:
+                progress(done, total)
+        kept = r + 1 - warmup
+        if early_stop and kept >= min_rounds:
+            for name in list(active):
+                s = samples[name]
+                state = clearly_settled(s.old, s.new, min_improvement=min_improvement, seed=seed + r)
+                if state is not None:
+                    meas.settled[name] = state
+                    active.remove(name)
+                    done += rounds - r - 1
+        if not active:
+            break
+    if progress:
+        progress(total, total)
+    return meas

@@ -1,0 +1,184 @@
+"""The instance record: the published CppPerf-DB JSON shape plus our own `cppperf` section.
+
+Published keys (`metadata`, `commit_info`, `issues`, `pull_requests`, `build_info`,
+`performance_analysis`, `tests`, `logs`, `raw_timing_data`) are filled the way the published files
+fill them, so tools that read CppPerf-DB read ours. `cppperf` adds: instance id, verdict (ours and
+the paper's rule), per-test statistics with CIs, raw samples both sides (wall and CPU), seed,
+environment, early-stop savings, confirmation runs, failure category.
+"""
+
+from __future__ import annotations
+
+import statistics
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from services.builder.cmake import BuildSpec, configure_argv
+from services.builder.instance import InstanceResult
+from shared.messages import CommitSelected
+from shared.settings import BuilderSettings
+
+RECORD_VERSION = 1
+
+
+def _ci95(xs: list[float]) -> list[float]:
+    if len(xs) < 2:
+        return [xs[0], xs[0]] if xs else [0.0, 0.0]
+    m = statistics.fmean(xs)
+    half = 1.96 * statistics.stdev(xs) / len(xs) ** 0.5
+    return [m - half, m + half]
+
+
+def _ms(xs: list[float]) -> list[float]:
+    return [x * 1000.0 for x in xs]
+
+
+def build_record(
+    commit: CommitSelected, res: InstanceResult, *, diff: str, settings: BuilderSettings
+) -> dict[str, Any]:
+    meas = res.measurement
+    per_test: list[dict[str, Any]] = []
+    old_total: list[float] = []
+    new_total: list[float] = []
+    if meas is not None and meas.failure is None:
+        full = [s for s in meas.samples.values() if len(s.old) == len(next(iter(meas.samples.values())).old)]
+        if full:
+            old_total = [sum(v) for v in zip(*(s.old for s in full), strict=False)]
+            new_total = [sum(v) for v in zip(*(s.new for s in full), strict=False)]
+    for t in res.tests:
+        s = meas.samples[t.name] if meas else None
+        old_ms, new_ms = (_ms(s.old), _ms(s.new)) if s else ([], [])
+        per_test.append(
+            {
+                "test_name": t.name,
+                "is_significant": t.improved,
+                "p_value": t.p_improve_adj,
+                "is_mannwhitney_significant": t.paper_improved,
+                "mannwhitney_p_value": t.p_improve,
+                "relative_improvement": t.mean_change,
+                "absolute_improvement_ms": (t.mean_old - t.mean_new) * 1000.0,
+                "old_mean_ms": t.mean_old * 1000.0,
+                "new_mean_ms": t.mean_new * 1000.0,
+                "old_std_ms": statistics.stdev(old_ms) if len(old_ms) > 1 else 0.0,
+                "new_std_ms": statistics.stdev(new_ms) if len(new_ms) > 1 else 0.0,
+                "old_ci95_ms": _ci95(old_ms),
+                "new_ci95_ms": _ci95(new_ms),
+                "old_times": old_ms,
+                "new_times": new_ms,
+            }
+        )
+    improved = [t.name for t in res.tests if t.improved]
+    regressed = [t.name for t in res.tests if t.regressed]
+    paper_imp = [t.name for t in res.tests if t.paper_improved]
+    paper_reg = [t.name for t in res.tests if t.paper_regressed]
+    old_mean = statistics.fmean(old_total) if old_total else 0.0
+    new_mean = statistics.fmean(new_total) if new_total else 0.0
+    issues = [
+        {"number": lt.number, "title": lt.title, "body": lt.body, "url": lt.url}
+        for lt in commit.linked
+        if lt.kind == "issue"
+    ]
+    pulls = [
+        {"number": lt.number, "title": lt.title, "body": lt.body, "url": lt.url}
+        for lt in commit.linked
+        if lt.kind == "pull"
+    ]
+    files = [
+        {
+            "filename": f.path,
+            "status": {"A": "added", "D": "removed"}.get(f.status, "modified"),
+            "additions": f.added,
+            "deletions": f.deleted,
+            "changes": f.added + f.deleted,
+        }
+        for f in commit.files
+    ]
+    spec = BuildSpec(build_type=settings.build_type)
+    build_cmd = " ".join(configure_argv(Path("src"), Path("build"), spec))
+    return {
+        "metadata": {
+            "collection_date": datetime.now(UTC).isoformat(),
+            "repository": commit.url,
+            "repository_name": commit.repo,
+        },
+        "commit_info": {
+            "old_sha": commit.parent,
+            "new_sha": commit.sha,
+            "commit_message": [commit.message],
+            "commit_date": commit.date,
+            "patch": [diff],
+            "files_changed": files,
+            "lines_added": sum(f.added for f in commit.files),
+            "lines_removed": sum(f.deleted for f in commit.files),
+        },
+        "issues": issues,
+        "pull_requests": pulls,
+        "build_info": {
+            "old_build_script": [build_cmd, "cmake --build build"],
+            "new_build_script": [build_cmd, "cmake --build build"],
+            "old_test_script": ["ctest --test-dir build --show-only=json-v1", "<each test run directly>"],
+            "new_test_script": ["ctest --test-dir build --show-only=json-v1", "<each test run directly>"],
+            "build_system": "cmake",
+        },
+        "performance_analysis": {
+            "is_significant": res.verdict == "improved",
+            "relative_improvement": (old_mean - new_mean) / old_mean if old_mean else 0.0,
+            "absolute_improvement_ms": (old_mean - new_mean) * 1000.0,
+            "old_mean_ms": old_mean * 1000.0,
+            "new_mean_ms": new_mean * 1000.0,
+            "old_ci95_ms": _ci95(_ms(old_total)),
+            "new_ci95_ms": _ci95(_ms(new_total)),
+            "old_times_s": old_total,
+            "new_times_s": new_total,
+        },
+        "tests": {
+            "total_tests": len(res.tests),
+            "significant_improvements": len(improved),
+            "significant_improvements_tests": improved,
+            "significant_regressions": len(regressed),
+            "significant_regressions_tests": regressed,
+            "significant_mannwhitney_improvements": len(paper_imp),
+            "significant_mannwhitney_improvements_tests": paper_imp,
+            "significant_mannwhitney_regressions": len(paper_reg),
+            "significant_mannwhitney_regressions_tests": paper_reg,
+            "tests": per_test,
+        },
+        "logs": {
+            "build_success": not any(not s["ok"] for s in res.build_steps),
+            "test_success": res.failure_category not in ("test-failure", "timeout"),
+            "build_logs": [s["log"] for s in res.build_steps if s.get("log")],
+        },
+        "raw_timing_data": {
+            "warmup_runs": meas.warmup if meas else 0,
+            "measurement_runs": (meas.rounds - meas.warmup) if meas else 0,
+            "min_exec_time_improvement": settings.min_improvement,
+            "min_p_value": settings.alpha,
+        },
+        "cppperf": {
+            "record_version": RECORD_VERSION,
+            "instance_id": res.instance_id,
+            "verdict": res.verdict,
+            "verdict_paper_rule": res.verdict_paper,
+            "failure_category": res.failure_category,
+            "failure_detail": res.failure_detail,
+            "builder": settings.backend,
+            "environment": res.environment,
+            "seed": meas.seed if meas else None,
+            "rounds": meas.rounds if meas else 0,
+            "rounds_run": dict(meas.rounds_run) if meas else {},
+            "rounds_saved_by_early_stop": meas.rounds_saved if meas and meas.failure is None else 0,
+            "settled_early": dict(meas.settled) if meas else {},
+            "added_tests": res.added_tests,
+            "removed_tests": res.removed_tests,
+            "missing_packages": res.missing_packages,
+            "build_steps": res.build_steps,
+            "tests": [t.as_dict() for t in res.tests],
+            "confirmations": res.confirmations,
+            "samples": {
+                n: {"old_s": s.old, "new_s": s.new, "old_cpu_s": s.old_cpu, "new_cpu_s": s.new_cpu}
+                for n, s in (meas.samples.items() if meas else [])
+            },
+            "linked_texts_fetched": commit.links_fetched,
+        },
+    }

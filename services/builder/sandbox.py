@@ -1,0 +1,192 @@
+"""Run one command the way the builder measures it: sandboxed, timed, output bounded.
+
+- Network: unshared (`bwrap --unshare-net` when installed, else `unshare --net`, with
+  `--map-root-user` when not root); `sandbox=False` runs it plainly.
+- rlimits: CPU seconds, address space, file size, processes; own process group, killed whole on
+  timeout. A timeout is a value (`timed_out=True`), not an exception.
+- Pinned to one CPU when asked (`os.sched_setaffinity`).
+- Output: a pipe drained by a thread that keeps the first and last `output_limit/2` bytes.
+- Time: wall via `perf_counter_ns`, CPU via `os.wait4` rusage (user + sys of the process tree
+  that was waited for).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Limits:
+    timeout: float = 600.0
+    cpu_seconds: int | None = None
+    memory_mb: int | None = 4096
+    file_size_mb: int | None = 1024
+    processes: int | None = None
+    network: bool = False  # False = unshare the network namespace
+    cpu: int | None = None  # pin to this CPU
+
+
+@dataclass(frozen=True)
+class RunResult:
+    returncode: int
+    wall_s: float
+    cpu_s: float
+    output: str
+    timed_out: bool
+    truncated: bool
+    max_rss_kb: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+
+def _network_prefix(sandbox: bool) -> list[str]:
+    if not sandbox:
+        return []
+    if shutil.which("bwrap"):
+        return ["bwrap", "--dev-bind", "/", "/", "--unshare-net", "--die-with-parent", "--"]
+    if shutil.which("unshare"):
+        return (
+            ["unshare", "--net", "--"] if os.geteuid() == 0 else ["unshare", "--net", "--map-root-user", "--"]
+        )
+    return []
+
+
+_NET_CHECKED: dict[bool, list[str]] = {}
+
+
+def network_prefix(sandbox: bool = True) -> list[str]:
+    """The prefix that isolates the network, verified once per process (empty if unavailable)."""
+    if sandbox not in _NET_CHECKED:
+        prefix = _network_prefix(sandbox)
+        if prefix:
+            ok = subprocess.run([*prefix, "true"], capture_output=True, check=False).returncode == 0
+            prefix = prefix if ok else []
+        _NET_CHECKED[sandbox] = prefix
+    return _NET_CHECKED[sandbox]
+
+
+class _Tail:
+    """Keeps the head and tail of a byte stream, counting what it dropped."""
+
+    def __init__(self, limit: int) -> None:
+        self.half = max(limit // 2, 1)
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = 0
+
+    def feed(self, data: bytes) -> None:
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            self.tail += data
+            if len(self.tail) > self.half:
+                self.dropped += len(self.tail) - self.half
+                del self.tail[: len(self.tail) - self.half]
+
+    def text(self) -> str:
+        mid = f"\n[... {self.dropped} bytes dropped ...]\n".encode() if self.dropped else b""
+        return bytes(self.head + mid + self.tail).decode("utf-8", errors="replace")
+
+
+def _preexec(limits: Limits) -> None:
+    os.setsid()
+    if limits.cpu_seconds:
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 5))
+    if limits.memory_mb:
+        b = limits.memory_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (b, b))
+    if limits.file_size_mb:
+        b = limits.file_size_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_FSIZE, (b, b))
+    if limits.processes:
+        resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
+    if limits.cpu is not None:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, {limits.cpu})
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    cwd: Path | str | None = None,
+    env: Mapping[str, str] | None = None,
+    limits: Limits = Limits(),
+    output_limit: int = 64 * 1024,
+    sandbox: bool = True,
+    log_file: Path | None = None,
+) -> RunResult:
+    """Run `argv`; never raises for the command's own failure or timeout."""
+    prefix = network_prefix(sandbox) if not limits.network else []
+    full = [*prefix, *argv]
+    keep = _Tail(output_limit)
+    start = time.perf_counter_ns()
+    try:
+        proc = subprocess.Popen(
+            full,
+            cwd=cwd,
+            env=dict(env) if env is not None else None,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=lambda: _preexec(limits),  # noqa: PLW1509 - rlimits need preexec
+        )
+    except OSError as exc:
+        return RunResult(127, 0.0, 0.0, f"cannot start {argv[0]}: {exc}", False, False)
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    log_handle = log_file.open("ab") if log_file else None
+
+    def drain() -> None:
+        fd = stdout.fileno()
+        for chunk in iter(lambda: os.read(fd, 65536), b""):
+            keep.feed(chunk)
+            if log_handle is not None:
+                log_handle.write(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    timed_out = threading.Event()
+
+    def kill() -> None:
+        timed_out.set()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    timer = threading.Timer(limits.timeout, kill)
+    timer.start()
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+    finally:
+        timer.cancel()
+    wall = (time.perf_counter_ns() - start) / 1e9
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    # Children left behind in the group would keep the pipe open: end them.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    reader.join(timeout=5)
+    stdout.close()
+    if log_handle is not None:
+        log_handle.close()
+    return RunResult(
+        returncode=proc.returncode,
+        wall_s=wall,
+        cpu_s=usage.ru_utime + usage.ru_stime,
+        output=keep.text(),
+        timed_out=timed_out.is_set(),
+        truncated=keep.dropped > 0,
+        max_rss_kb=usage.ru_maxrss,
+    )

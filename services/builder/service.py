@@ -1,0 +1,148 @@
+"""The builder stage's plain logic: validate a repository's latest commit, prove one patch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from services.builder.backend import Backend, LocalBackend
+from services.builder.cmake import BuildSpec
+from services.builder.instance import PhaseCallback, prove
+from services.builder.record import build_record
+from services.builder.sandbox import Limits
+from shared.errors import ConfigError, RepoRejected
+from shared.messages import CommitSelected, PatchBuilt, RepoCandidate, RepoFound, instance_id
+from shared.settings import BuilderSettings
+
+
+def build_spec(settings: BuilderSettings) -> BuildSpec:
+    return BuildSpec(
+        build_type=settings.build_type,
+        jobs=settings.jobs,
+        configure_timeout=settings.configure_timeout,
+        build_timeout=settings.build_timeout,
+    )
+
+
+def make_backend(settings: BuilderSettings, workspace: Path) -> Backend:
+    if settings.backend == "local":
+        return LocalBackend(
+            workspace,
+            build_spec(settings),
+            dict(settings.thread_env),
+            sandbox=settings.sandbox,
+            output_limit=settings.output_limit,
+        )
+    raise ConfigError(f"builder.backend={settings.backend!r} is not available in this version (use 'local')")
+
+
+def write_instance(out_dir: Path, record: dict[str, Any]) -> Path:
+    path = out_dir / "instances" / f"{record['cppperf']['instance_id']}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, path)
+    return path
+
+
+@dataclass
+class BuiltPatch:
+    record: dict[str, Any]
+    message: PatchBuilt
+    path: Path
+
+
+def build_patch(
+    commit: CommitSelected,
+    repo_path: Path,
+    settings: BuilderSettings,
+    *,
+    work_dir: Path,
+    out_dir: Path,
+    diff: str | None = None,
+    on_phase: PhaseCallback | None = None,
+) -> BuiltPatch:
+    iid = instance_id(commit.repo, commit.sha)
+    backend = make_backend(settings, work_dir / iid)
+    try:
+        res = prove(commit, repo_path, backend, settings, on_phase=on_phase)
+    finally:
+        if not settings.keep:
+            backend.cleanup()
+    record = build_record(commit, res, diff=commit.diff if diff is None else diff, settings=settings)
+    path = write_instance(out_dir, record)
+    msg = PatchBuilt(
+        instance_id=iid,
+        repo=commit.repo,
+        sha=commit.sha,
+        parent=commit.parent,
+        verdict=res.verdict,
+        improved_tests=res.improved_tests,
+        regressed_tests=res.regressed_tests,
+        failure_category=res.failure_category,
+        failure_detail=res.failure_detail[:2000],
+        record_path=str(path),
+    )
+    return BuiltPatch(record, msg, path)
+
+
+def head_sha(repo_path: Path, rev: str = "HEAD") -> str:
+    out = subprocess.run(
+        ["git", "-C", str(repo_path), "rev-parse", rev], capture_output=True, text=True, check=False
+    )
+    if out.returncode != 0:
+        raise RepoRejected(f"{repo_path}: cannot resolve {rev}: {out.stderr.strip()}")
+    return out.stdout.strip()
+
+
+def validate_latest(
+    candidate: RepoCandidate, repo_path: Path, settings: BuilderSettings, *, work_dir: Path
+) -> RepoFound:
+    """Configure, build and run every test of the latest commit once; all must pass."""
+    sha = head_sha(repo_path)
+    backend = LocalBackend(
+        work_dir / f"validate-{candidate.repo.replace('/', '__')}",
+        build_spec(settings),
+        dict(settings.thread_env),
+        sandbox=settings.sandbox,
+        output_limit=settings.output_limit,
+    )
+    try:
+        backend.prepare(repo_path, {"old": sha, "new": sha})
+        t0 = time.monotonic()
+        steps = backend.build("new")
+        build_s = time.monotonic() - t0
+        if not steps[-1].ok:
+            last = steps[-1]
+            detail = last.missing.describe() if last.missing else last.result.output[-800:]
+            raise RepoRejected(f"latest commit {sha[:12]} does not build ({last.category}): {detail}")
+        tests = [t for t in backend.tests("new") if not t.disabled]
+        if not tests:
+            raise RepoRejected(f"latest commit {sha[:12]} defines no CTest tests")
+        t0 = time.monotonic()
+        for t in tests:
+            res = backend.run_test(
+                "new",
+                t,
+                Limits(timeout=t.timeout or settings.test_timeout, memory_mb=settings.memory_limit_mb),
+            )
+            if res.ok == t.will_fail:
+                raise RepoRejected(f"latest commit {sha[:12]}: test {t.name} fails: {res.output[-500:]}")
+        test_s = time.monotonic() - t0
+    finally:
+        backend.cleanup()
+    return RepoFound(
+        repo=candidate.repo,
+        url=candidate.url,
+        default_branch=candidate.default_branch,
+        head_sha=sha,
+        validated=True,
+        test_count=len(tests),
+        build_seconds=round(build_s, 2),
+        test_seconds=round(test_s, 2),
+    )

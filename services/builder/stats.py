@@ -1,0 +1,187 @@
+"""Statistics that decide whether a test got faster (scipy + numpy, no timing code here).
+
+Per test, with `old` and `new` run times (seconds):
+- Mann-Whitney U, one-sided each way (`p_improve`: new stochastically smaller; `p_regress`).
+- `median_change` = (median(old) - median(new)) / median(old): positive means faster.
+- `ratio` = Hodges-Lehmann estimate of new/old: exp(median of all pairwise log(new_j) - log(old_i)),
+  with a bootstrap 95 % percentile CI (`ci_low`, `ci_high`); a ratio below 1 means faster.
+
+Ours: a test improves significantly when its Benjamini-Hochberg adjusted `p_improve` < α,
+`median_change` ≥ the threshold (5 %) and the CI lies wholly below 1; a regression mirrors this.
+The paper's rule (per-test one-sided MWU p < 0.05 and mean improvement ≥ 5 %, no correction) is
+computed beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy import stats as sps
+
+FloatArray = NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class TestStats:
+    name: str
+    n_old: int
+    n_new: int
+    median_old: float
+    median_new: float
+    mean_old: float
+    mean_new: float
+    median_change: float
+    mean_change: float
+    ratio: float
+    ci_low: float
+    ci_high: float
+    p_improve: float
+    p_regress: float
+    p_improve_adj: float = 1.0
+    p_regress_adj: float = 1.0
+    improved: bool = False
+    regressed: bool = False
+    paper_improved: bool = False
+    paper_regressed: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def hodges_lehmann_ratio(old: FloatArray, new: FloatArray) -> float:
+    diffs = np.log(new)[None, :] - np.log(old)[:, None]
+    return float(np.exp(np.median(diffs)))
+
+
+def bootstrap_ratio_ci(
+    old: FloatArray, new: FloatArray, *, resamples: int, rng: np.random.Generator, level: float = 0.95
+) -> tuple[float, float]:
+    """Percentile CI of the Hodges-Lehmann ratio, resampling both sides (vectorised)."""
+    lo_old, lo_new = np.log(old), np.log(new)
+    est = np.empty(resamples)
+    step = max(1, 2_000_000 // max(1, len(old) * len(new)))
+    for start in range(0, resamples, step):
+        b = min(step, resamples - start)
+        o = lo_old[rng.integers(0, len(old), size=(b, len(old)))]
+        n = lo_new[rng.integers(0, len(new), size=(b, len(new)))]
+        diffs = n[:, None, :] - o[:, :, None]
+        est[start : start + b] = np.median(diffs.reshape(b, -1), axis=1)
+    alpha = (1 - level) / 2
+    low, high = np.quantile(est, [alpha, 1 - alpha])
+    return float(np.exp(low)), float(np.exp(high))
+
+
+def _mwu(old: FloatArray, new: FloatArray, alternative: str) -> float:
+    if np.all(old == old[0]) and np.all(new == new[0]) and old[0] == new[0]:
+        return 1.0
+    return float(sps.mannwhitneyu(old, new, alternative=alternative).pvalue)
+
+
+def compare_test(
+    name: str,
+    old: Sequence[float],
+    new: Sequence[float],
+    *,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> TestStats:
+    """Unadjusted statistics for one test (decisions need `decide` across the instance)."""
+    o = np.asarray(old, dtype=np.float64)
+    n = np.asarray(new, dtype=np.float64)
+    if len(o) < 2 or len(n) < 2:
+        raise ValueError(f"{name}: need at least 2 samples per side, got {len(o)} and {len(n)}")
+    o = np.maximum(o, 1e-9)
+    n = np.maximum(n, 1e-9)
+    rng = np.random.default_rng(seed)
+    ci_low, ci_high = bootstrap_ratio_ci(o, n, resamples=resamples, rng=rng)
+    med_o, med_n = float(np.median(o)), float(np.median(n))
+    mean_o, mean_n = float(np.mean(o)), float(np.mean(n))
+    return TestStats(
+        name=name,
+        n_old=len(o),
+        n_new=len(n),
+        median_old=med_o,
+        median_new=med_n,
+        mean_old=mean_o,
+        mean_new=mean_n,
+        median_change=(med_o - med_n) / med_o,
+        mean_change=(mean_o - mean_n) / mean_o,
+        ratio=hodges_lehmann_ratio(o, n),
+        ci_low=ci_low,
+        ci_high=ci_high,
+        p_improve=_mwu(o, n, "greater"),
+        p_regress=_mwu(o, n, "less"),
+    )
+
+
+def benjamini_hochberg(pvalues: Sequence[float]) -> list[float]:
+    if not pvalues:
+        return []
+    return [float(p) for p in sps.false_discovery_control(np.asarray(pvalues, dtype=np.float64), method="bh")]
+
+
+def decide(
+    tests: Sequence[TestStats], *, alpha: float = 0.05, min_improvement: float = 0.05
+) -> list[TestStats]:
+    """Apply BH across the instance's tests and both decision rules."""
+    adj_i = benjamini_hochberg([t.p_improve for t in tests])
+    adj_r = benjamini_hochberg([t.p_regress for t in tests])
+    out = []
+    for t, pi, pr in zip(tests, adj_i, adj_r, strict=True):
+        out.append(
+            TestStats(
+                **{
+                    **t.as_dict(),
+                    "p_improve_adj": pi,
+                    "p_regress_adj": pr,
+                    "improved": pi < alpha and t.median_change >= min_improvement and t.ci_high < 1.0,
+                    "regressed": pr < alpha and t.median_change <= -min_improvement and t.ci_low > 1.0,
+                    "paper_improved": t.p_improve < alpha and t.mean_change >= min_improvement,
+                    "paper_regressed": t.p_regress < alpha and t.mean_change <= -min_improvement,
+                }
+            )
+        )
+    return out
+
+
+def verdict(tests: Sequence[TestStats], *, paper: bool = False) -> str:
+    """improved | regressed | not-improved for one instance's decided tests."""
+    imp = any(t.paper_improved if paper else t.improved for t in tests)
+    reg = any(t.paper_regressed if paper else t.regressed for t in tests)
+    if reg:
+        return "regressed"
+    return "improved" if imp else "not-improved"
+
+
+def clearly_settled(
+    old: Sequence[float], new: Sequence[float], *, min_improvement: float, band: float = 0.01, seed: int = 0
+) -> str | None:
+    """Early-stop check: 'unchanged' when the ratio CI lies inside ±band, 'changed' when beyond
+    the threshold; None while undecided."""
+    o = np.maximum(np.asarray(old, dtype=np.float64), 1e-9)
+    n = np.maximum(np.asarray(new, dtype=np.float64), 1e-9)
+    low, high = bootstrap_ratio_ci(o, n, resamples=400, rng=np.random.default_rng(seed))
+    if 1 - band <= low and high <= 1 + band:
+        return "unchanged"
+    if high < 1 - min_improvement or low > 1 + min_improvement:
+        return "changed"
+    return None
+
+
+def compare_all(
+    samples: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    *,
+    alpha: float,
+    min_improvement: float,
+    resamples: int,
+    seed: int,
+) -> list[TestStats]:
+    raw = [
+        compare_test(name, old, new, resamples=resamples, seed=seed + i)
+        for i, (name, (old, new)) in enumerate(sorted(samples.items()))
+    ]
+    return decide(raw, alpha=alpha, min_improvement=min_improvement)

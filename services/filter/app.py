@@ -1,0 +1,66 @@
+"""Filter wiring: `repo.found` → structural walk → `commit.selected` (one per selected commit)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from pathlib import Path
+
+from faststream.nats import NatsBroker
+
+from services.filter.links import LinkResolver
+from services.filter.rules import Rules
+from services.filter.select import scan_repository
+from shared import messages as m
+from shared.mirror import ensure_local
+from shared.service import ServiceContext, call_soon_from_thread, subscribe
+
+
+def _head(path: Path) -> str:
+    proc = subprocess.run(
+        ["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+    )
+    return proc.stdout.strip()
+
+
+async def process_repo(ctx: ServiceContext, found: m.RepoFound, resolver: LinkResolver) -> None:
+    path: Path = await asyncio.to_thread(ensure_local, found.url, found.repo, ctx.settings.mirror_dir())
+    head = await asyncio.to_thread(_head, path)
+    prior = await ctx.store.get("repos", found.repo) or {}
+    if prior.get("filter", {}).get("head") == head:
+        return  # this history was already walked: a redelivery or a repeated repo.found
+    loop = asyncio.get_running_loop()
+
+    async def publish(c: m.CommitSelected) -> None:
+        diff, ref = await ctx.store.inline_or_ref(f"diff/{c.id}", c.diff)
+        if ref:
+            c = m.CommitSelected(
+                **{**{f: getattr(c, f) for f in c.__struct_fields__}, "diff": diff, "diff_ref": ref}
+            )
+        await ctx.store.put("commits", c.id, {"stage": "selected", "repo": c.repo, "sha": c.sha})
+        await ctx.bus.publish(m.COMMIT_SELECTED, c)
+
+    summary = await asyncio.to_thread(
+        scan_repository,
+        path,
+        repo=found.repo,
+        url=found.url,
+        rules=Rules.from_settings(ctx.settings.mining),
+        resolver=resolver,
+        emit=lambda c: call_soon_from_thread(loop, publish(c)),
+    )
+    await ctx.store.update(
+        "repos", found.repo, stage="filtered", url=found.url, filter={**summary.as_dict(), "head": head}
+    )
+
+
+def register(broker: NatsBroker, ctx: ServiceContext, *, resolver: LinkResolver | None = None) -> None:
+    res = resolver or LinkResolver()
+    subscribe(
+        broker,
+        ctx,
+        subject=m.REPO_FOUND,
+        service="filter",
+        typ=m.RepoFound,
+        work=lambda item: process_repo(ctx, item, res),
+    )

@@ -1,0 +1,193 @@
+"""One streaming pass over a repository's history, then details for the commits that pass.
+
+Pass 1 reads `git log --name-status -z --no-renames` through one git process (gitpython's
+`as_process`), parsing records as they stream: tree diffs only, so it needs no blobs and works on
+a blobless mirror; memory stays bounded whatever the history length. Pass 2 runs one more git
+process, fed the selected shas on stdin, for line counts (`--numstat`) and the diff.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import git
+
+from services.filter.rules import Reason, Rules
+from shared.messages import FileChange
+
+_RS = "\x1e"  # record separator: starts each commit
+_US = "\x1f"  # unit separator: between header fields
+_LOG_FORMAT = "%x1e%H%x1f%P%x1f%cI%x1f%an <%ae>%x1f%B%x1f"
+
+
+@dataclass(frozen=True)
+class CommitHeader:
+    sha: str
+    parents: tuple[str, ...]
+    date: datetime
+    author: str
+    message: str
+    changes: tuple[tuple[str, str], ...]  # (status letter, path)
+
+    @property
+    def paths(self) -> list[str]:
+        return [p for _, p in self.changes]
+
+
+@dataclass
+class WalkResult:
+    scanned: int = 0
+    selected: list[CommitHeader] = field(default_factory=list)
+    rejected: Counter[str] = field(default_factory=Counter)
+    rejections: list[tuple[CommitHeader, Reason]] = field(default_factory=list)  # with explain only
+
+
+def _parse_record(record: str) -> CommitHeader | None:
+    parts = record.split(_US, 5)
+    if len(parts) < 6:
+        return None
+    sha, parents, when, author, message, rest = parts
+    tokens = rest.lstrip("\0\n").split("\0")
+    changes: list[tuple[str, str]] = []
+    i = 0
+    while i + 1 < len(tokens):
+        status = tokens[i].strip()
+        if not status:
+            i += 1
+            continue
+        changes.append((status[0], tokens[i + 1]))
+        i += 2
+    return CommitHeader(
+        sha=sha,
+        parents=tuple(parents.split()),
+        date=datetime.fromisoformat(when),
+        author=author,
+        message=message.strip(),
+        changes=tuple(changes),
+    )
+
+
+def iter_commits(repo_path: Path, rev: str = "HEAD", *, chunk: int = 1 << 16) -> Iterator[CommitHeader]:
+    """Stream every commit reachable from `rev` with its changed paths (first-parent diffs)."""
+    repo = git.Repo(repo_path)
+    proc = repo.git.log(
+        rev,
+        f"--format={_LOG_FORMAT}",
+        "--name-status",
+        "-z",
+        "--no-renames",
+        "--no-color",
+        as_process=True,
+    )
+    stdout = proc.proc.stdout
+    assert stdout is not None
+    buf = ""
+    try:
+        while True:
+            data = stdout.read(chunk)
+            if not data:
+                break
+            buf += data.decode("utf-8", errors="replace")
+            records = buf.split(_RS)
+            buf = records.pop()
+            for rec in records:
+                if rec:
+                    header = _parse_record(rec)
+                    if header is not None:
+                        yield header
+        if buf:
+            header = _parse_record(buf)
+            if header is not None:
+                yield header
+    finally:
+        stdout.close()
+        proc.proc.wait()
+
+
+def walk(repo_path: Path, rules: Rules, *, rev: str = "HEAD", explain: bool = False) -> WalkResult:
+    """Apply the structural rules to every commit; keep the selected ones (and rejects if asked)."""
+    result = WalkResult()
+    for c in iter_commits(repo_path, rev):
+        result.scanned += 1
+        reason = rules.check(parents=len(c.parents), when=c.date, paths=c.paths)
+        if reason is None:
+            result.selected.append(c)
+        else:
+            result.rejected[reason.value] += 1
+            if explain:
+                result.rejections.append((c, reason))
+    return result
+
+
+@dataclass(frozen=True)
+class CommitDetails:
+    sha: str
+    files: list[FileChange]
+    diff: str
+
+
+def commit_details(
+    repo_path: Path, commits: Iterable[CommitHeader], *, batch: int = 256
+) -> Iterator[CommitDetails]:
+    """Line counts and diff for the given commits: one git process per `batch` commits."""
+    pending: list[CommitHeader] = []
+    for c in commits:
+        pending.append(c)
+        if len(pending) >= batch:
+            yield from _details_batch(repo_path, pending)
+            pending = []
+    if pending:
+        yield from _details_batch(repo_path, pending)
+
+
+def _details_batch(repo_path: Path, commits: list[CommitHeader]) -> Iterator[CommitDetails]:
+    by_sha = {c.sha: c for c in commits}
+    proc = subprocess.run(
+        [
+            "git",
+            "-C",
+            str(repo_path),
+            "log",
+            "--no-walk=unsorted",
+            "--stdin",
+            "--format=%x1e%H",
+            "--numstat",
+            "-p",
+            "--no-renames",
+            "--no-color",
+            "--no-ext-diff",
+        ],
+        input="\n".join(by_sha).encode(),
+        capture_output=True,
+        check=True,
+    )
+    for rec in proc.stdout.decode("utf-8", errors="replace").split(_RS):
+        if not rec.strip():
+            continue
+        sha, _, body = rec.partition("\n")
+        header = by_sha.get(sha.strip())
+        if header is None:
+            continue
+        numstat: list[tuple[int, int]] = []
+        lines = body.lstrip("\n").split("\n")
+        idx = 0
+        while idx < len(lines) and "\t" in lines[idx] and not lines[idx].startswith("diff --git"):
+            added, deleted, _path = lines[idx].split("\t", 2)
+            numstat.append((int(added) if added.isdigit() else 0, int(deleted) if deleted.isdigit() else 0))
+            idx += 1
+        diff = "\n".join(lines[idx:]).strip("\n") + "\n"
+        files = [
+            FileChange(
+                path=path,
+                status=status,
+                added=numstat[i][0] if i < len(numstat) else 0,
+                deleted=numstat[i][1] if i < len(numstat) else 0,
+            )
+            for i, (status, path) in enumerate(header.changes)
+        ]
+        yield CommitDetails(sha=header.sha, files=files, diff=diff)

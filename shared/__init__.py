@@ -1,0 +1,1 @@
+"""Code every cppperf service shares: messages, settings, bus, store, logging."""

@@ -1,0 +1,345 @@
+"""Streams, durable pull consumers, publishing with dedup ids, and the dead-letter queue.
+
+Topology (DESIGN.md): every input subject is a JetStream *work queue* stream consumed by one
+durable pull consumer per service, so N replicas of a service share the work. Output subjects
+(`patch.built`, `eval.completed`) and `dlq.>` are limits-retention streams that anyone may read.
+Provisioning is idempotent: running it twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js import api as js_api
+from nats.js.errors import BadRequestError, NotFoundError
+
+from shared import messages as m
+from shared.logging import get_logger
+from shared.settings import BusSettings
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkQueue:
+    subject: str
+    stream: str
+    durable: str  # the consuming service's durable consumer name
+
+
+WORK_QUEUES: dict[str, WorkQueue] = {
+    q.subject: q
+    for q in [
+        WorkQueue(m.REPO_CANDIDATE, "REPO_CANDIDATE", "builder-validate"),
+        WorkQueue(m.REPO_FOUND, "REPO_FOUND", "filter"),
+        WorkQueue(m.COMMIT_SELECTED, "COMMIT_SELECTED", "classifier"),
+        WorkQueue(m.COMMIT_CLASSIFIED, "COMMIT_CLASSIFIED", "builder"),
+        WorkQueue(m.EVAL_REQUESTED, "EVAL_REQUESTED", "evaluator"),
+    ]
+}
+OUTPUT_STREAMS: dict[str, str] = {m.PATCH_BUILT: "PATCH_BUILT", m.EVAL_COMPLETED: "EVAL_COMPLETED"}
+DLQ_STREAM = "DLQ"
+PIPELINE_ORDER = [m.REPO_CANDIDATE, m.REPO_FOUND, m.COMMIT_SELECTED, m.COMMIT_CLASSIFIED, m.EVAL_REQUESTED]
+
+
+def stream_for(subject: str) -> str:
+    if subject in WORK_QUEUES:
+        return WORK_QUEUES[subject].stream
+    if subject in OUTPUT_STREAMS:
+        return OUTPUT_STREAMS[subject]
+    if subject.startswith(m.DLQ_PREFIX):
+        return DLQ_STREAM
+    raise KeyError(f"no stream carries subject {subject!r}")
+
+
+def consumer_config(q: WorkQueue, settings: BusSettings) -> js_api.ConsumerConfig:
+    # One delivery more than max_deliver: that extra delivery is the handler's chance to move a
+    # message whose earlier attempts crashed the process into the DLQ instead of losing it.
+    return js_api.ConsumerConfig(
+        durable_name=q.durable,
+        ack_policy=js_api.AckPolicy.EXPLICIT,
+        ack_wait=settings.ack_wait,
+        max_deliver=settings.max_deliver + 1,
+        max_ack_pending=settings.max_ack_pending,
+        filter_subject=q.subject,
+        deliver_policy=js_api.DeliverPolicy.ALL,
+    )
+
+
+class Bus:
+    """A nats-py connection with JetStream, plus the project's publishing conventions."""
+
+    def __init__(self, nc: NatsClient, js: JetStreamContext, settings: BusSettings) -> None:
+        self.nc = nc
+        self.js = js
+        self.settings = settings
+
+    @classmethod
+    async def connect(cls, url: str, settings: BusSettings, *, name: str = "cppperf") -> Bus:
+        nc = await nats.connect(url, name=name, max_reconnect_attempts=-1, connect_timeout=5)
+        return cls(nc, nc.jetstream(timeout=10), settings)
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.nc.drain()
+
+    # ------------------------------------------------------------------ provisioning
+    async def provision(self) -> None:
+        """Declare every stream and durable consumer; a no-op when they already match."""
+        s = self.settings
+        for q in WORK_QUEUES.values():
+            await self._ensure_stream(
+                js_api.StreamConfig(
+                    name=q.stream,
+                    subjects=[q.subject],
+                    retention=js_api.RetentionPolicy.WORK_QUEUE,
+                    storage=js_api.StorageType.FILE,
+                    duplicate_window=s.duplicate_window,
+                    num_replicas=s.replicas,
+                )
+            )
+            await self._ensure_consumer(q.stream, consumer_config(q, s))
+        for subject, stream in OUTPUT_STREAMS.items():
+            await self._ensure_stream(
+                js_api.StreamConfig(
+                    name=stream,
+                    subjects=[subject],
+                    retention=js_api.RetentionPolicy.LIMITS,
+                    storage=js_api.StorageType.FILE,
+                    duplicate_window=s.duplicate_window,
+                    num_replicas=s.replicas,
+                )
+            )
+        await self._ensure_stream(
+            js_api.StreamConfig(
+                name=DLQ_STREAM,
+                subjects=[m.DLQ_PREFIX + ">"],
+                retention=js_api.RetentionPolicy.LIMITS,
+                storage=js_api.StorageType.FILE,
+                duplicate_window=s.duplicate_window,
+                num_replicas=s.replicas,
+            )
+        )
+
+    async def _ensure_stream(self, config: js_api.StreamConfig) -> None:
+        assert config.name is not None
+        try:
+            info = await self.js.stream_info(config.name)
+        except NotFoundError:
+            await self.js.add_stream(config)
+            return
+        current = info.config
+        if (
+            current.subjects != config.subjects
+            or current.duplicate_window != config.duplicate_window
+            or current.num_replicas != config.num_replicas
+        ):
+            await self.js.update_stream(config)
+
+    async def _ensure_consumer(self, stream: str, config: js_api.ConsumerConfig) -> None:
+        assert config.durable_name is not None
+        try:
+            info = await self.js.consumer_info(stream, config.durable_name)
+        except NotFoundError:
+            await self.js.add_consumer(stream, config)
+            return
+        cur = info.config
+        if (cur.ack_wait, cur.max_deliver, cur.max_ack_pending) != (
+            config.ack_wait,
+            config.max_deliver,
+            config.max_ack_pending,
+        ):
+            try:
+                await self.js.add_consumer(stream, config)  # create-or-update on current servers
+            except BadRequestError as exc:
+                log.warning(
+                    "consumer_config_kept", stream=stream, consumer=config.durable_name, error=str(exc)
+                )
+
+    # ------------------------------------------------------------------ publishing
+    async def publish(self, subject: str, msg: msgspec.Struct, *, msg_id: str | None = None) -> bool:
+        """Publish with `Nats-Msg-Id` = the message's stable id. Returns False for a duplicate."""
+        return await self.publish_raw(subject, m.encode(msg), msg_id=msg_id or m.msg_id(msg))
+
+    async def publish_raw(self, subject: str, payload: bytes, *, msg_id: str | None) -> bool:
+        headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+        ack = await self.js.publish(subject, payload, stream=stream_for(subject), headers=headers)
+        return not ack.duplicate
+
+    async def dead_letter(
+        self,
+        subject: str,
+        payload: bytes,
+        *,
+        service: str,
+        error: BaseException | str,
+        attempts: int,
+        msg_id: str | None,
+    ) -> DeadLetterRecord:
+        letter = m.DeadLetter(
+            subject=subject,
+            service=service,
+            error=str(error),
+            error_type=type(error).__name__ if isinstance(error, BaseException) else "str",
+            attempts=attempts,
+            payload=payload,
+            msg_id=msg_id,
+            failed_at=datetime.now(UTC).isoformat(),
+        )
+        await self.publish(m.dlq_subject(subject), letter)
+        return DeadLetterRecord(seq=0, letter=letter)
+
+    # ------------------------------------------------------------------ dead letters
+    async def dead_letters(self, subject: str | None = None) -> list[DeadLetterRecord]:
+        """Every dead letter (optionally for one original subject), oldest first."""
+        filt = m.dlq_subject(subject) if subject else m.DLQ_PREFIX + ">"
+        records: list[DeadLetterRecord] = []
+        async for raw in self._read_stream(DLQ_STREAM, filt):
+            assert raw.metadata.sequence is not None
+            records.append(
+                DeadLetterRecord(seq=raw.metadata.sequence.stream, letter=m.decode(raw.data, m.DeadLetter))
+            )
+        return records
+
+    async def replay(self, subject: str) -> int:
+        """Put every dead letter of `subject` back on it, then remove it from the DLQ."""
+        count = 0
+        for rec in await self.dead_letters(subject):
+            # A fresh id: the original is still inside the dedup window and would be dropped.
+            replay_id = f"{rec.letter.msg_id or 'noid'}#replay-{rec.seq}"
+            await self.publish_raw(subject, rec.letter.payload, msg_id=replay_id)
+            await self.js.delete_msg(DLQ_STREAM, rec.seq)
+            count += 1
+        return count
+
+    async def _read_stream(self, stream: str, filter_subject: str) -> AsyncIterator[Msg]:
+        info = await self.js.stream_info(stream)
+        if info.state.messages == 0:
+            return
+        sub = await self.js.pull_subscribe(
+            filter_subject,
+            stream=stream,
+            config=js_api.ConsumerConfig(
+                ack_policy=js_api.AckPolicy.NONE,
+                deliver_policy=js_api.DeliverPolicy.ALL,
+                inactive_threshold=30.0,
+            ),
+        )
+        try:
+            while True:
+                try:
+                    batch = await sub.fetch(256, timeout=0.5)
+                except (TimeoutError, nats.errors.TimeoutError):
+                    return
+                for raw in batch:
+                    yield raw
+                if len(batch) < 256:
+                    pending = (await sub.consumer_info()).num_pending
+                    if pending == 0:
+                        return
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    # ------------------------------------------------------------------ status
+    async def subject_status(self) -> list[SubjectStatus]:
+        dlq_counts: dict[str, int] = {}
+        with contextlib.suppress(NotFoundError):
+            dlq_info = await self.js.stream_info(DLQ_STREAM, subjects_filter=m.DLQ_PREFIX + ">")
+            for subj, n in (dlq_info.state.subjects or {}).items():
+                dlq_counts[subj.removeprefix(m.DLQ_PREFIX)] = n
+        rows: list[SubjectStatus] = []
+        for subject in PIPELINE_ORDER:
+            q = WORK_QUEUES[subject]
+            try:
+                sinfo = await self.js.stream_info(q.stream)
+                cinfo = await self.js.consumer_info(q.stream, q.durable)
+            except NotFoundError:
+                continue
+            dead = dlq_counts.get(subject, 0)
+            remaining = sinfo.state.messages
+            total = sinfo.state.last_seq
+            in_flight = cinfo.num_ack_pending or 0
+            rows.append(
+                SubjectStatus(
+                    subject=subject,
+                    consumer=q.durable,
+                    published=total,
+                    pending=max(remaining - in_flight, 0),
+                    in_flight=in_flight,
+                    done=max(total - remaining - dead, 0),
+                    dead_lettered=dead,
+                )
+            )
+        for subject, stream in OUTPUT_STREAMS.items():
+            try:
+                sinfo = await self.js.stream_info(stream)
+            except NotFoundError:
+                continue
+            rows.append(
+                SubjectStatus(
+                    subject=subject,
+                    consumer="",
+                    published=sinfo.state.last_seq,
+                    pending=0,
+                    in_flight=0,
+                    done=sinfo.state.messages,
+                    dead_lettered=dlq_counts.get(subject, 0),
+                )
+            )
+        return rows
+
+    async def drained(self) -> bool:
+        """True when no work-queue message is pending or in flight."""
+        for row in await self.subject_status():
+            if row.subject in WORK_QUEUES and (row.pending or row.in_flight):
+                return False
+        return True
+
+
+@dataclass(frozen=True)
+class DeadLetterRecord:
+    seq: int
+    letter: m.DeadLetter
+
+
+@dataclass(frozen=True)
+class SubjectStatus:
+    subject: str
+    consumer: str
+    published: int
+    pending: int
+    in_flight: int
+    done: int
+    dead_lettered: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+async def wait_drained(
+    bus: Bus,
+    *,
+    poll: float = 0.2,
+    settle: int = 3,
+    timeout: float | None = None,  # noqa: ASYNC109
+) -> None:
+    """Wait until every work queue is empty for `settle` consecutive polls."""
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    quiet = 0
+    while quiet < settle:
+        quiet = quiet + 1 if await bus.drained() else 0
+        if deadline is not None and loop.time() > deadline:
+            raise TimeoutError("pipeline did not drain in time")
+        await asyncio.sleep(poll)

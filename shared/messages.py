@@ -1,0 +1,240 @@
+"""Every bus message as a msgspec Struct, with its subject constant and one decoder built once.
+
+Schema evolution (msgspec `schema-evolution`): new fields get defaults, a field's type never
+changes, decoders ignore unknown fields. Each message carries `schema_version`.
+Stable ids (DESIGN.md) double as `Nats-Msg-Id`: repo `owner/name`, commit `owner/name@sha`,
+instance `owner__name-<sha12>`, evaluation `<run_id>/<model>/<instance_id>`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Final, TypeVar
+
+import msgspec
+
+from shared.errors import MalformedMessage
+
+SCHEMA_VERSION: Final = 1
+
+REPO_CANDIDATE: Final = "repo.candidate"
+REPO_FOUND: Final = "repo.found"
+COMMIT_SELECTED: Final = "commit.selected"
+COMMIT_CLASSIFIED: Final = "commit.classified"
+PATCH_BUILT: Final = "patch.built"
+EVAL_REQUESTED: Final = "eval.requested"
+EVAL_COMPLETED: Final = "eval.completed"
+DLQ_PREFIX: Final = "dlq."
+
+
+def dlq_subject(subject: str) -> str:
+    return DLQ_PREFIX + subject
+
+
+# ----------------------------------------------------------------------------------------- ids
+def commit_id(repo: str, sha: str) -> str:
+    return f"{repo}@{sha}"
+
+
+def instance_id(repo: str, sha: str) -> str:
+    return f"{repo.replace('/', '__')}-{sha[:12]}"
+
+
+def evaluation_id(run_id: str, model: str, instance: str) -> str:
+    return f"{run_id}/{model}/{instance}"
+
+
+class _Msg(msgspec.Struct, frozen=True, kw_only=True):
+    schema_version: int = SCHEMA_VERSION
+
+
+# ------------------------------------------------------------------------------------ payloads
+class FileChange(msgspec.Struct, frozen=True, kw_only=True):
+    path: str
+    status: str = "M"  # git name-status letter: A M D R C T
+    added: int = 0
+    deleted: int = 0
+    old_path: str | None = None
+
+
+class LinkedText(msgspec.Struct, frozen=True, kw_only=True):
+    kind: str  # "issue" | "pull"
+    number: int
+    url: str = ""
+    title: str = ""
+    body: str = ""
+
+
+class Vote(msgspec.Struct, frozen=True, kw_only=True):
+    model: str
+    phase: int
+    answer: str  # Yes | No | Maybe
+    latency_ms: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached: bool = False
+
+
+# ------------------------------------------------------------------------------------ subjects
+class RepoCandidate(_Msg, frozen=True, kw_only=True):
+    repo: str  # owner/name or local/<dirname>
+    url: str  # clone URL or local path
+    source: str = "list"  # github | list | url | path
+    stars: int | None = None
+    default_branch: str | None = None
+    language: str | None = None
+
+    @property
+    def id(self) -> str:
+        return self.repo
+
+
+class RepoFound(_Msg, frozen=True, kw_only=True):
+    repo: str
+    url: str
+    default_branch: str | None = None
+    head_sha: str | None = None
+    validated: bool = False  # True when the builder built and tested the latest commit
+    test_count: int | None = None
+    build_seconds: float | None = None
+    test_seconds: float | None = None
+
+    @property
+    def id(self) -> str:
+        return self.repo
+
+
+class CommitSelected(_Msg, frozen=True, kw_only=True):
+    repo: str
+    url: str
+    sha: str
+    parent: str
+    date: str  # ISO 8601 commit date
+    author: str = ""
+    message: str
+    files: list[FileChange] = msgspec.field(default_factory=list)
+    linked: list[LinkedText] = msgspec.field(default_factory=list)
+    links_fetched: bool = False  # False offline: linked texts are references only
+    diff: str = ""  # inline when small
+    diff_ref: str | None = None  # object-store name when the diff exceeds the inline limit
+
+    @property
+    def id(self) -> str:
+        return commit_id(self.repo, self.sha)
+
+
+class CommitClassified(_Msg, frozen=True, kw_only=True):
+    commit: CommitSelected
+    label: bool
+    backend: str
+    phase: int = 0  # 0 prefilter/heuristic, 1 agreement, 2 diff vote
+    votes: list[Vote] = msgspec.field(default_factory=list)
+    score: float | None = None
+    evidence: list[str] = msgspec.field(default_factory=list)
+    prompt_version: str = ""
+
+    @property
+    def id(self) -> str:
+        return self.commit.id
+
+
+class PatchBuilt(_Msg, frozen=True, kw_only=True):
+    instance_id: str
+    repo: str
+    sha: str
+    parent: str
+    verdict: str  # improved | not-improved | regressed | unchanged-binaries | rejected
+    improved_tests: list[str] = msgspec.field(default_factory=list)
+    regressed_tests: list[str] = msgspec.field(default_factory=list)
+    failure_category: str | None = None
+    failure_detail: str = ""
+    record_path: str = ""
+
+    @property
+    def id(self) -> str:
+        return self.instance_id
+
+
+class EvalRequested(_Msg, frozen=True, kw_only=True):
+    request_id: str
+    run_id: str
+    model: str
+    instance_id: str
+    patch: str = ""
+    patch_ref: str | None = None
+    reply_to: str | None = None
+
+    @property
+    def id(self) -> str:
+        return evaluation_id(self.run_id, self.model, self.instance_id)
+
+
+class EvalCompleted(_Msg, frozen=True, kw_only=True):
+    request_id: str
+    run_id: str
+    model: str
+    instance_id: str
+    verdict: str
+    opt: bool = False
+    report: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return evaluation_id(self.run_id, self.model, self.instance_id)
+
+
+class DeadLetter(_Msg, frozen=True, kw_only=True):
+    subject: str  # the original subject
+    service: str
+    error: str
+    error_type: str
+    attempts: int
+    payload: bytes  # the original payload, unchanged
+    msg_id: str | None = None
+    failed_at: str = ""
+
+    @property
+    def id(self) -> str:
+        digest = self.msg_id or hashlib.sha256(self.payload).hexdigest()[:16]
+        return f"{self.subject}:{digest}:{self.attempts}"
+
+
+# ------------------------------------------------------------------------------------ codecs
+SUBJECT_TYPES: Final[dict[str, type[msgspec.Struct]]] = {
+    REPO_CANDIDATE: RepoCandidate,
+    REPO_FOUND: RepoFound,
+    COMMIT_SELECTED: CommitSelected,
+    COMMIT_CLASSIFIED: CommitClassified,
+    PATCH_BUILT: PatchBuilt,
+    EVAL_REQUESTED: EvalRequested,
+    EVAL_COMPLETED: EvalCompleted,
+}
+
+_ALL_TYPES: Final[list[type[msgspec.Struct]]] = [*SUBJECT_TYPES.values(), DeadLetter]
+_DECODERS: Final[dict[type[msgspec.Struct], msgspec.json.Decoder[Any]]] = {
+    t: msgspec.json.Decoder(t) for t in _ALL_TYPES
+}
+_ENCODER: Final = msgspec.json.Encoder()
+
+M = TypeVar("M", bound=msgspec.Struct)
+
+
+def encode(msg: msgspec.Struct) -> bytes:
+    return _ENCODER.encode(msg)
+
+
+def decode(data: bytes, typ: type[M]) -> M:
+    """Decode with the type's prebuilt decoder; any failure becomes `MalformedMessage`."""
+    try:
+        result: M = _DECODERS[typ].decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise MalformedMessage(f"cannot decode {typ.__name__}: {exc}") from exc
+    return result
+
+
+def msg_id(msg: msgspec.Struct) -> str:
+    """The stable id of a message, used as Nats-Msg-Id."""
+    value = getattr(msg, "id", None)
+    if not isinstance(value, str):
+        raise TypeError(f"{type(msg).__name__} has no stable id")
+    return value

@@ -1,0 +1,68 @@
+"""Local mirrors: one bare, blobless clone per repository per host, shared by workers (file lock).
+
+Local paths are read in place (never cloned). URLs are cloned once with `--filter=blob:none`
+(trees and commits only: enough for the structural walk; blobs arrive lazily for the few diffs
+we need) and fetched on later visits.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from shared.errors import BadInput, TransientError
+
+
+def is_remote(url: str) -> bool:
+    return "://" in url or url.startswith("git@")
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def mirror_path(mirror_dir: Path, repo: str) -> Path:
+    return mirror_dir / (repo.replace("/", "__") + ".git")
+
+
+def ensure_local(url: str, repo: str, mirror_dir: Path, *, timeout: float = 1800) -> Path:
+    """A local git directory holding `url`'s history (cloned or refreshed under a lock)."""
+    if not is_remote(url):
+        path = Path(url).expanduser().resolve()
+        if not (path / ".git").exists() and not (path / "HEAD").exists():
+            raise BadInput(f"{url}: not a git repository")
+        return path
+    target = mirror_path(mirror_dir, repo)
+    with _locked(target.with_suffix(".lock")):
+        try:
+            if target.exists():
+                subprocess.run(
+                    ["git", "-C", str(target), "fetch", "--prune", "--filter=blob:none", "origin"],
+                    check=True,
+                    capture_output=True,
+                    timeout=timeout,
+                )
+            else:
+                subprocess.run(
+                    ["git", "clone", "--bare", "--filter=blob:none", url, str(target)],
+                    check=True,
+                    capture_output=True,
+                    timeout=timeout,
+                )
+        except subprocess.CalledProcessError as exc:
+            raise TransientError(
+                f"git could not mirror {url}: {exc.stderr.decode(errors='replace')[-500:]}"
+            ) from exc
+        except subprocess.TimeoutExpired as exc:
+            raise TransientError(f"git mirror of {url} timed out") from exc
+    return target

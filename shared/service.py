@@ -1,0 +1,65 @@
+"""What every service's `app.py` gets: settings, bus, store, output dir; and `subscribe`, the one
+way a service attaches a handler to its work queue (FastStream pull subscriber, manual acks, our
+ack/heartbeat/dead-letter policy from `shared.worker`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+from faststream import AckPolicy
+from faststream.nats import JStream, NatsBroker, PullSub
+from faststream.nats.annotations import NatsMessage
+
+from shared.bus import WORK_QUEUES, Bus
+from shared.settings import Settings
+from shared.store import Store
+from shared.worker import handle
+
+M = TypeVar("M", bound=msgspec.Struct)
+T = TypeVar("T")
+
+
+@dataclass
+class ServiceContext:
+    settings: Settings
+    bus: Bus
+    store: Store
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.settings.out_dir)
+
+
+def subscribe(
+    broker: NatsBroker,
+    ctx: ServiceContext,
+    *,
+    subject: str,
+    service: str,
+    typ: type[M],
+    work: Callable[[M], Awaitable[None]],
+    batch_size: int = 1,
+) -> None:
+    q = WORK_QUEUES[subject]
+
+    async def on_message(msg: NatsMessage) -> None:
+        await handle(msg.raw_message, bus=ctx.bus, service=service, subject=subject, typ=typ, work=work)
+
+    on_message.__name__ = f"{service}_{subject.replace('.', '_')}"
+    broker.subscriber(
+        q.subject,
+        stream=JStream(q.stream, declare=False),
+        durable=q.durable,
+        pull_sub=PullSub(batch_size=batch_size, timeout=1.0),
+        ack_policy=AckPolicy.MANUAL,
+    )(on_message)
+
+
+def call_soon_from_thread(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` on the service's event loop from a worker thread and wait for its result."""
+    return asyncio.run_coroutine_threadsafe(coro, loop).result()

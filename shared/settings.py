@@ -1,0 +1,245 @@
+"""One typed settings object: paper defaults, overridden by `cppperf.toml`, then `CPPPERF_*` env.
+
+Env names are `CPPPERF_<SECTION>_<KEY>` (e.g. `CPPPERF_BUILDER_RUNS=11`), top-level keys are
+`CPPPERF_<KEY>` (e.g. `CPPPERF_NATS_URL`). List values in env are comma separated
+(`CPPPERF_GITHUB_TOKENS=t1,t2`). TOML uses one table per section (`[builder] runs = 11`).
+An invalid value raises `ConfigError` with a one-line message naming the key.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from shared.errors import ConfigError
+
+CPP_SOURCE_EXTENSIONS = [
+    ".cpp",
+    ".cc",
+    ".cxx",
+    ".c++",
+    ".cp",
+    ".C",
+    ".c",
+    ".h",
+    ".hh",
+    ".hpp",
+    ".hxx",
+    ".h++",
+    ".ipp",
+    ".inl",
+    ".tpp",
+    ".tcc",
+    ".ixx",
+    ".cppm",
+]
+
+
+def _xdg_data_home() -> Path:
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+
+
+class BusSettings(msgspec.Struct, kw_only=True):
+    data_dir: str = ""  # embedded NATS store; default $XDG_DATA_HOME/cppperf/nats
+    ack_wait: float = 60.0  # seconds before an un-acked, silent message is redelivered
+    max_deliver: int = 5  # deliveries before a message is dead-lettered
+    max_ack_pending: int = 256
+    nak_delay: float = 5.0  # seconds before a transient failure is retried
+    duplicate_window: float = 24 * 3600.0  # Nats-Msg-Id dedup horizon
+    heartbeat_interval: float = 0.0  # 0 = ack_wait / 3
+    replicas: int = 1  # stream/KV replicas (3 on the compose cluster)
+
+    def effective_heartbeat(self) -> float:
+        return self.heartbeat_interval or max(self.ack_wait / 3.0, 0.05)
+
+
+class GitHubSettings(msgspec.Struct, kw_only=True):
+    tokens: list[str] = msgspec.field(default_factory=list)
+    api_url: str = "https://api.github.com"
+    search_page_size: int = 100
+    max_wait: float = 3600.0  # longest rate-limit sleep we accept before failing transiently
+
+
+class MiningSettings(msgspec.Struct, kw_only=True):
+    since: str = "2020-01-01"
+    until: str = "2025-12-31"
+    min_stars: int = 300
+    max_files: int = 20
+    source_extensions: list[str] = msgspec.field(default_factory=lambda: list(CPP_SOURCE_EXTENSIONS))
+    test_dir_names: list[str] = msgspec.field(
+        default_factory=lambda: ["test", "tests", "unittest", "unittests", "testing", "testdata"]
+    )
+    test_file_globs: list[str] = msgspec.field(
+        default_factory=lambda: [
+            "*_test.*",
+            "*_tests.*",
+            "test_*.*",
+            "*Test.*",
+            "*Tests.*",
+            "*_unittest.*",
+            "*_spec.*",
+        ]
+    )
+    vendor_dir_names: list[str] = msgspec.field(
+        default_factory=lambda: ["third_party", "thirdparty", "3rdparty", "vendor", "external", "extern"]
+    )
+    validate_latest: bool = True  # builder validates repo.candidate -> repo.found
+    repos: list[str] = msgspec.field(default_factory=list)  # sources for `serve crawler`
+    mirror_dir: str = ""  # default $XDG_DATA_HOME/cppperf/mirrors
+
+
+class ClassifierSettings(msgspec.Struct, kw_only=True):
+    backend: Literal["heuristic", "openai", "vllm"] = "heuristic"
+    models: list[str] = msgspec.field(default_factory=lambda: ["Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen3-8B"])
+    base_urls: list[str] = msgspec.field(default_factory=lambda: ["http://127.0.0.1:8000/v1"])
+    api_key: str = "EMPTY"
+    phase2_model: int = 1  # index into models
+    prefilter: bool = True
+    max_concurrency: int = 32
+    timeout: float = 120.0
+    retries: int = 4
+    seed: int = 0
+    diff_token_budget: int = 6000
+    batch_size: int = 16
+    heuristic_threshold: float = 2.0
+
+
+class BuilderSettings(msgspec.Struct, kw_only=True):
+    backend: Literal["local", "docker"] = "local"
+    runs: int = 31
+    warmup: int = 1
+    min_improvement: float = 0.05
+    alpha: float = 0.05
+    build_type: str = "Release"
+    work_dir: str = ""  # default $XDG_DATA_HOME/cppperf/work
+    keep: bool = False
+    early_stop: bool = True
+    early_stop_min_rounds: int = 10
+    confirm: bool = True
+    seed: int = 1234
+    jobs: int = 0  # 0 = all cores
+    configure_timeout: float = 600.0
+    build_timeout: float = 3600.0
+    test_timeout: float = 600.0
+    thread_env: dict[str, str] = msgspec.field(default_factory=lambda: {"OMP_NUM_THREADS": "1"})
+    pin_cpu: bool = True
+    output_limit: int = 64 * 1024  # bytes of test output kept per run
+    sandbox: bool = True
+    memory_limit_mb: int = 4096
+    bootstrap_resamples: int = 2000
+
+
+class EvaluatorSettings(msgspec.Struct, kw_only=True):
+    max_patch_bytes: int = 1024 * 1024
+    runs: int = 11
+    trust_patches: bool = False
+    runs_dir: str = "runs"
+    opt_fraction: float = 0.95
+
+
+class Settings(msgspec.Struct, kw_only=True):
+    nats_url: str = ""  # empty -> embedded nats-server
+    out_dir: str = "cppperf-out"
+    log_level: str = "info"
+    bus: BusSettings = msgspec.field(default_factory=BusSettings)
+    github: GitHubSettings = msgspec.field(default_factory=GitHubSettings)
+    mining: MiningSettings = msgspec.field(default_factory=MiningSettings)
+    classifier: ClassifierSettings = msgspec.field(default_factory=ClassifierSettings)
+    builder: BuilderSettings = msgspec.field(default_factory=BuilderSettings)
+    evaluator: EvaluatorSettings = msgspec.field(default_factory=EvaluatorSettings)
+
+    # Derived paths -------------------------------------------------------------------------
+    def nats_data_dir(self) -> Path:
+        return Path(self.bus.data_dir) if self.bus.data_dir else _xdg_data_home() / "cppperf" / "nats"
+
+    def mirror_dir(self) -> Path:
+        return (
+            Path(self.mining.mirror_dir)
+            if self.mining.mirror_dir
+            else _xdg_data_home() / "cppperf" / "mirrors"
+        )
+
+    def work_dir(self) -> Path:
+        return Path(self.builder.work_dir) if self.builder.work_dir else _xdg_data_home() / "cppperf" / "work"
+
+
+_SECTION_TYPES: dict[str, type[msgspec.Struct]] = {
+    "bus": BusSettings,
+    "github": GitHubSettings,
+    "mining": MiningSettings,
+    "classifier": ClassifierSettings,
+    "builder": BuilderSettings,
+    "evaluator": EvaluatorSettings,
+}
+_SECTIONS = tuple(_SECTION_TYPES)
+
+
+def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    """Collect `CPPPERF_*` variables into the nested shape Settings decodes from."""
+    out: dict[str, Any] = {}
+    top_fields = {f for f in Settings.__struct_fields__ if f not in _SECTIONS}
+    for f in top_fields:
+        val = env.get(f"CPPPERF_{f.upper()}")
+        if val is not None:
+            out[f] = val
+    for section, cls in _SECTION_TYPES.items():
+        defaults = cls()
+        for f in cls.__struct_fields__:
+            val = env.get(f"CPPPERF_{section.upper()}_{f.upper()}")
+            if val is None:
+                continue
+            current = getattr(defaults, f)
+            parsed: Any = val
+            if isinstance(current, list):
+                parsed = [v.strip() for v in val.split(",") if v.strip()]
+            elif isinstance(current, dict):
+                parsed = dict(kv.split("=", 1) for kv in val.split(",") if "=" in kv)
+            out.setdefault(section, {})[f] = parsed
+    return out
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(merged.get(k), dict):
+            merged[k] = _merge(merged[k], v)
+        else:
+            merged[k] = v
+    return merged
+
+
+def _key_from_error(err: msgspec.ValidationError) -> str:
+    text = str(err)
+    if "at `$." in text:
+        path = text.split("at `$.", 1)[1].split("`", 1)[0]
+        parts = path.split(".")
+        env = "CPPPERF_" + "_".join(p.upper().split("[")[0] for p in parts)
+        return f"{path} ({env})"
+    return "settings"
+
+
+def load_settings(
+    toml_path: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    **overrides: Any,
+) -> Settings:
+    """Load settings: defaults < TOML file < environment < explicit overrides (CLI flags)."""
+    env = os.environ if env is None else env
+    raw: dict[str, Any] = {}
+    path = Path(toml_path) if toml_path else Path(env.get("CPPPERF_CONFIG", "cppperf.toml"))
+    if path.is_file():
+        try:
+            raw = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    raw = _merge(raw, _env_overrides(env))
+    raw = _merge(raw, overrides)
+    try:
+        return msgspec.convert(raw, Settings, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid setting {_key_from_error(exc)}: {exc}") from exc
