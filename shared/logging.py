@@ -44,6 +44,16 @@ def redact_secrets(
     return event_dict
 
 
+class _CurrentStderr:
+    """Writes to whatever `sys.stderr` is at call time (test runners swap it)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(level: str = "info", *, json: bool | None = None) -> None:
     """Configure structlog once for the process (safe to call again)."""
     use_json = (not sys.stderr.isatty()) if json is None else json
@@ -60,7 +70,7 @@ def configure_logging(level: str = "info", *, json: bool | None = None) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
 

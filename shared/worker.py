@@ -1,7 +1,8 @@
 """The ack policy every service handler follows: decode → work (with heartbeats) → ack.
 
 - Malformed payload or `BadInput` → dead letter + term at once (retrying cannot help).
-- `TransientError` and unexpected exceptions → nak with delay; on the last allowed delivery
+- `TransientError` and unexpected exceptions → nak with an exponentially growing delay
+  (`nak_delay` · 2^(attempt-1)); on the last allowed delivery
   → dead letter + term. A delivery beyond `max_deliver` (earlier attempts crashed the process)
   goes straight to the dead-letter queue without running the work again.
 - While the work runs, `in_progress()` is sent every `heartbeat` seconds so a long job is never

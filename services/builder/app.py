@@ -8,7 +8,7 @@ from pathlib import Path
 
 from faststream.nats import NatsBroker
 
-from services.builder.service import build_patch, validate_latest
+from services.builder.service import build_patch, head_sha, validate_latest
 from shared import messages as m
 from shared.errors import RepoRejected
 from shared.mirror import ensure_local
@@ -18,6 +18,21 @@ from shared.service import ServiceContext, subscribe
 async def process_candidate(ctx: ServiceContext, cand: m.RepoCandidate) -> None:
     s = ctx.settings
     path: Path = await asyncio.to_thread(ensure_local, cand.url, cand.repo, s.mirror_dir())
+    prior = await ctx.store.get("repos", cand.repo) or {}
+    if prior.get("validated") and prior.get("head_sha") == await asyncio.to_thread(head_sha, path):
+        # validated earlier at this very commit: pass it on without rebuilding
+        await ctx.bus.publish(
+            m.REPO_FOUND,
+            m.RepoFound(
+                repo=cand.repo,
+                url=cand.url,
+                head_sha=prior["head_sha"],
+                validated=True,
+                test_count=prior.get("test_count"),
+                build_seconds=prior.get("build_seconds"),
+            ),
+        )
+        return
     try:
         found = await asyncio.to_thread(validate_latest, cand, path, s.builder, work_dir=s.work_dir())
     except RepoRejected as exc:
@@ -51,6 +66,7 @@ async def process_classified(ctx: ServiceContext, item: m.CommitClassified) -> N
         build_patch, commit, path, s.builder, work_dir=s.work_dir(), out_dir=ctx.out_dir, diff=diff
     )
     msg = built.message
+    await ctx.bus.publish(m.PATCH_BUILT, msg)  # before the store marks it done: a crash re-publishes
     await ctx.store.put(
         "instances",
         iid,
@@ -67,7 +83,6 @@ async def process_classified(ctx: ServiceContext, item: m.CommitClassified) -> N
         },
     )
     await ctx.store.update("commits", commit.id, stage="built", verdict=msg.verdict)
-    await ctx.bus.publish(m.PATCH_BUILT, msg)
 
 
 def register(broker: NatsBroker, ctx: ServiceContext) -> None:

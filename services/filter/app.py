@@ -37,8 +37,10 @@ async def process_repo(ctx: ServiceContext, found: m.RepoFound, resolver: LinkRe
             c = m.CommitSelected(
                 **{**{f: getattr(c, f) for f in c.__struct_fields__}, "diff": diff, "diff_ref": ref}
             )
-        await ctx.store.put("commits", c.id, {"stage": "selected", "repo": c.repo, "sha": c.sha})
+        if await ctx.store.get("commits", c.id) is not None:
+            return  # selected by an earlier walk (e.g. before the branch moved on)
         await ctx.bus.publish(m.COMMIT_SELECTED, c)
+        await ctx.store.put("commits", c.id, {"stage": "selected", "repo": c.repo, "sha": c.sha})
 
     summary = await asyncio.to_thread(
         scan_repository,

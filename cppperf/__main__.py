@@ -1,0 +1,3 @@
+from cppperf.cli import main
+
+main()

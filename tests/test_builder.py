@@ -1,0 +1,171 @@
+"""The builder proves speed-ups on a real generated C++/CMake project: improved (test named),
+A/A-like no-op, comment-only (identical binaries, no timing), regression, broken test, compile
+error, missing dependency (package named); the record is CppPerf-DB shaped; validation of HEAD."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cppperf.demo import DemoRepo
+from services.builder.service import build_patch, validate_latest
+from services.filter.links import LinkResolver
+from services.filter.rules import Rules
+from services.filter.select import to_message
+from services.filter.walk import commit_details, iter_commits
+from shared import messages as m
+from shared.errors import RepoRejected
+from shared.settings import Settings
+from tests.conftest import make_settings
+
+pytestmark = pytest.mark.build
+
+
+def commit_for(repo: Path, sha: str, name: str = "local/demo") -> m.CommitSelected:
+    header = next(iter_commits(repo, f"{sha}^!"))
+    details = next(commit_details(repo, [header]))
+    return to_message(name, str(repo), header, details, LinkResolver())
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return make_settings(tmp_path)
+
+
+def prove(demo: DemoRepo, kind: str, settings: Settings, tmp_path: Path) -> dict:  # type: ignore[type-arg]
+    built = build_patch(
+        commit_for(demo.path, demo.shas[kind]),
+        demo.path,
+        settings.builder,
+        work_dir=tmp_path / "work",
+        out_dir=tmp_path / "out",
+    )
+    assert built.path.exists()
+    assert json.loads(built.path.read_text()) == built.record
+    return built.record
+
+
+def test_perf_commit_is_improved_and_names_the_test(
+    demo_repo: DemoRepo, settings: Settings, tmp_path: Path
+) -> None:
+    rec = prove(demo_repo, "perf", settings, tmp_path)
+    c = rec["cppperf"]
+    assert c["verdict"] == "improved", c
+    assert rec["tests"]["significant_improvements_tests"] == ["spin"]
+    spin = next(t for t in c["tests"] if t["name"] == "spin")
+    assert spin["ratio"] < 0.85 and spin["ci_high"] < 1.0
+    assert c["confirmations"]["spin"]["held"] is True
+    other = next(t for t in c["tests"] if t["name"] == "other")
+    assert not other["improved"] and not other["regressed"]
+    # published CppPerf-DB keys are all there, with raw samples both sides
+    for key in (
+        "metadata",
+        "commit_info",
+        "issues",
+        "pull_requests",
+        "build_info",
+        "performance_analysis",
+        "tests",
+        "logs",
+        "raw_timing_data",
+    ):
+        assert key in rec
+    assert rec["commit_info"]["new_sha"] == demo_repo.shas["perf"]
+    assert rec["commit_info"]["old_sha"] == demo_repo.shas["base"]
+    assert len(c["samples"]["spin"]["old_s"]) == len(c["samples"]["spin"]["new_s"]) >= 6
+    assert rec["raw_timing_data"]["warmup_runs"] == 1
+    assert c["seed"] == settings.builder.seed
+    assert c["environment"]["cpu_count"] >= 1
+
+
+def test_noop_commit_is_not_improved(demo_repo: DemoRepo, settings: Settings, tmp_path: Path) -> None:
+    rec = prove(demo_repo, "noop", settings, tmp_path)
+    assert rec["cppperf"]["verdict"] == "not-improved"
+    assert rec["tests"]["significant_improvements"] == 0
+
+
+def test_comment_only_commit_short_circuits(demo_repo: DemoRepo, settings: Settings, tmp_path: Path) -> None:
+    rec = prove(demo_repo, "comment", settings, tmp_path)
+    assert rec["cppperf"]["verdict"] == "unchanged-binaries"
+    assert rec["cppperf"]["samples"] == {}  # no timing runs at all
+
+
+def test_slowdown_is_a_regression(demo_repo: DemoRepo, settings: Settings, tmp_path: Path) -> None:
+    rec = prove(demo_repo, "regression", settings, tmp_path)
+    assert rec["cppperf"]["verdict"] == "regressed"
+    assert rec["tests"]["significant_regressions_tests"] == ["spin"]
+
+
+def test_broken_test_rejects_with_test_named(demo_repo: DemoRepo, settings: Settings, tmp_path: Path) -> None:
+    c = prove(demo_repo, "broken_test", settings, tmp_path)["cppperf"]
+    assert (c["verdict"], c["failure_category"]) == ("rejected", "test-failure")
+    assert "test spin failed on the new side" in c["failure_detail"]
+    assert "wrong result" in c["failure_detail"]
+
+
+def test_compile_error_rejects_as_compile(demo_repo: DemoRepo, settings: Settings, tmp_path: Path) -> None:
+    c = prove(demo_repo, "compile_error", settings, tmp_path)["cppperf"]
+    assert (c["verdict"], c["failure_category"]) == ("rejected", "compile")
+    assert "retrun" in c["failure_detail"]
+
+
+def test_missing_dependency_is_named(tmp_path: Path, settings: Settings) -> None:
+    repo = tmp_path / "needs-gsl"
+    repo.mkdir()
+    (repo / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.16)\nproject(g CXX)\nfind_package(GSL REQUIRED)\nenable_testing()\n"
+    )
+    (repo / "a.cpp").write_text("int main() { return 0; }\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=a", "-c", "user.email=a@b"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    (repo / "a.cpp").write_text("int main() { return 0; } // two\n")
+    subprocess.run([*git, "commit", "-qam", "two"], check=True)
+    head = subprocess.run(
+        [*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    built = build_patch(
+        commit_for(repo, head, "local/needs-gsl"),
+        repo,
+        settings.builder,
+        work_dir=tmp_path / "work",
+        out_dir=tmp_path / "out",
+    )
+    c = built.record["cppperf"]
+    assert (c["verdict"], c["failure_category"]) == ("rejected", "dependency")
+    assert "GSL" in c["failure_detail"]
+    assert c["missing_packages"] == ["libgsl-dev"]
+
+
+def test_validate_latest_builds_and_runs_head(
+    demo_repo: DemoRepo, settings: Settings, tmp_path: Path
+) -> None:
+    cand = m.RepoCandidate(repo="local/demo", url=str(demo_repo.path), source="path")
+    found = validate_latest(cand, demo_repo.path, settings.builder, work_dir=tmp_path / "work")
+    assert found.validated and found.test_count == 2
+    assert found.head_sha == demo_repo.shas["fixup"]
+
+
+def test_validate_latest_rejects_a_broken_head(
+    demo_repo: DemoRepo, settings: Settings, tmp_path: Path
+) -> None:
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(demo_repo.path), str(clone)], check=True)
+    subprocess.run(
+        ["git", "-C", str(clone), "reset", "-q", "--hard", demo_repo.shas["compile_error"]], check=True
+    )
+    cand = m.RepoCandidate(repo="local/clone", url=str(clone), source="path")
+    with pytest.raises(RepoRejected, match="does not build"):
+        validate_latest(cand, clone, settings.builder, work_dir=tmp_path / "work")
+
+
+def test_rules_select_what_the_builder_can_prove(demo_repo: DemoRepo) -> None:
+    """Every commit the filter selects in the demo has a parent the builder can check out."""
+    from services.filter.walk import walk
+
+    for c in walk(demo_repo.path, Rules.from_settings(make_settings(Path("/tmp")).mining)).selected:
+        assert c.parents

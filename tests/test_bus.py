@@ -1,0 +1,222 @@
+"""JetStream semantics on a real nats-server: idempotent provisioning, dedup by stable id,
+heartbeats keep long jobs alive, poison and malformed messages end in the DLQ (and replay),
+a worker killed mid-job is replaced without double effects, and status counts."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from faststream.nats import NatsBroker
+
+from shared import messages as m
+from shared.bus import WORK_QUEUES, wait_drained
+from shared.embedded import EmbeddedNats
+from shared.service import ServiceContext, subscribe
+
+pytestmark = pytest.mark.nats
+
+
+async def run_handler(
+    ctx: ServiceContext,
+    work: Callable[[m.RepoFound], Awaitable[None]],
+    until: Callable[[], Awaitable[bool]],
+    timeout: float = 30,
+) -> None:
+    broker = NatsBroker(ctx.settings.nats_url, logger=None)
+    subscribe(broker, ctx, subject=m.REPO_FOUND, service="filter", typ=m.RepoFound, work=work)
+    await broker.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while not await until():
+            assert time.monotonic() < deadline, "condition not reached in time"
+            await asyncio.sleep(0.1)
+    finally:
+        await broker.stop()
+
+
+def found(i: int) -> m.RepoFound:
+    return m.RepoFound(repo=f"o/r{i}", url=f"/tmp/r{i}")
+
+
+async def test_provisioning_twice_is_a_noop(ctx: ServiceContext) -> None:
+    before = {s.config.name: s.config for s in await ctx.bus.js.streams_info()}
+    cons_before = await ctx.bus.js.consumer_info("REPO_FOUND", "filter")
+    await ctx.bus.provision()
+    await ctx.bus.provision()
+    after = {s.config.name: s.config for s in await ctx.bus.js.streams_info()}
+    cons_after = await ctx.bus.js.consumer_info("REPO_FOUND", "filter")
+    assert before.keys() == after.keys()
+    assert {k: v.subjects for k, v in before.items()} == {k: v.subjects for k, v in after.items()}
+    assert cons_before.created == cons_after.created
+    assert len(await ctx.bus.js.consumers_info("REPO_FOUND")) == 1
+
+
+async def test_same_id_published_twice_is_one_message(ctx: ServiceContext) -> None:
+    assert await ctx.bus.publish(m.REPO_FOUND, found(1)) is True
+    assert await ctx.bus.publish(m.REPO_FOUND, found(1)) is False
+    info = await ctx.bus.js.stream_info(WORK_QUEUES[m.REPO_FOUND].stream)
+    assert info.state.messages == 1
+
+
+async def test_poison_message_is_dead_lettered_then_replayed(ctx: ServiceContext) -> None:
+    attempts: list[str] = []
+    healthy = False
+
+    async def work(item: m.RepoFound) -> None:
+        attempts.append(item.repo)
+        if not healthy:
+            raise RuntimeError("collaborator exploded")
+
+    await ctx.bus.publish(m.REPO_FOUND, found(1))
+
+    async def dead() -> bool:
+        return len(await ctx.bus.dead_letters(m.REPO_FOUND)) == 1
+
+    await run_handler(ctx, work, dead)
+    [letter] = await ctx.bus.dead_letters(m.REPO_FOUND)
+    assert letter.letter.attempts == ctx.settings.bus.max_deliver == len(attempts)
+    assert "collaborator exploded" in letter.letter.error
+    assert letter.letter.service == "filter"
+    assert m.decode(letter.letter.payload, m.RepoFound) == found(1)
+
+    healthy = True
+    assert await ctx.bus.replay(m.REPO_FOUND) == 1
+    assert await ctx.bus.dead_letters(m.REPO_FOUND) == []
+
+    async def drained() -> bool:
+        return await ctx.bus.drained()
+
+    await run_handler(ctx, work, drained)
+    assert attempts[-1] == "o/r1" and len(attempts) == ctx.settings.bus.max_deliver + 1
+
+
+async def test_malformed_payload_is_dead_lettered_and_service_keeps_running(ctx: ServiceContext) -> None:
+    done: list[str] = []
+
+    async def work(item: m.RepoFound) -> None:
+        done.append(item.repo)
+
+    await ctx.bus.publish_raw(m.REPO_FOUND, b'{"repo": 5}', msg_id="bad-1")
+    await ctx.bus.publish(m.REPO_FOUND, found(2))
+
+    async def both() -> bool:
+        return done == ["o/r2"] and len(await ctx.bus.dead_letters()) == 1
+
+    await run_handler(ctx, work, both)
+    [letter] = await ctx.bus.dead_letters()
+    assert letter.letter.attempts == 1
+    assert "cannot decode RepoFound" in letter.letter.error
+    assert letter.letter.payload == b'{"repo": 5}'
+
+
+@pytest.mark.slow
+async def test_long_job_with_heartbeats_is_delivered_once(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    from shared.bus import Bus
+    from shared.store import Store
+    from tests.conftest import make_settings
+
+    settings = make_settings(tmp_path, nats_url=nats_server.url, bus={"ack_wait": 2.0, "max_deliver": 5})
+    bus = await Bus.connect(nats_server.url, settings.bus)
+    for s in await bus.js.streams_info():
+        await bus.js.delete_stream(s.config.name)
+    await bus.provision()
+    ctx = ServiceContext(settings=settings, bus=bus, store=await Store.open(bus.js))
+    deliveries: list[float] = []
+    finished: list[bool] = []
+
+    async def work(item: m.RepoFound) -> None:
+        deliveries.append(time.monotonic())
+        await asyncio.sleep(10)
+        finished.append(True)
+
+    await bus.publish(m.REPO_FOUND, found(3))
+
+    async def done() -> bool:
+        return bool(finished) and await bus.drained()
+
+    await run_handler(ctx, work, done, timeout=40)
+    assert len(deliveries) == 1
+    await bus.close()
+
+
+@pytest.mark.slow
+async def test_killed_worker_job_is_redone_once_by_another(ctx: ServiceContext, tmp_path: Path) -> None:
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    root = Path(__file__).resolve().parent.parent
+
+    def spawn() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.worker_proc", ctx.settings.nats_url, str(markers), "3"],
+            cwd=root,
+            env={**os.environ, "PYTHONPATH": str(root)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    async def wait_for(prefix: str, pid: int, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while not (markers / f"{prefix}-{pid}").exists():
+            assert time.monotonic() < deadline, f"{prefix} marker of {pid} never appeared"
+            await asyncio.sleep(0.05)
+
+    # the consumer settings the workers use (ack_wait 2 s)
+    ctx.bus.settings.ack_wait = 2.0
+    ctx.bus.settings.max_deliver = 5
+    await ctx.bus.provision()
+    first = spawn()
+    try:
+        await wait_for("ready", first.pid)
+        await ctx.bus.publish(m.REPO_FOUND, found(7))
+        await wait_for("started", first.pid)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+        second = spawn()
+        try:
+            await wait_for("effect", second.pid, timeout=40)
+            await wait_drained(ctx.bus, timeout=20)
+        finally:
+            second.kill()
+            second.wait()
+    finally:
+        if first.poll() is None:
+            first.kill()
+    record = await ctx.store.get("repos", "o/r7")
+    assert record is not None and record["effect_by"] == second.pid
+    assert not (markers / f"effect-{first.pid}").exists()
+    assert (markers / f"effect-{second.pid}").read_text() == "True"
+
+
+async def test_status_counts_a_scripted_flow(ctx: ServiceContext) -> None:
+    async def work(item: m.RepoFound) -> None:
+        if item.repo == "o/r9":
+            raise ValueError("always fails")
+
+    for i in (1, 2, 3, 9):
+        await ctx.bus.publish(m.REPO_FOUND, found(i))
+    await ctx.bus.publish(
+        m.COMMIT_SELECTED,
+        m.CommitSelected(repo="o/r1", url="", sha="1" * 40, parent="0" * 40, date="2024-01-01", message="x"),
+    )
+
+    async def settled() -> bool:
+        rows = {r.subject: r for r in await ctx.bus.subject_status()}
+        return rows[m.REPO_FOUND].done == 3 and rows[m.REPO_FOUND].dead_lettered == 1
+
+    await run_handler(ctx, work, settled)
+    rows = {r.subject: r for r in await ctx.bus.subject_status()}
+    assert (rows[m.REPO_FOUND].published, rows[m.REPO_FOUND].pending, rows[m.REPO_FOUND].in_flight) == (
+        4,
+        0,
+        0,
+    )
+    assert (rows[m.COMMIT_SELECTED].published, rows[m.COMMIT_SELECTED].pending) == (1, 1)
+    assert rows[m.COMMIT_SELECTED].done == 0

@@ -1,0 +1,101 @@
+"""The CLI as a new user meets it: help with examples, status on embedded NATS (starts and stops
+cleanly), stubs for verbs not yet available, and `mine` end to end on the demo repository."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cppperf.demo import DemoRepo
+
+CLI = [sys.executable, "-m", "cppperf"]
+
+
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_help_shows_examples() -> None:
+    res = run_cli("--help")
+    assert res.returncode == 0
+    assert "cppperf mine --repo" in res.stdout and "status" in res.stdout
+
+
+def test_status_on_embedded_nats_starts_and_stops(tmp_path: Path) -> None:
+    env = {"CPPPERF_BUS_DATA_DIR": str(tmp_path / "nats")}
+    res = run_cli("status", "--json", env=env)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert {r["subject"] for r in data["subjects"]} >= {"repo.found", "commit.selected", "patch.built"}
+    assert (tmp_path / "nats" / "jetstream").is_dir()
+    ps = subprocess.run(["pgrep", "-f", str(tmp_path / "nats")], capture_output=True, text=True, check=False)
+    assert ps.stdout.strip() == ""  # the embedded server is gone
+
+
+@pytest.mark.parametrize("verb", ["evaluate", "dataset", "images"])
+def test_unavailable_verbs_say_so(verb: str) -> None:
+    res = run_cli(verb, "--anything")
+    assert res.returncode == 2
+    assert "not yet available" in res.stderr
+
+
+def test_invalid_setting_is_one_line(tmp_path: Path) -> None:
+    res = run_cli("status", env={"CPPPERF_BUILDER_RUNS": "lots", "CPPPERF_BUS_DATA_DIR": str(tmp_path)})
+    assert res.returncode == 2
+    assert "builder.runs" in res.stderr
+
+
+@pytest.mark.build
+@pytest.mark.slow
+def test_mine_end_to_end_on_the_demo_repo(demo_repo: DemoRepo, tmp_path: Path) -> None:
+    env = {"CPPPERF_BUS_DATA_DIR": str(tmp_path / "nats"), "CPPPERF_BUILDER_WORK_DIR": str(tmp_path / "work")}
+    res = run_cli(
+        "mine",
+        "--repo",
+        str(demo_repo.path),
+        "--runs",
+        "11",
+        "--out",
+        str(tmp_path / "out"),
+        "--json",
+        env=env,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    data = json.loads(res.stdout)
+    f = data["funnel"]
+    assert (f["scanned"], f["selected"], f["classified"]) == (15, 8, 8)
+    assert f["positive"] >= 1 and f["built"] >= 1 and f["improved"] >= 1
+    perf_id = f"local__demo-{demo_repo.shas['perf'][:12]}"
+    record = json.loads((tmp_path / "out" / "instances" / f"{perf_id}.json").read_text())
+    assert record["cppperf"]["verdict"] == "improved"
+    # a second run resumes from the store: nothing is redone, the funnel is unchanged
+    again = run_cli(
+        "mine",
+        "--repo",
+        str(demo_repo.path),
+        "--runs",
+        "11",
+        "--out",
+        str(tmp_path / "out"),
+        "--json",
+        env=env,
+    )
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads(again.stdout)["funnel"] == f
+    status = run_cli("status", "--json", env=env)
+    rows = {r["subject"]: r for r in json.loads(status.stdout)["subjects"]}
+    assert rows["commit.selected"]["done"] == 8 and rows["commit.selected"]["pending"] == 0

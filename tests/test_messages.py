@@ -1,0 +1,105 @@
+"""Message contracts: every subject's type round-trips, tolerates unknown fields, rejects wrong
+types, and exposes the stable id DESIGN.md defines."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from shared import messages as m
+from shared.errors import MalformedMessage
+
+COMMIT = m.CommitSelected(
+    repo="fmtlib/fmt",
+    url="https://github.com/fmtlib/fmt.git",
+    sha="a" * 40,
+    parent="b" * 40,
+    date="2024-01-01T00:00:00+00:00",
+    message="Speed up format_to",
+    files=[m.FileChange(path="include/fmt/format.h", added=3, deleted=1)],
+    linked=[m.LinkedText(kind="issue", number=12, title="slow", body="it is slow")],
+    diff="diff --git a b",
+)
+SAMPLES: list[msgspec.Struct] = [
+    m.RepoCandidate(repo="fmtlib/fmt", url="https://github.com/fmtlib/fmt.git", stars=20000),
+    m.RepoFound(repo="fmtlib/fmt", url="x", validated=True, test_count=3),
+    COMMIT,
+    m.CommitClassified(
+        commit=COMMIT,
+        label=True,
+        backend="openai",
+        phase=2,
+        votes=[m.Vote(model="q", phase=1, answer="Maybe")],
+    ),
+    m.PatchBuilt(
+        instance_id="fmtlib__fmt-aaaaaaaaaaaa",
+        repo="fmtlib/fmt",
+        sha="a" * 40,
+        parent="b" * 40,
+        verdict="improved",
+        improved_tests=["t1"],
+    ),
+    m.EvalRequested(
+        request_id="r1", run_id="run", model="gpt", instance_id="fmtlib__fmt-aaaaaaaaaaaa", patch="d"
+    ),
+    m.EvalCompleted(
+        request_id="r1",
+        run_id="run",
+        model="gpt",
+        instance_id="fmtlib__fmt-aaaaaaaaaaaa",
+        verdict="opt",
+        opt=True,
+        report={"speedup": 1.5},
+    ),
+    m.DeadLetter(
+        subject="commit.selected",
+        service="classifier",
+        error="boom",
+        error_type="ValueError",
+        attempts=3,
+        payload=b"\x00raw",
+    ),
+]
+
+
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda s: type(s).__name__)
+def test_round_trip(msg: msgspec.Struct) -> None:
+    data = m.encode(msg)
+    assert m.decode(data, type(msg)) == msg
+    assert msg.schema_version == m.SCHEMA_VERSION  # type: ignore[attr-defined]
+
+
+def test_every_subject_has_a_type() -> None:
+    subjects = {
+        m.REPO_CANDIDATE,
+        m.REPO_FOUND,
+        m.COMMIT_SELECTED,
+        m.COMMIT_CLASSIFIED,
+        m.PATCH_BUILT,
+        m.EVAL_REQUESTED,
+        m.EVAL_COMPLETED,
+    }
+    assert set(m.SUBJECT_TYPES) == subjects
+
+
+def test_unknown_field_is_tolerated() -> None:
+    raw = msgspec.json.decode(m.encode(SAMPLES[1]))
+    raw["added_in_v2"] = {"anything": [1, 2]}
+    decoded = m.decode(msgspec.json.encode(raw), m.RepoFound)
+    assert decoded.repo == "fmtlib/fmt"
+
+
+def test_wrong_type_is_rejected_as_malformed() -> None:
+    raw = msgspec.json.decode(m.encode(SAMPLES[1]))
+    raw["test_count"] = "three"
+    with pytest.raises(MalformedMessage, match="test_count"):
+        m.decode(msgspec.json.encode(raw), m.RepoFound)
+    with pytest.raises(MalformedMessage):
+        m.decode(b"not json", m.RepoFound)
+
+
+def test_stable_ids() -> None:
+    assert m.msg_id(COMMIT) == "fmtlib/fmt@" + "a" * 40
+    assert m.instance_id("fmtlib/fmt", "a" * 40) == "fmtlib__fmt-aaaaaaaaaaaa"
+    assert m.msg_id(SAMPLES[5]) == "run/gpt/fmtlib__fmt-aaaaaaaaaaaa"
+    assert m.msg_id(SAMPLES[0]) == "fmtlib/fmt"

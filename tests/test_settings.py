@@ -1,0 +1,40 @@
+"""Settings: the paper's defaults, TOML then env overrides, one-line errors naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shared.errors import ConfigError
+from shared.settings import load_settings
+
+
+def test_paper_defaults() -> None:
+    s = load_settings(env={})
+    assert (s.mining.since, s.mining.until) == ("2020-01-01", "2025-12-31")
+    assert s.mining.min_stars == 300
+    assert s.mining.max_files == 20
+    assert s.classifier.models == ["Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen3-8B"]
+    assert (s.builder.runs, s.builder.warmup) == (31, 1)
+    assert s.builder.min_improvement == 0.05
+    assert s.builder.alpha == 0.05
+    assert s.nats_url == ""
+
+
+def test_toml_then_env(tmp_path: Path) -> None:
+    cfg = tmp_path / "cppperf.toml"
+    cfg.write_text('nats_url = "nats://a:1"\n[builder]\nruns = 7\n[mining]\nmax_files = 5\n')
+    s = load_settings(cfg, env={"CPPPERF_BUILDER_RUNS": "9", "CPPPERF_GITHUB_TOKENS": "t1, t2"})
+    assert s.builder.runs == 9  # env wins over TOML
+    assert s.mining.max_files == 5
+    assert s.nats_url == "nats://a:1"
+    assert s.github.tokens == ["t1", "t2"]
+
+
+def test_invalid_value_names_the_key() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(env={"CPPPERF_BUILDER_RUNS": "many"})
+    assert "builder.runs" in str(err.value)
+    assert "CPPPERF_BUILDER_RUNS" in str(err.value)
+    assert "\n" not in str(err.value)
