@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from dataclasses import dataclass
@@ -50,6 +51,15 @@ def write_instance(out_dir: Path, record: dict[str, Any]) -> Path:
     return path
 
 
+def keep_logs(src: Path, dest: Path) -> None:
+    """Copy a workspace's logs next to the instance records (workspaces are removed)."""
+    if src.is_dir():
+        dest.mkdir(parents=True, exist_ok=True)
+        for f in src.iterdir():
+            if f.is_file():
+                shutil.copy2(f, dest / f.name)
+
+
 @dataclass
 class BuiltPatch:
     record: dict[str, Any]
@@ -69,11 +79,16 @@ def build_patch(
 ) -> BuiltPatch:
     iid = instance_id(commit.repo, commit.sha)
     backend = make_backend(settings, work_dir / iid)
+    logs_dir = out_dir / "logs" / iid
     try:
         res = prove(commit, repo_path, backend, settings, on_phase=on_phase)
     finally:
+        keep_logs(work_dir / iid / "logs", logs_dir)
         if not settings.keep:
             backend.cleanup()
+    for step in res.build_steps:  # point the record at the kept copies
+        if step.get("log"):
+            step["log"] = str(logs_dir / Path(step["log"]).name)
     record = build_record(commit, res, diff=commit.diff if diff is None else diff, settings=settings)
     path = write_instance(out_dir, record)
     msg = PatchBuilt(

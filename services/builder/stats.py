@@ -14,6 +14,7 @@ computed beside it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -96,8 +97,10 @@ def compare_test(
         raise ValueError(f"{name}: need at least 2 samples per side, got {len(o)} and {len(n)}")
     o = np.maximum(o, 1e-9)
     n = np.maximum(n, 1e-9)
-    rng = np.random.default_rng(seed)
-    ci_low, ci_high = bootstrap_ratio_ci(o, n, resamples=resamples, rng=rng)
+    if resamples > 0:
+        ci_low, ci_high = bootstrap_ratio_ci(o, n, resamples=resamples, rng=np.random.default_rng(seed))
+    else:  # not computed: an unknown CI never "excludes 1"
+        ci_low, ci_high = 0.0, math.inf
     med_o, med_n = float(np.median(o)), float(np.median(n))
     mean_o, mean_n = float(np.mean(o)), float(np.mean(n))
     return TestStats(
@@ -179,9 +182,22 @@ def compare_all(
     min_improvement: float,
     resamples: int,
     seed: int,
+    all_cis: bool = True,
 ) -> list[TestStats]:
-    raw = [
-        compare_test(name, old, new, resamples=resamples, seed=seed + i)
-        for i, (name, (old, new)) in enumerate(sorted(samples.items()))
-    ]
-    return decide(raw, alpha=alpha, min_improvement=min_improvement)
+    """Decide every test. With `all_cis=False` the (costly) bootstrap CI is computed only for
+    tests whose adjusted p and magnitude already qualify: the others' decisions cannot depend on
+    it (their CI fields are then 0 and inf)."""
+    items = sorted(samples.items())
+    raw = [compare_test(name, old, new, resamples=0) for name, (old, new) in items]
+    prelim = decide(raw, alpha=alpha, min_improvement=min_improvement)
+    out = []
+    for i, (t, p) in enumerate(zip(raw, prelim, strict=True)):
+        qualifies = (p.p_improve_adj < alpha and t.median_change >= min_improvement) or (
+            p.p_regress_adj < alpha and t.median_change <= -min_improvement
+        )
+        if (qualifies or all_cis) and resamples > 0:
+            old, new = items[i][1]
+            out.append(compare_test(t.name, old, new, resamples=resamples, seed=seed + i))
+        else:
+            out.append(t)
+    return decide(out, alpha=alpha, min_improvement=min_improvement)

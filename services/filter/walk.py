@@ -2,15 +2,17 @@
 
 Pass 1 reads `git log --name-status -z --no-renames` through one git process (gitpython's
 `as_process`), parsing records as they stream: tree diffs only, so it needs no blobs and works on
-a blobless mirror; memory stays bounded whatever the history length. Pass 2 runs one more git
-process, fed the selected shas on stdin, for line counts (`--numstat`) and the diff.
+a blobless mirror; memory stays bounded whatever the history length. Pass 2 runs `git log -p`
+fed the selected shas on stdin (batches in parallel) for the diffs; line counts come from them.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -132,20 +134,53 @@ class CommitDetails:
 
 
 def commit_details(
-    repo_path: Path, commits: Iterable[CommitHeader], *, batch: int = 256
+    repo_path: Path, commits: Iterable[CommitHeader], *, batch: int = 128, workers: int | None = None
 ) -> Iterator[CommitDetails]:
-    """Line counts and diff for the given commits: one git process per `batch` commits."""
+    """Diff and line counts for the given commits, in order: one `git log -p` process per batch,
+    batches run on all cores. Line counts are counted from the patch itself (asking git for
+    `--numstat` as well would make it diff everything twice)."""
+    batches: list[list[CommitHeader]] = []
     pending: list[CommitHeader] = []
     for c in commits:
         pending.append(c)
         if len(pending) >= batch:
-            yield from _details_batch(repo_path, pending)
+            batches.append(pending)
             pending = []
     if pending:
-        yield from _details_batch(repo_path, pending)
+        batches.append(pending)
+    if not batches:
+        return
+    n = workers or min(len(batches), os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        # bounded look-ahead keeps memory flat on huge histories
+        window = 2 * n
+        futures = [pool.submit(_details_batch, repo_path, b) for b in batches[:window]]
+        next_batch = window
+        while futures:
+            done = futures.pop(0).result()
+            if next_batch < len(batches):
+                futures.append(pool.submit(_details_batch, repo_path, batches[next_batch]))
+                next_batch += 1
+            yield from done
 
 
-def _details_batch(repo_path: Path, commits: list[CommitHeader]) -> Iterator[CommitDetails]:
+def count_lines(file_patch: str) -> tuple[int, int]:
+    """Added and deleted lines of one file's patch (0, 0 for binary files)."""
+    added = deleted = 0
+    in_hunk = False
+    for line in file_patch.split("\n"):
+        if line.startswith("@@"):
+            in_hunk = True
+        elif not in_hunk:
+            continue
+        elif line.startswith("+"):
+            added += 1
+        elif line.startswith("-"):
+            deleted += 1
+    return added, deleted
+
+
+def _details_batch(repo_path: Path, commits: list[CommitHeader]) -> list[CommitDetails]:
     by_sha = {c.sha: c for c in commits}
     proc = subprocess.run(
         [
@@ -156,7 +191,6 @@ def _details_batch(repo_path: Path, commits: list[CommitHeader]) -> Iterator[Com
             "--no-walk=unsorted",
             "--stdin",
             "--format=%x1e%H",
-            "--numstat",
             "-p",
             "--no-renames",
             "--no-color",
@@ -166,6 +200,7 @@ def _details_batch(repo_path: Path, commits: list[CommitHeader]) -> Iterator[Com
         capture_output=True,
         check=True,
     )
+    out: list[CommitDetails] = []
     for rec in proc.stdout.decode("utf-8", errors="replace").split(_RS):
         if not rec.strip():
             continue
@@ -173,21 +208,16 @@ def _details_batch(repo_path: Path, commits: list[CommitHeader]) -> Iterator[Com
         header = by_sha.get(sha.strip())
         if header is None:
             continue
-        numstat: list[tuple[int, int]] = []
-        lines = body.lstrip("\n").split("\n")
-        idx = 0
-        while idx < len(lines) and "\t" in lines[idx] and not lines[idx].startswith("diff --git"):
-            added, deleted, _path = lines[idx].split("\t", 2)
-            numstat.append((int(added) if added.isdigit() else 0, int(deleted) if deleted.isdigit() else 0))
-            idx += 1
-        diff = "\n".join(lines[idx:]).strip("\n") + "\n"
+        diff = body.strip("\n") + "\n"
+        counts = [count_lines(p) for p in ("\n" + diff).split("\ndiff --git ")[1:]]
         files = [
             FileChange(
                 path=path,
                 status=status,
-                added=numstat[i][0] if i < len(numstat) else 0,
-                deleted=numstat[i][1] if i < len(numstat) else 0,
+                added=counts[i][0] if i < len(counts) else 0,
+                deleted=counts[i][1] if i < len(counts) else 0,
             )
             for i, (status, path) in enumerate(header.changes)
         ]
-        yield CommitDetails(sha=header.sha, files=files, diff=diff)
+        out.append(CommitDetails(sha=header.sha, files=files, diff=diff))
+    return out
