@@ -2,7 +2,8 @@
 
 Usage: python bench/builder_protocol.py REPO_PATH SHA [--runs 31] [--json]
 
-Paper's protocol: two clean Debug builds with `-j1`, then the whole suite through `ctest`
+Paper's protocol: two clean Debug builds with `-j1` (same test options as ours, so the same
+tests exist), then the whole suite through `ctest`
 timed `runs` times on the old side, then `runs` times on the new side (sequential).
 Ours: `cppperf build` (Release, all cores, shared ccache for the second build, identical-binary
 short-circuit, tests run directly and interleaved, early stop, confirmation).
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cppperf.cli import _commit_from_repo
 from services.builder.backend import export_tree
+from services.builder.cmake import test_options
 from services.builder.service import build_patch
 from shared.settings import load_settings
 

@@ -114,7 +114,9 @@ def _funnel_table(f: Funnel, per: dict[str, Funnel]) -> Table:
     return t
 
 
-async def _mine(settings: Settings, url: str, specs: list[str], as_json: bool) -> dict[str, Any]:
+async def _mine(
+    settings: Settings, url: str, specs: list[str], as_json: bool, search: bool
+) -> dict[str, Any]:
     from cppperf.runtime import CONSUMING_SERVICES, run_services
     from services.crawler.app import submit
     from shared.bus import wait_drained
@@ -122,6 +124,15 @@ async def _mine(settings: Settings, url: str, specs: list[str], as_json: bool) -
     async with run_services(settings, url, list(CONSUMING_SERVICES)) as running:
         ctx = running.ctx
         report = await submit(ctx, specs, validate=settings.mining.validate_latest)
+        if search:
+            from services.crawler.app import crawl_search
+            from shared.github import GitHubClient
+
+            found = await crawl_search(
+                ctx, GitHubClient(settings.github), validate=settings.mining.validate_latest
+            )
+            report.published += found.published
+            report.rejected.update(found.rejected)
         for repo, why in report.rejected.items():
             console.print(f"[yellow]rejected[/yellow] {repo}: {why}")
         if as_json:
@@ -163,7 +174,7 @@ def mine(
         list[str] | None, typer.Option("--repo", help="OWNER/NAME, git URL or local path")
     ] = None,
     search: Annotated[
-        bool, typer.Option("--search", help="GitHub search (needs tokens; not yet available)")
+        bool, typer.Option("--search", help="enumerate GitHub: C++, >= --min-stars, no forks or archived")
     ] = False,
     min_stars: Annotated[int | None, typer.Option("--min-stars")] = None,
     since: Annotated[str | None, typer.Option("--since")] = None,
@@ -188,11 +199,8 @@ def mine(
 
     Example: cppperf mine --repo /tmp/demo --runs 11 --out results
     """
-    if search:
-        console.print("[red]error:[/red] --search (GitHub search) is not yet available; pass --repo")
-        raise typer.Exit(2)
-    if not repo:
-        raise typer.BadParameter("give at least one --repo", param_hint="--repo")
+    if not repo and not search:
+        raise typer.BadParameter("give at least one --repo, or --search", param_hint="--repo")
     s = _settings(
         config,
         nats_url=nats_url,
@@ -210,7 +218,7 @@ def mine(
 
     try:
         with nats_endpoint(s) as url:
-            result = asyncio.run(_mine(s, url, list(repo), as_json))
+            result = asyncio.run(_mine(s, url, list(repo or []), as_json, search))
     except CppPerfError as exc:
         raise _fail(exc) from exc
     if as_json:
@@ -243,6 +251,13 @@ def serve(
 
             async with connect(s, url) as ctx:
                 report = await submit(ctx, list(s.mining.repos), validate=s.mining.validate_latest)
+                if s.mining.search:
+                    from services.crawler.app import crawl_search
+                    from shared.github import GitHubClient
+
+                    found = await crawl_search(ctx, GitHubClient(s.github), validate=s.mining.validate_latest)
+                    report.published += found.published
+                    report.rejected.update(found.rejected)
                 console.print(f"published {len(report.published)}, rejected {len(report.rejected)}")
             return
         async with run_services(s, url, [service]):

@@ -63,6 +63,7 @@ class GitHubSettings(msgspec.Struct, kw_only=True):
     api_url: str = "https://api.github.com"
     search_page_size: int = 100
     max_wait: float = 3600.0  # longest rate-limit sleep we accept before failing transiently
+    fetch_links: bool = False  # fetch linked issue/PR texts (needs network; on with tokens)
 
 
 class MiningSettings(msgspec.Struct, kw_only=True):
@@ -90,6 +91,7 @@ class MiningSettings(msgspec.Struct, kw_only=True):
     )
     validate_latest: bool = True  # builder validates repo.candidate -> repo.found
     repos: list[str] = msgspec.field(default_factory=list)  # sources for `serve crawler`
+    search: bool = False  # `serve crawler` also enumerates GitHub search results
     mirror_dir: str = ""  # default $XDG_DATA_HOME/cppperf/mirrors
 
 

@@ -1,16 +1,20 @@
 """Crawler wiring: a source, not a consumer. `submit` checks each repository and publishes
-`repo.candidate` (or `repo.found` directly when `mining.validate_latest` is off or no builder runs)."""
+`repo.candidate` (or `repo.found` directly when `mining.validate_latest` is off or no builder runs);
+`crawl_search` enumerates GitHub search results and submits those with a root CMakeLists.txt."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from services.crawler.checks import check_repository
+from services.crawler.search import search_repositories
 from services.crawler.sources import candidate_for
 from shared import messages as m
 from shared.errors import CppPerfError
+from shared.github import GitHubClient
 from shared.logging import get_logger
 from shared.mirror import ensure_local
 from shared.service import ServiceContext
@@ -24,7 +28,9 @@ class SubmitReport:
     rejected: dict[str, str] = field(default_factory=dict)
 
 
-async def submit(ctx: ServiceContext, specs: list[str], *, validate: bool) -> SubmitReport:
+async def submit(
+    ctx: ServiceContext, specs: list[str], *, validate: bool, repo_ids: dict[str, str] | None = None
+) -> SubmitReport:
     report = SubmitReport()
     settings = ctx.settings
     for spec in specs:
@@ -33,6 +39,8 @@ async def submit(ctx: ServiceContext, specs: list[str], *, validate: bool) -> Su
         except ValueError as exc:
             report.rejected[spec] = str(exc)
             continue
+        if repo_ids and spec in repo_ids:
+            cand = m.RepoCandidate(repo=repo_ids[spec], url=cand.url, source="github")
         language: str | None = None
         try:
             path: Path = await asyncio.to_thread(ensure_local, cand.url, cand.repo, settings.mirror_dir())
@@ -56,4 +64,56 @@ async def submit(ctx: ServiceContext, specs: list[str], *, validate: bool) -> Su
         else:
             await ctx.bus.publish(m.REPO_FOUND, m.RepoFound(repo=cand.repo, url=cand.url, validated=False))
         report.published.append(cand.repo)
+    return report
+
+
+class StoreProgress:
+    """Search progress in the store's `progress` bucket, one record per query."""
+
+    def __init__(self, ctx: ServiceContext, key: str) -> None:
+        self.ctx = ctx
+        self.key = key
+
+    async def _get(self) -> dict[str, Any]:
+        return await self.ctx.store.get("progress", self.key) or {"root": None, "done": {}}
+
+    async def root(self) -> str | None:
+        root: str | None = (await self._get())["root"]
+        return root
+
+    async def set_root(self, key: str) -> None:
+        rec = await self._get()
+        rec["root"] = key
+        await self.ctx.store.put("progress", self.key, rec)
+
+    async def done_slices(self) -> set[str]:
+        return set((await self._get())["done"])
+
+    async def mark_done(self, key: str, count: int) -> None:
+        rec = await self._get()
+        rec["done"][key] = count
+        await self.ctx.store.put("progress", self.key, rec)
+
+
+async def crawl_search(ctx: ServiceContext, client: GitHubClient, *, validate: bool) -> SubmitReport:
+    """Enumerate C++ repositories with ≥ min_stars (not forks, not archived) and submit them."""
+    s = ctx.settings.mining
+    report = SubmitReport()
+    progress = StoreProgress(ctx, f"search/cpp/{s.min_stars}")
+    async for item in search_repositories(client, min_stars=s.min_stars, progress=progress):
+        repo = str(item["full_name"])
+        prior = await ctx.store.get("repos", repo)
+        if prior is not None and prior.get("stage") != "rejected":
+            continue  # known from an earlier crawl
+        paths = await client.tree_paths(repo, str(item.get("default_branch") or "HEAD"))
+        if "CMakeLists.txt" not in paths:
+            reason = "no CMakeLists.txt at the repository root"
+            report.rejected[repo] = reason
+            await ctx.store.update("repos", repo, stage="rejected", by="crawler", reason=reason)
+            continue
+        sub = await submit(
+            ctx, [str(item["clone_url"])], validate=validate, repo_ids={str(item["clone_url"]): repo}
+        )
+        report.published += sub.published
+        report.rejected.update(sub.rejected)
     return report

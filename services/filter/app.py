@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from faststream.nats import NatsBroker
 
-from services.filter.links import LinkResolver
+from services.filter.links import GitHubLinkResolver, LinkResolver, Reference
 from services.filter.rules import Rules
 from services.filter.select import scan_repository
 from shared import messages as m
+from shared.github import GitHubClient
 from shared.mirror import ensure_local
 from shared.service import ServiceContext, call_soon_from_thread, subscribe
 
@@ -56,13 +58,41 @@ async def process_repo(ctx: ServiceContext, found: m.RepoFound, resolver: LinkRe
     )
 
 
-def register(broker: NatsBroker, ctx: ServiceContext, *, resolver: LinkResolver | None = None) -> None:
-    res = resolver or LinkResolver()
-    subscribe(
-        broker,
-        ctx,
-        subject=m.REPO_FOUND,
-        service="filter",
-        typ=m.RepoFound,
-        work=lambda item: process_repo(ctx, item, res),
-    )
+def github_resolver(
+    ctx: ServiceContext, client: GitHubClient, loop: asyncio.AbstractEventLoop
+) -> LinkResolver:
+    async def fetch(ref: Reference) -> dict[str, Any] | None:
+        key = f"issue/{ref.repo}#{ref.number}"
+        cached = await ctx.store.get("cache", key)
+        if cached is not None:
+            data: dict[str, Any] | None = cached.get("data")
+            return data
+        fresh = await client.issue(ref.repo, ref.number)
+        await ctx.store.put("cache", key, {"data": fresh})
+        return fresh
+
+    return GitHubLinkResolver(lambda ref: call_soon_from_thread(loop, fetch(ref)))
+
+
+def register(
+    broker: NatsBroker,
+    ctx: ServiceContext,
+    *,
+    resolver: LinkResolver | None = None,
+    github: GitHubClient | None = None,
+) -> None:
+    """Linked texts: the given resolver; else GitHub when a client is given or `github.fetch_links`
+    is on; else references only (offline)."""
+
+    def pick() -> LinkResolver:
+        if resolver is not None:
+            return resolver
+        if github is not None or ctx.settings.github.fetch_links:
+            client = github or GitHubClient(ctx.settings.github)
+            return github_resolver(ctx, client, asyncio.get_running_loop())
+        return LinkResolver()
+
+    async def work(item: m.RepoFound) -> None:
+        await process_repo(ctx, item, pick())
+
+    subscribe(broker, ctx, subject=m.REPO_FOUND, service="filter", typ=m.RepoFound, work=work)

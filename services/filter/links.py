@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from shared.messages import LinkedText
 
@@ -52,3 +54,29 @@ class LinkResolver:
 
     def resolve(self, refs: list[Reference]) -> list[LinkedText]:
         return [LinkedText(kind=r.kind, number=r.number, url=r.url) for r in refs]
+
+
+class GitHubLinkResolver(LinkResolver):
+    """Fetches title and body of each reference through the GitHub client (from the scan thread,
+    on the service's event loop), cached in the store's `cache` bucket by `issue/<repo>#<n>`."""
+
+    fetched = True
+
+    def __init__(self, fetch: Callable[[Reference], dict[str, Any] | None]) -> None:
+        self._fetch = fetch
+
+    def resolve(self, refs: list[Reference]) -> list[LinkedText]:
+        out = []
+        for r in refs:
+            data = self._fetch(r) or {}
+            kind = "pull" if data.get("pull_request") or r.kind == "pull" else "issue"
+            out.append(
+                LinkedText(
+                    kind=kind,
+                    number=r.number,
+                    url=str(data.get("html_url") or r.url),
+                    title=str(data.get("title") or ""),
+                    body=str(data.get("body") or "")[:20000],
+                )
+            )
+        return out
