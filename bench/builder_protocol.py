@@ -36,7 +36,7 @@ def paper(repo: Path, old: str, new: str, runs: int, work: Path) -> dict[str, fl
         src, build = work / side / "src", work / side / "build"
         export_tree(repo, sha, src)
         subprocess.run(
-            ["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Debug", "-DBUILD_TESTING=ON"],
+            ["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Debug", *test_options(src)],
             check=True,
             capture_output=True,
         )
