@@ -134,6 +134,8 @@ class BuilderSettings(msgspec.Struct, kw_only=True):
     sandbox: bool = True
     memory_limit_mb: int = 4096
     bootstrap_resamples: int = 2000
+    llm_deps: bool = False  # ask the classifier's OpenAI-compatible server for missing packages
+    llm_deps_attempts: int = 2
 
 
 class EvaluatorSettings(msgspec.Struct, kw_only=True):

@@ -169,3 +169,49 @@ def test_rules_select_what_the_builder_can_prove(demo_repo: DemoRepo) -> None:
 
     for c in walk(demo_repo.path, Rules.from_settings(make_settings(Path("/tmp")).mining)).selected:
         assert c.parents
+
+
+def _two_commit_repo(repo: Path, cmake: str) -> str:
+    repo.mkdir()
+    (repo / "CMakeLists.txt").write_text(cmake)
+    (repo / "a.cpp").write_text("int main() { return 0; }\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=a", "-c", "user.email=a@b"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    (repo / "a.cpp").write_text("int main() { return 0; } // two\n")
+    subprocess.run([*git, "commit", "-qam", "two"], check=True)
+    return subprocess.run(
+        [*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def test_unknown_dependency_asks_the_model(tmp_path: Path) -> None:
+    from services.builder.service import llm_dependency_proposer
+    from tests.fake_openai import FakeOpenAI
+
+    repo = tmp_path / "needs-zorblax"
+    head = _two_commit_repo(
+        repo,
+        "cmake_minimum_required(VERSION 3.16)\nproject(z CXX)\n"
+        "find_package(Zorblax REQUIRED)\nenable_testing()\n",
+    )
+    with FakeOpenAI(lambda _m, p: "libzorblax-dev, libfoo-dev" if "Zorblax" in p else "none") as srv:
+        settings = make_settings(
+            tmp_path, builder={"llm_deps": True, "llm_deps_attempts": 1}, classifier={"base_urls": [srv.url]}
+        )
+        built = build_patch(
+            commit_for(repo, head, "local/z"),
+            repo,
+            settings.builder,
+            work_dir=tmp_path / "work",
+            out_dir=tmp_path / "out",
+            llm_propose=llm_dependency_proposer(settings),
+        )
+        assert len(srv.requests) == 1
+    c = built.record["cppperf"]
+    assert c["failure_category"] == "dependency"
+    assert c["llm_proposed_packages"] == ["libzorblax-dev", "libfoo-dev"]
+    assert "Zorblax" in c["failure_detail"]
+    # build logs are kept beside the records even though the workspace is gone
+    assert all(Path(s["log"]).is_file() for s in c["build_steps"])

@@ -16,12 +16,12 @@ from typer.testing import CliRunner
 from cppperf.cli import app
 from services.classifier import app as classifier_app
 from services.classifier.heuristic import score_commit
-from services.classifier.llm import ChatClient, parse_label
 from services.classifier.prefilter import prefilter
 from services.classifier.prompts import budget_diff
 from services.classifier.service import Classifier, MemoryCache
 from shared import messages as m
 from shared.errors import ServiceUnavailable
+from shared.llm import ChatClient, parse_label
 from shared.service import ServiceContext
 from shared.settings import ClassifierSettings, load_settings
 from tests.conftest import SHARED_DATA

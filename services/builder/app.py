@@ -8,7 +8,7 @@ from pathlib import Path
 
 from faststream.nats import NatsBroker
 
-from services.builder.service import build_patch, head_sha, validate_latest
+from services.builder.service import build_patch, head_sha, llm_dependency_proposer, validate_latest
 from shared import messages as m
 from shared.errors import RepoRejected
 from shared.mirror import ensure_local
@@ -63,7 +63,14 @@ async def process_classified(ctx: ServiceContext, item: m.CommitClassified) -> N
     path: Path = await asyncio.to_thread(ensure_local, commit.url, commit.repo, s.mirror_dir())
     diff = await ctx.store.resolve_text(commit.diff, commit.diff_ref)
     built = await asyncio.to_thread(
-        build_patch, commit, path, s.builder, work_dir=s.work_dir(), out_dir=ctx.out_dir, diff=diff
+        build_patch,
+        commit,
+        path,
+        s.builder,
+        work_dir=s.work_dir(),
+        out_dir=ctx.out_dir,
+        diff=diff,
+        llm_propose=llm_dependency_proposer(s),
     )
     msg = built.message
     await ctx.bus.publish(m.PATCH_BUILT, msg)  # before the store marks it done: a crash re-publishes

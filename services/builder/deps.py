@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -83,3 +84,28 @@ def resolve(names: list[str]) -> MissingDeps:
 def diagnose(log: str, cache_file: Path | None = None) -> MissingDeps | None:
     names = missing_names(log, cache_file)
     return resolve(names) if names else None
+
+
+_DEB_NAME = re.compile(r"\b[a-z0-9][a-z0-9+.-]{1,60}\b")
+LLM_DEPS_PROMPT = """A CMake configure step failed on Debian. Log excerpt:
+
+{log}
+
+Name the Debian packages to install so the configure succeeds. Answer with package names only,
+comma separated, nothing else."""
+
+
+async def propose_with_llm(
+    log: str, ask: Callable[[str], Awaitable[str]], *, attempts: int = 2, known: set[str] | None = None
+) -> list[str]:
+    """Ask an OpenAI-compatible model for Debian packages; keep names that look like packages
+    (and, when `known` is given, exist in that set). Bounded: at most `attempts` questions."""
+    excerpt = "\n".join(line for line in log.splitlines() if line.strip())[-3000:]
+    for _ in range(attempts):
+        reply = await ask(LLM_DEPS_PROMPT.format(log=excerpt))
+        names = [n for n in _DEB_NAME.findall(reply.lower()) if n.endswith(("-dev", "-bin")) or "lib" in n]
+        if known is not None:
+            names = [n for n in names if n in known]
+        if names:
+            return list(dict.fromkeys(names))
+    return []

@@ -41,6 +41,7 @@ class InstanceResult:
     added_tests: list[str] = field(default_factory=list)
     removed_tests: list[str] = field(default_factory=list)
     missing_packages: list[str] = field(default_factory=list)
+    llm_proposed_packages: list[str] = field(default_factory=list)
     environment: dict[str, Any] = field(default_factory=dict)
 
 
@@ -85,6 +86,39 @@ def _pin_cpu(settings: BuilderSettings) -> int | None:
     return cpus[-1] if cpus else None
 
 
+def _build_both(
+    backend: Backend,
+    result: InstanceResult,
+    phase: PhaseCallback,
+    llm_propose: Callable[[str], list[str]] | None,
+) -> tuple[str, str] | None:
+    """Configure and build both sides; the (category, detail) of the first failure, if any."""
+    for i, side in enumerate(SIDES):
+        phase(f"build {side}", i, 2)
+        steps = backend.build(side)
+        result.build_steps += [_step_dict(side, s) for s in steps]
+        last = steps[-1]
+        if last.ok:
+            continue
+        if last.missing is not None:
+            result.missing_packages = last.missing.debian
+        if (
+            llm_propose is not None
+            and last.step == "configure"
+            and (last.missing is None or last.missing.unknown)
+        ):
+            proposed = [p for p in llm_propose(last.result.output) if p not in result.missing_packages]
+            if proposed:
+                result.missing_packages += proposed
+                result.llm_proposed_packages = proposed
+                last.category = "dependency"
+        detail = last.missing.describe() if last.missing else last.result.output[-1500:]
+        if result.llm_proposed_packages:
+            detail += f"; model proposes: {' '.join(result.llm_proposed_packages)}"
+        return last.category or "infra", f"{side} {last.step} failed: {detail}"
+    return None
+
+
 def prove(
     commit: CommitSelected,
     repo_path: Path,
@@ -93,6 +127,7 @@ def prove(
     *,
     on_phase: PhaseCallback | None = None,
     seed: int | None = None,
+    llm_propose: Callable[[str], list[str]] | None = None,
 ) -> InstanceResult:
     """Run the whole protocol for one commit against its parent."""
     phase = on_phase or (lambda _p, _d, _t: None)
@@ -107,16 +142,9 @@ def prove(
     phase("checkout", 0, 1)
     backend.prepare(repo_path, {"old": commit.parent, "new": commit.sha})
     phase("checkout", 1, 1)
-    for i, side in enumerate(SIDES):
-        phase(f"build {side}", i, 2)
-        steps = backend.build(side)
-        result.build_steps += [_step_dict(side, s) for s in steps]
-        last = steps[-1]
-        if not last.ok:
-            if last.missing is not None:
-                result.missing_packages = last.missing.debian
-            detail = last.missing.describe() if last.missing else last.result.output[-1500:]
-            return reject(last.category or "infra", f"{side} {last.step} failed: {detail}")
+    failure = _build_both(backend, result, phase, llm_propose)
+    if failure is not None:
+        return reject(*failure)
     phase("build new", 2, 2)
 
     tests_by_side: dict[SideName, dict[str, TestCase]] = {
@@ -135,8 +163,9 @@ def prove(
 
     def run_one(side: SideName, name: str) -> Any:
         t = tests_by_side[side][name]
+        timeout = t.timeout or settings.test_timeout
         limits = Limits(
-            timeout=t.timeout or settings.test_timeout, memory_mb=settings.memory_limit_mb, cpu=cpu
+            timeout=timeout, cpu_seconds=int(timeout * 2) + 1, memory_mb=settings.memory_limit_mb, cpu=cpu
         )
         res = backend.run_test(side, t, limits)
         if t.will_fail:  # CTest's WILL_FAIL inverts success

@@ -172,6 +172,7 @@ def build_record(
             "added_tests": res.added_tests,
             "removed_tests": res.removed_tests,
             "missing_packages": res.missing_packages,
+            "llm_proposed_packages": res.llm_proposed_packages,
             "build_steps": res.build_steps,
             "tests": [t.as_dict() for t in res.tests],
             "confirmations": res.confirmations,

@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from services.builder.backend import Backend, LocalBackend
 from services.builder.cmake import BuildSpec
+from services.builder.deps import propose_with_llm
 from services.builder.instance import PhaseCallback, prove
 from services.builder.record import build_record
 from services.builder.sandbox import Limits
-from shared.errors import ConfigError, RepoRejected
+from shared.errors import ConfigError, RepoRejected, ServiceUnavailable
+from shared.llm import ChatClient
 from shared.messages import CommitSelected, PatchBuilt, RepoCandidate, RepoFound, instance_id
-from shared.settings import BuilderSettings
+from shared.settings import BuilderSettings, Settings
 
 
 def build_spec(settings: BuilderSettings) -> BuildSpec:
@@ -76,12 +80,13 @@ def build_patch(
     out_dir: Path,
     diff: str | None = None,
     on_phase: PhaseCallback | None = None,
+    llm_propose: Callable[[str], list[str]] | None = None,
 ) -> BuiltPatch:
     iid = instance_id(commit.repo, commit.sha)
     backend = make_backend(settings, work_dir / iid)
     logs_dir = out_dir / "logs" / iid
     try:
-        res = prove(commit, repo_path, backend, settings, on_phase=on_phase)
+        res = prove(commit, repo_path, backend, settings, on_phase=on_phase, llm_propose=llm_propose)
     finally:
         keep_logs(work_dir / iid / "logs", logs_dir)
         if not settings.keep:
@@ -104,6 +109,37 @@ def build_patch(
         record_path=str(path),
     )
     return BuiltPatch(record, msg, path)
+
+
+def llm_dependency_proposer(settings: Settings) -> Callable[[str], list[str]] | None:
+    """A synchronous proposer backed by the classifier's OpenAI-compatible endpoint, or None when
+    `builder.llm_deps` is off. Runs its own short event loop (the builder works in a thread)."""
+    if not settings.builder.llm_deps:
+        return None
+    c = settings.classifier
+
+    def propose(log: str) -> list[str]:
+        async def main() -> list[str]:
+            client = ChatClient(
+                c.base_urls[0], api_key=c.api_key, timeout=c.timeout, retries=c.retries, seed=c.seed
+            )
+            try:
+                return await propose_with_llm(
+                    log,
+                    lambda prompt: client.complete(
+                        c.models[-1], "You are a Debian packaging expert.", prompt
+                    ),
+                    attempts=settings.builder.llm_deps_attempts,
+                )
+            finally:
+                await client.close()
+
+        try:
+            return asyncio.run(main())
+        except ServiceUnavailable:
+            return []  # the fallback is optional: no model, no proposal
+
+    return propose
 
 
 def head_sha(repo_path: Path, rev: str = "HEAD") -> str:

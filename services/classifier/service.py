@@ -14,10 +14,10 @@ import msgspec
 
 from services.classifier import prompts
 from services.classifier.heuristic import score_commit
-from services.classifier.llm import Answer, ChatClient
 from services.classifier.prefilter import prefilter
 from services.classifier.vote import Asker, two_phase
 from shared.errors import ConfigError
+from shared.llm import Answer, ChatClient
 from shared.messages import CommitClassified, CommitSelected
 from shared.settings import ClassifierSettings
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from services.classifier import prompts
-from services.classifier.llm import Answer
+from shared.llm import Answer
 from shared.messages import Vote
 
 

@@ -67,6 +67,38 @@ class ChatClient:
     async def close(self) -> None:
         await self._client.aclose()
 
+    async def complete(self, model: str, system: str, prompt: str, *, max_tokens: int = 256) -> str:
+        """A free-text answer (no structured output), with the same retries."""
+        body: dict[str, object] = {
+            "model": model,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": prompt}],
+            "temperature": 0,
+            "seed": self.seed,
+            "max_tokens": max_tokens,
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
+        last = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
+            async with self._sem:
+                try:
+                    self.calls += 1
+                    resp = await self._client.post(f"{self.base_url}/chat/completions", json=body)
+                except httpx.HTTPError as exc:
+                    last = f"{type(exc).__name__}: {exc}"
+                    continue
+            if resp.status_code == 429 or resp.status_code >= 500:
+                last = f"HTTP {resp.status_code}"
+                continue
+            if resp.status_code != 200:
+                raise ServiceUnavailable(f"{model}: HTTP {resp.status_code}: {resp.text[:200]}")
+            content: str = resp.json()["choices"][0]["message"].get("content") or ""
+            return _THINK.sub(" ", content).strip()
+        raise ServiceUnavailable(
+            f"{model} at {self.base_url}: no answer after {self.retries + 1} attempts ({last})"
+        )
+
     async def ask(self, model: str, system: str, prompt: str, choices: list[str]) -> Answer:
         body = {
             "model": model,
