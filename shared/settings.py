@@ -133,6 +133,7 @@ class BuilderSettings(msgspec.Struct, kw_only=True):
     output_limit: int = 64 * 1024  # bytes of test output kept per run
     sandbox: bool = True
     memory_limit_mb: int = 4096
+    max_processes: int = 512  # per test run (pids cgroup, else RLIMIT_NPROC)
     bootstrap_resamples: int = 2000
     llm_deps: bool = False  # ask the classifier's OpenAI-compatible server for missing packages
     llm_deps_attempts: int = 2

@@ -3,9 +3,12 @@ process-group kill, CPU time measured."""
 
 from __future__ import annotations
 
+import os
 import sys
 
-from services.builder.sandbox import Limits, network_prefix, run
+import pytest
+
+from services.builder.sandbox import Limits, _pids_root, network_prefix, run
 
 
 def test_success_and_cpu_time_measured() -> None:
@@ -37,3 +40,18 @@ def test_network_is_unshared() -> None:
 def test_memory_limit_stops_a_hog() -> None:
     res = run([sys.executable, "-c", "x = bytearray(800 * 1024 * 1024)"], limits=Limits(memory_mb=300))
     assert not res.ok and "MemoryError" in res.output
+
+
+@pytest.mark.skipif(
+    _pids_root() is None and os.geteuid() == 0,
+    reason="no writable pids cgroup and running as root: RLIMIT_NPROC would not hold a fork bomb",
+)
+def test_fork_bomb_is_contained() -> None:
+    bomb = "bomb() { bomb | bomb & }; bomb; sleep 2"
+    res = run(["bash", "-c", bomb], limits=Limits(timeout=5, processes=64))
+    assert not res.ok or res.timed_out or "fork" in res.output.lower()
+    # the machine still works and nothing of the bomb is left running
+    import subprocess
+
+    after = subprocess.run(["pgrep", "-fc", "bomb"], capture_output=True, text=True, check=False)
+    assert int(after.stdout.strip() or 0) <= 1  # pgrep may count itself

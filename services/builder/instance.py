@@ -165,7 +165,11 @@ def prove(
         t = tests_by_side[side][name]
         timeout = t.timeout or settings.test_timeout
         limits = Limits(
-            timeout=timeout, cpu_seconds=int(timeout * 2) + 1, memory_mb=settings.memory_limit_mb, cpu=cpu
+            timeout=timeout,
+            cpu_seconds=int(timeout * 2) + 1,
+            memory_mb=settings.memory_limit_mb,
+            processes=settings.max_processes,
+            cpu=cpu,
         )
         res = backend.run_test(side, t, limits)
         if t.will_fail:  # CTest's WILL_FAIL inverts success

@@ -2,8 +2,11 @@
 
 - Network: unshared (`bwrap --unshare-net` when installed, else `unshare --net`, with
   `--map-root-user` when not root); `sandbox=False` runs it plainly.
-- rlimits: CPU seconds, address space, file size, processes; own process group, killed whole on
-  timeout. A timeout is a value (`timed_out=True`), not an exception.
+- rlimits: CPU seconds, address space, file size; own process group, killed whole on timeout.
+  A timeout is a value (`timed_out=True`), not an exception.
+- Processes: a pids cgroup (`pids.max`) per run where one can be created (root, cgroup v1 `pids`
+  hierarchy or v2 with the pids controller) so a fork bomb hits a wall and every leftover
+  process is killed afterwards; else RLIMIT_NPROC (effective for non-root users only).
 - Pinned to one CPU when asked (`os.sched_setaffinity`).
 - Output: a pipe drained by a thread that keeps the first and last `output_limit/2` bytes.
 - Time: wall via `perf_counter_ns`, CPU via `os.wait4` rusage (user + sys of the process tree
@@ -102,8 +105,61 @@ class _Tail:
         return bytes(self.head + mid + self.tail).decode("utf-8", errors="replace")
 
 
-def _preexec(limits: Limits) -> None:
+def _pids_root() -> Path | None:
+    for cand in (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")):
+        procs = cand / "cgroup.procs"
+        if not procs.exists() or not os.access(cand, os.W_OK):
+            continue
+        if cand.name == "cgroup":  # v2: the pids controller must be enabled for children
+            ctl = cand / "cgroup.subtree_control"
+            if not ctl.exists() or "pids" not in ctl.read_text():
+                continue
+        return cand
+    return None
+
+
+class PidsCgroup:
+    """A throw-away pids cgroup limiting one run's process count."""
+
+    _counter = 0
+
+    def __init__(self, limit: int) -> None:
+        root = _pids_root()
+        self.path: Path | None = None
+        if root is None:
+            return
+        PidsCgroup._counter += 1
+        path = root / f"cppperf-{os.getpid()}-{PidsCgroup._counter}"
+        try:
+            path.mkdir(exist_ok=True)
+            (path / "pids.max").write_text(str(limit))
+        except OSError:
+            return
+        self.path = path
+
+    def join_self(self) -> None:  # runs in the child before exec
+        if self.path is not None:
+            (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def kill_all_and_remove(self) -> None:
+        if self.path is None:
+            return
+        for _ in range(50):
+            pids = [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.02)
+        with contextlib.suppress(OSError):
+            self.path.rmdir()
+
+
+def _preexec(limits: Limits, cgroup: PidsCgroup | None) -> None:
     os.setsid()
+    if cgroup is not None:
+        cgroup.join_self()
     if limits.cpu_seconds:
         resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 5))
     if limits.memory_mb:
@@ -112,7 +168,7 @@ def _preexec(limits: Limits) -> None:
     if limits.file_size_mb:
         b = limits.file_size_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_FSIZE, (b, b))
-    if limits.processes:
+    if limits.processes and (cgroup is None or cgroup.path is None):
         resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
     if limits.cpu is not None:
         with contextlib.suppress(OSError):
@@ -133,6 +189,7 @@ def run(
     prefix = network_prefix(sandbox) if not limits.network else []
     full = [*prefix, *argv]
     keep = _Tail(output_limit)
+    cgroup = PidsCgroup(limits.processes) if limits.processes else None
     start = time.perf_counter_ns()
     try:
         proc = subprocess.Popen(
@@ -142,9 +199,11 @@ def run(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            preexec_fn=lambda: _preexec(limits),  # noqa: PLW1509 - rlimits need preexec
+            preexec_fn=lambda: _preexec(limits, cgroup),  # noqa: PLW1509 - rlimits need preexec
         )
     except OSError as exc:
+        if cgroup is not None:
+            cgroup.kill_all_and_remove()
         return RunResult(127, 0.0, 0.0, f"cannot start {argv[0]}: {exc}", False, False)
     assert proc.stdout is not None
     stdout = proc.stdout
@@ -177,6 +236,8 @@ def run(
     # Children left behind in the group would keep the pipe open: end them.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+    if cgroup is not None:
+        cgroup.kill_all_and_remove()  # also what left the process group (setsid'd daemons)
     reader.join(timeout=5)
     stdout.close()
     if log_handle is not None:
