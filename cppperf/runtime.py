@@ -16,7 +16,7 @@ from shared.store import Store
 
 CONSUMING_SERVICES = ("filter", "classifier", "builder")
 ALL_SERVICES = ("crawler", "filter", "classifier", "builder", "evaluator")
-NOT_YET = {"evaluator": "the evaluator service is not yet available (issue: Evaluator service)"}
+NOT_YET: dict[str, str] = {}
 
 
 @contextlib.contextmanager
@@ -51,6 +51,7 @@ async def run_services(settings: Settings, url: str, services: list[str]) -> Asy
     """Start the consuming services named in `services` on one broker; stop them on exit."""
     from services.builder import app as builder_app
     from services.classifier import app as classifier_app
+    from services.evaluator import app as evaluator_app
     from services.filter import app as filter_app
 
     async with connect(settings, url) as ctx:
@@ -62,6 +63,8 @@ async def run_services(settings: Settings, url: str, services: list[str]) -> Asy
             closers.append(classifier_app.register(broker, ctx))
         if "builder" in services:
             builder_app.register(broker, ctx)
+        if "evaluator" in services:
+            evaluator_app.register(broker, ctx)
         await broker.start()
         try:
             yield Running(ctx, broker)

@@ -141,9 +141,11 @@ class BuilderSettings(msgspec.Struct, kw_only=True):
 
 class EvaluatorSettings(msgspec.Struct, kw_only=True):
     max_patch_bytes: int = 1024 * 1024
-    runs: int = 11
+    runs: int = 11  # interleaved rounds of original, agent and expert (first discarded)
+    test_timeout: float = 300.0
     trust_patches: bool = False
     runs_dir: str = "runs"
+    worker_name: str = ""  # recorded with each evaluation (defaults to host:pid in the service)
     opt_fraction: float = 0.95
 
 

@@ -125,7 +125,7 @@ def test_selected_commits_carry_what_the_next_stages_need(demo_repo: DemoRepo) -
     perf = next(c for c in out if c.sha == demo_repo.shas["perf"])
     assert perf.parent == demo_repo.shas["base"]
     assert perf.files == [m.FileChange(path="src/core.cpp", status="M", added=1, deleted=1)]
-    assert "-  for (int rep = 0; rep < 2; ++rep) {" in perf.diff
+    assert "-  for (int rep = 0; rep < 3; ++rep) {" in perf.diff
     assert perf.linked == [m.LinkedText(kind="issue", number=7, url="https://github.com/local/demo/issues/7")]
     assert perf.links_fetched is False
     assert perf.date.startswith("2024-01-10")

@@ -20,13 +20,13 @@ import subprocess
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
 from services.builder.cmake import BuildSpec, StepResult, TestCase, build, configure, discover_tests, tool_env
 from services.builder.sandbox import Limits, RunResult, run
 from shared.errors import BadInput, InfraFailure
 
-SideName = Literal["old", "new"]
+SideName = str  # "old"/"new" for the builder; the evaluator adds "agent" and "expert"
 SIDES: tuple[SideName, SideName] = ("old", "new")
 
 

@@ -23,14 +23,30 @@ Progress = Callable[[int, int], None]
 
 @dataclass
 class Samples:
-    old: list[float] = field(default_factory=list)
-    new: list[float] = field(default_factory=list)
-    old_cpu: list[float] = field(default_factory=list)
-    new_cpu: list[float] = field(default_factory=list)
+    """Wall and CPU seconds per side (`old`/`new` for the builder; any names for the evaluator)."""
+
+    wall: dict[str, list[float]] = field(default_factory=dict)
+    cpu: dict[str, list[float]] = field(default_factory=dict)
 
     def add(self, side: SideName, res: RunResult) -> None:
-        (self.old if side == "old" else self.new).append(res.wall_s)
-        (self.old_cpu if side == "old" else self.new_cpu).append(res.cpu_s)
+        self.wall.setdefault(side, []).append(res.wall_s)
+        self.cpu.setdefault(side, []).append(res.cpu_s)
+
+    @property
+    def old(self) -> list[float]:
+        return self.wall.get("old", [])
+
+    @property
+    def new(self) -> list[float]:
+        return self.wall.get("new", [])
+
+    @property
+    def old_cpu(self) -> list[float]:
+        return self.cpu.get("old", [])
+
+    @property
+    def new_cpu(self) -> list[float]:
+        return self.cpu.get("new", [])
 
 
 @dataclass(frozen=True)
@@ -69,6 +85,7 @@ def measure(
     min_rounds: int = 10,
     min_improvement: float = 0.05,
     progress: Progress | None = None,
+    sides: tuple[SideName, ...] = ("old", "new"),
 ) -> Measurement:
     rng = random.Random(seed)
     samples = {t: Samples() for t in tests}
@@ -81,9 +98,9 @@ def measure(
         order = active[:]
         rng.shuffle(order)
         for name in order:
-            sides: list[SideName] = ["old", "new"]
-            rng.shuffle(sides)
-            for side in sides:
+            order_sides = list(sides)
+            rng.shuffle(order_sides)
+            for side in order_sides:
                 res = run_one(side, name)
                 if not res.ok:
                     meas.failure = RunFailure(
@@ -97,7 +114,7 @@ def measure(
             if progress:
                 progress(done, total)
         kept = r + 1 - warmup
-        if early_stop and kept >= min_rounds:
+        if early_stop and kept >= min_rounds and set(sides) == {"old", "new"}:
             for name in list(active):
                 s = samples[name]
                 state = clearly_settled(s.old, s.new, min_improvement=min_improvement, seed=seed + r)

@@ -1,0 +1,356 @@
+"""Evaluate one agent patch for one instance; write the run's artifacts.
+
+    runs/<run_id>/<model>/<instance_id>/report.json, patch.diff, build.log, test.log
+    runs/<run_id>/<model>.summary.json
+
+Steps: checks (nothing runs on a bad patch) → three trees in one workspace, `old` (base), `agent`
+(base + patch, applied by `git apply`, `--3way`, then `patch --fuzz`) and `expert` (the
+instance's commit) → builds sharing one ccache (the agent tree reuses the original's objects) →
+every test once on the agent tree (all must pass) → original, agent and expert timed interleaved
+with the builder's protocol → scores. Every test run is sandboxed (network unshared, memory, CPU
+time, process and output limits). A finished report is not recomputed unless `force`.
+
+Verdicts: opt | correct | tests-failed | timeout | build-failed | apply-failed | empty-patch |
+malformed-patch | too-large | unsafe-patch | test-edit | instance-broken | untrusted-refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from services.builder.backend import LocalBackend, export_tree
+from services.builder.cmake import TestCase
+from services.builder.protocol import measure
+from services.builder.sandbox import Limits, RunResult, network_prefix
+from services.builder.service import build_spec
+from services.evaluator.apply import apply_patch, init_tree
+from services.evaluator.checks import check_patch
+from services.evaluator.instances import EvalInstance, load_instance
+from services.evaluator.score import score
+from services.filter.rules import Rules
+from shared.messages import evaluation_id
+from shared.mirror import ensure_local
+from shared.settings import Settings
+
+Phase = Callable[[str, int, int], None]
+SIDES = ("old", "agent", "expert")
+
+
+@dataclass(frozen=True)
+class EvalRequest:
+    run_id: str
+    model: str
+    instance_id: str
+    patch: str
+
+    @property
+    def id(self) -> str:
+        return evaluation_id(self.run_id, self.model, self.instance_id)
+
+
+def safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "model"
+
+
+def run_dir(settings: Settings, req: EvalRequest) -> Path:
+    return Path(settings.evaluator.runs_dir) / safe_name(req.run_id) / safe_name(req.model) / req.instance_id
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def evaluate(
+    req: EvalRequest, settings: Settings, *, force: bool = False, on_phase: Phase | None = None
+) -> dict[str, Any]:
+    """The report for one request (from disk when already finished)."""
+    out = run_dir(settings, req)
+    report_path = out / "report.json"
+    if report_path.is_file() and not force:
+        cached: dict[str, Any] = json.loads(report_path.read_text())
+        return cached
+    out.mkdir(parents=True, exist_ok=True)
+    _write(out / "patch.diff", req.patch)
+    t0 = time.perf_counter()
+    report = _evaluate(req, settings, out, on_phase or (lambda _p, _d, _t: None))
+    report.update(
+        instance_id=req.instance_id,
+        run_id=req.run_id,
+        model=req.model,
+        evaluation_id=req.id,
+        wall_seconds=round(time.perf_counter() - t0, 2),
+    )
+    _write(report_path, json.dumps(report, indent=1))
+    return report
+
+
+def _verdict(verdict: str, reason: str, **extra: Any) -> dict[str, Any]:
+    return {"verdict": verdict, "opt": False, "reason": reason, **extra}
+
+
+def _evaluate(req: EvalRequest, s: Settings, out: Path, phase: Phase) -> dict[str, Any]:
+    ev = s.evaluator
+    try:
+        inst = load_instance(req.instance_id, Path(s.out_dir))
+    except Exception as exc:
+        return _verdict("unknown-instance", str(exc))
+    base = {"multi_file": inst.multi_file, "files": inst.files}
+    check = check_patch(req.patch, Rules.from_settings(s.mining), max_bytes=ev.max_patch_bytes)
+    if not check.ok:
+        return _verdict(check.verdict, check.reason, applied=False, **base)
+    if not ev.trust_patches and not network_prefix(True):
+        return _verdict(
+            "untrusted-refused",
+            "no network isolation here (needs unshare or bwrap); "
+            "pass --trust-patches to run agents' code anyway",
+            **base,
+        )
+    repo_path = ensure_local(inst.url, inst.repo, s.mirror_dir())
+    ws = s.work_dir() / "eval" / hashlib.sha256(req.id.encode()).hexdigest()[:16]
+    backend = LocalBackend(
+        ws,
+        build_spec(s.builder),
+        dict(s.builder.thread_env),
+        sandbox=True,
+        output_limit=s.builder.output_limit,
+    )
+    try:
+        return {**base, **_run(req, inst, s, backend, repo_path, out, phase)}
+    finally:
+        if not s.builder.keep:
+            backend.cleanup()
+
+
+class _Stop(Exception):
+    def __init__(self, report: dict[str, Any]) -> None:
+        self.report = report
+
+
+def _prepare(req: EvalRequest, inst: EvalInstance, backend: LocalBackend, repo: Path, out: Path) -> str:
+    """Export the three trees and apply the patch to `agent`; the method that applied it."""
+    if backend.workspace.exists():
+        shutil.rmtree(backend.workspace)
+    backend.logs.mkdir(parents=True)
+    export_tree(repo, inst.base_sha, backend.side_dir("old") / "src")
+    export_tree(repo, inst.expert_sha, backend.side_dir("expert") / "src")
+    agent_src = backend.side_dir("agent") / "src"
+    export_tree(repo, inst.base_sha, agent_src)
+    init_tree(agent_src)
+    patch_file = backend.workspace / "agent.patch"
+    patch_file.write_text(req.patch)
+    applied = apply_patch(agent_src, patch_file)
+    shutil.rmtree(agent_src / ".git", ignore_errors=True)
+    _write(out / "build.log", applied.log + "\n")
+    if not applied.ok:
+        raise _Stop(
+            _verdict(
+                "apply-failed",
+                "no method applied the patch (git apply, --3way, patch --fuzz)",
+                applied=False,
+                apply_log=applied.log[-3000:],
+            )
+        )
+    return applied.method
+
+
+def _build_all(backend: LocalBackend, out: Path, applied_with: str, phase: Phase) -> None:
+    for i, side in enumerate(SIDES):
+        phase("build", i, 3)
+        steps = backend.build(side)
+        with (out / "build.log").open("a") as fh:
+            for st in steps:
+                if st.log_path and st.log_path.is_file():
+                    fh.write(
+                        f"\n===== {side} {st.step} =====\n{st.log_path.read_text(errors='replace')[-200_000:]}"
+                    )
+        last = steps[-1]
+        if last.ok:
+            continue
+        if side == "agent":
+            raise _Stop(
+                _verdict(
+                    "build-failed",
+                    f"{last.step} failed ({last.category})",
+                    applied=True,
+                    applied_with=applied_with,
+                    build_tail=last.result.output[-2000:],
+                )
+            )
+        raise _Stop(
+            _verdict(
+                "instance-broken",
+                f"the {side} side does not build: {last.result.output[-800:]}",
+                applied=True,
+                applied_with=applied_with,
+            )
+        )
+    phase("build", 3, 3)
+
+
+def _correctness(
+    backend: LocalBackend,
+    tests: dict[str, TestCase],
+    limits_for: Callable[[TestCase], Limits],
+    out: Path,
+    phase: Phase,
+) -> list[dict[str, Any]]:
+    """Every test once on the agent tree; the failures."""
+    failures: list[dict[str, Any]] = []
+    with (out / "test.log").open("w") as log:
+        for i, (name, t) in enumerate(sorted(tests.items())):
+            phase("correctness", i, len(tests))
+            res = backend.run_test("agent", t, limits_for(t))
+            passed = (res.returncode != 0) if t.will_fail else res.ok
+            log.write(
+                f"===== {name}: {'PASS' if passed else 'FAIL'} (exit {res.returncode}"
+                f"{', timed out' if res.timed_out else ''}, {res.wall_s:.3f}s) =====\n{res.output}\n"
+            )
+            if not passed:
+                failures.append(
+                    {
+                        "test": name,
+                        "returncode": res.returncode,
+                        "timed_out": res.timed_out,
+                        "output_tail": res.output[-1500:],
+                    }
+                )
+    return failures
+
+
+def _run(
+    req: EvalRequest,
+    inst: EvalInstance,
+    s: Settings,
+    backend: LocalBackend,
+    repo: Path,
+    out: Path,
+    phase: Phase,
+) -> dict[str, Any]:
+    ev = s.evaluator
+    try:
+        phase("prepare", 0, 1)
+        applied_with = _prepare(req, inst, backend, repo, out)
+        phase("prepare", 1, 1)
+        _build_all(backend, out, applied_with, phase)
+    except _Stop as stop:
+        return stop.report
+    tests = {side: {t.name: t for t in backend.tests(side) if not t.disabled} for side in SIDES}
+    common = sorted(set(tests["old"]) & set(tests["agent"]) & set(tests["expert"]))
+    if not common:
+        return _verdict("instance-broken", "no test exists on all three sides", applied=True)
+
+    def limits_for(t: TestCase) -> Limits:
+        timeout = t.timeout or ev.test_timeout
+        return Limits(
+            timeout=timeout,
+            cpu_seconds=int(timeout * 2) + 1,
+            memory_mb=s.builder.memory_limit_mb,
+            processes=s.builder.max_processes,
+        )
+
+    info = {"applied": True, "applied_with": applied_with, "builds": True, "tests": common}
+    failures = _correctness(backend, {n: tests["agent"][n] for n in common}, limits_for, out, phase)
+    if failures:
+        verdict = "timeout" if all(f["timed_out"] for f in failures) else "tests-failed"
+        names = ", ".join(f["test"] for f in failures)
+        return {
+            **_verdict(verdict, f"failing tests: {names}"),
+            **info,
+            "tests_pass": False,
+            "failing_tests": failures,
+        }
+    timed = [n for n in common if n in set(inst.improved_tests)] or common
+    pin = max(os.sched_getaffinity(0)) if s.builder.pin_cpu else None
+
+    def run_one(side: str, name: str) -> RunResult:
+        t = tests[side][name]
+        res = backend.run_test(side, t, Limits(**{**limits_for(t).__dict__, "cpu": pin}))
+        if t.will_fail:
+            return RunResult(**{**res.__dict__, "returncode": 0 if res.returncode != 0 else 1})
+        return res
+
+    meas = measure(
+        timed,
+        run_one,
+        rounds=ev.runs,
+        warmup=s.builder.warmup,
+        seed=s.builder.seed,
+        sides=SIDES,
+        progress=lambda d, t: phase("measure", d, t),
+    )
+    if meas.failure is not None:
+        f = meas.failure
+        if f.side == "agent":
+            why = f"test {f.test} failed during timing (round {f.round}): flaky or nondeterministic"
+            return {
+                **_verdict("timeout" if f.timed_out else "tests-failed", why),
+                **info,
+                "tests_pass": False,
+            }
+        return {
+            **_verdict("instance-broken", f"test {f.test} failed on the {f.side} side during timing"),
+            **info,
+        }
+    scores = score(
+        {n: meas.samples[n].wall for n in timed},
+        alpha=s.builder.alpha,
+        min_improvement=s.builder.min_improvement,
+        opt_fraction=ev.opt_fraction,
+        resamples=s.builder.bootstrap_resamples,
+        seed=s.builder.seed,
+    )
+    return {
+        "verdict": "opt" if scores["opt"] else "correct",
+        "opt": scores["opt"],
+        "reason": "",
+        **info,
+        "tests_pass": True,
+        "timed_tests": timed,
+        "rounds": ev.runs,
+        "seed": s.builder.seed,
+        **scores,
+        "samples": {n: meas.samples[n].wall for n in timed},
+    }
+
+
+def summarize(settings: Settings, run_id: str, model: str) -> dict[str, Any]:
+    """Counts and `opt` rate over a model's reports, overall and single- vs multi-file (Table 2)."""
+    root = Path(settings.evaluator.runs_dir) / safe_name(run_id) / safe_name(model)
+    reports = [json.loads(p.read_text()) for p in sorted(root.glob("*/report.json"))]
+
+    def block(rs: list[dict[str, Any]]) -> dict[str, Any]:
+        verdicts: dict[str, int] = {}
+        for r in rs:
+            verdicts[r["verdict"]] = verdicts.get(r["verdict"], 0) + 1
+        n = len(rs)
+        return {
+            "instances": n,
+            "verdicts": verdicts,
+            "applied": sum(bool(r.get("applied")) for r in rs),
+            "builds": sum(bool(r.get("builds")) for r in rs),
+            "tests_pass": sum(bool(r.get("tests_pass")) for r in rs),
+            "opt": sum(bool(r.get("opt")) for r in rs),
+            "opt_rate": round(sum(bool(r.get("opt")) for r in rs) / n, 4) if n else 0.0,
+        }
+
+    summary = {
+        "run_id": run_id,
+        "model": model,
+        "overall": block(reports),
+        "single_file": block([r for r in reports if not r.get("multi_file")]),
+        "multi_file": block([r for r in reports if r.get("multi_file")]),
+    }
+    _write(root.parent / f"{safe_name(model)}.summary.json", json.dumps(summary, indent=1))
+    return summary

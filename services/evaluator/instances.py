@@ -1,0 +1,54 @@
+"""What the evaluator needs from an instance record (ours or an imported CppPerf-DB file)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shared.errors import BadInput
+
+
+@dataclass(frozen=True)
+class EvalInstance:
+    instance_id: str
+    repo: str
+    url: str
+    base_sha: str
+    expert_sha: str
+    expert_patch: str
+    improved_tests: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+
+    @property
+    def multi_file(self) -> bool:
+        return len(self.files) > 1
+
+
+def from_record(record: dict[str, Any]) -> EvalInstance:
+    ci = record["commit_info"]
+    meta = record["metadata"]
+    ours = record.get("cppperf") or {}
+    repo = meta.get("repository_name") or ""
+    iid = ours.get("instance_id") or f"{repo.replace('/', '__')}-{ci['new_sha'][:12]}"
+    return EvalInstance(
+        instance_id=iid,
+        repo=repo,
+        url=meta.get("repository") or f"https://github.com/{repo}.git",
+        base_sha=ci["old_sha"],
+        expert_sha=ci["new_sha"],
+        expert_patch="".join(ci.get("patch") or []),
+        improved_tests=list((record.get("tests") or {}).get("significant_improvements_tests") or []),
+        files=[f.get("filename", "") for f in ci.get("files_changed") or []],
+    )
+
+
+def load_instance(instance_id: str, out_dir: Path) -> EvalInstance:
+    path = out_dir / "instances" / f"{instance_id}.json"
+    if not path.is_file():
+        raise BadInput(f"unknown instance {instance_id!r} (no {path})")
+    try:
+        return from_record(json.loads(path.read_text()))
+    except (KeyError, ValueError) as exc:
+        raise BadInput(f"instance record {path} is unreadable: {exc}") from exc

@@ -1,0 +1,78 @@
+"""Scores: per-test speed-up vs the original with CIs, geometric means, fraction of the expert's
+speed-up, and `opt` (passes and reaches ≥ 95 % of the expert's speed-up with significance)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from services.builder.stats import compare_all
+
+
+def geomean(xs: Sequence[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else 1.0
+
+
+def score(
+    samples: Mapping[str, Mapping[str, list[float]]],
+    *,
+    alpha: float,
+    min_improvement: float,
+    opt_fraction: float,
+    resamples: int,
+    seed: int,
+) -> dict[str, Any]:
+    """`samples[test][side]` with sides old, agent, expert → the score block of a report."""
+    agent = {
+        t.name: t
+        for t in compare_all(
+            {n: (s["old"], s["agent"]) for n, s in samples.items()},
+            alpha=alpha,
+            min_improvement=min_improvement,
+            resamples=resamples,
+            seed=seed,
+        )
+    }
+    expert = {
+        t.name: t
+        for t in compare_all(
+            {n: (s["old"], s["expert"]) for n, s in samples.items()},
+            alpha=alpha,
+            min_improvement=min_improvement,
+            resamples=resamples,
+            seed=seed,
+        )
+    }
+    per_test: dict[str, dict[str, Any]] = {}
+    for name in sorted(samples):
+        a, e = agent[name], expert[name]
+        per_test[name] = {
+            "agent_speedup": 1 / a.ratio,
+            "agent_ci": [1 / a.ci_high, 1 / a.ci_low] if a.ci_low > 0 else None,
+            "agent_improved": a.improved,
+            "agent_regressed": a.regressed,
+            "expert_speedup": 1 / e.ratio,
+            "expert_ci": [1 / e.ci_high, 1 / e.ci_low] if e.ci_low > 0 else None,
+            "expert_improved": e.improved,
+            "median_ms": {
+                "old": a.median_old * 1e3,
+                "agent": a.median_new * 1e3,
+                "expert": e.median_new * 1e3,
+            },
+        }
+    gm_agent = geomean([float(v["agent_speedup"]) for v in per_test.values()])
+    gm_expert = geomean([float(v["expert_speedup"]) for v in per_test.values()])
+    fraction = (gm_agent - 1) / (gm_expert - 1) if gm_expert > 1 else None
+    significant = any(v["agent_improved"] for v in per_test.values())
+    regressed = any(v["agent_regressed"] for v in per_test.values())
+    opt = significant and not regressed and gm_agent >= opt_fraction * gm_expert
+    return {
+        "per_test": per_test,
+        "gm_speedup_agent": gm_agent,
+        "gm_speedup_expert": gm_expert,
+        "fraction_of_expert": fraction,
+        "agent_significant": significant,
+        "agent_regressed": regressed,
+        "opt": opt,
+    }

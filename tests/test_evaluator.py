@@ -1,0 +1,264 @@
+"""The evaluator on a generated instance: the expert patch is `opt`; empty, malformed, unsafe and
+test-editing patches are refused before anything runs; a breaking patch names the failing test; a
+slower patch is correct without speed-up; hostile code (fork bomb, infinite loop, network access,
+huge output) is contained with the right verdict; finished reports are not recomputed; over the
+bus, two evaluator workers share a predictions file and evaluate each instance once."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cppperf.demo import DemoRepo, core
+from services.builder.service import build_patch
+from services.evaluator.evaluate import EvalRequest, evaluate, summarize
+from shared.settings import Settings
+from tests.conftest import make_settings
+from tests.test_builder import commit_for
+
+pytestmark = pytest.mark.build
+
+
+def core_patch(new_text: str, path: str = "src/core.cpp", old_text: str | None = None) -> str:
+    old = core(3) if old_text is None else old_text
+    lines = difflib.unified_diff(
+        old.splitlines(keepends=True),
+        new_text.splitlines(keepends=True),
+        fromfile=f"a/{path}",
+        tofile=f"b/{path}",
+    )
+    return f"diff --git a/{path} b/{path}\n" + "".join(lines)
+
+
+def hostile_core(body: str, includes: str = "") -> str:
+    """The base spin() (3 passes, correct result) with `body` run first."""
+    return includes + core(3).replace("unsigned long long x = 0;", "unsigned long long x = 0;\n" + body)
+
+
+@pytest.fixture(scope="module")
+def instance_env(
+    tmp_path_factory: pytest.TempPathFactory, demo_repo: DemoRepo
+) -> tuple[Settings, str, dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("eval")
+    settings = make_settings(tmp, evaluator={"runs": 8, "runs_dir": str(tmp / "runs"), "test_timeout": 5.0})
+    built = build_patch(
+        commit_for(demo_repo.path, demo_repo.shas["perf"]),
+        demo_repo.path,
+        settings.builder,
+        work_dir=tmp / "work",
+        out_dir=Path(settings.out_dir),
+    )
+    assert built.record["cppperf"]["verdict"] == "improved"
+    return settings, built.record["cppperf"]["instance_id"], built.record
+
+
+def run(env: tuple[Settings, str, dict[str, Any]], patch: str, model: str) -> dict[str, Any]:
+    settings, iid, _ = env
+    return evaluate(EvalRequest(run_id="t", model=model, instance_id=iid, patch=patch), settings)
+
+
+def test_expert_patch_is_opt(instance_env: Any) -> None:
+    rep = run(instance_env, instance_env[2]["commit_info"]["patch"][0], "expert")
+    assert rep["verdict"] == "opt", rep.get("reason")
+    assert rep["applied_with"] == "git apply" and rep["tests_pass"]
+    assert rep["gm_speedup_agent"] > 1.3 and rep["fraction_of_expert"] is not None
+    assert rep["per_test"]["spin"]["agent_improved"]
+    out = Path(instance_env[0].evaluator.runs_dir) / "t" / "expert" / instance_env[1]
+    assert {p.name for p in out.iterdir()} >= {"report.json", "patch.diff", "build.log", "test.log"}
+
+
+def test_finished_report_is_not_recomputed(instance_env: Any) -> None:
+    patch = instance_env[2]["commit_info"]["patch"][0]
+    first = run(instance_env, patch, "again")
+    t0 = time.perf_counter()
+    second = run(instance_env, patch, "again")
+    assert time.perf_counter() - t0 < 0.5
+    assert first == second
+
+
+def test_slower_patch_is_correct_without_speedup(instance_env: Any) -> None:
+    rep = run(instance_env, core_patch(core(4)), "slower")
+    assert rep["verdict"] == "correct" and not rep["opt"]
+    assert rep["gm_speedup_agent"] < 1.0 and rep["agent_regressed"]
+
+
+def test_breaking_patch_names_the_test(instance_env: Any) -> None:
+    rep = run(instance_env, core_patch(core(1, bug=" ^ 1")), "broken")
+    assert rep["verdict"] == "tests-failed"
+    assert [f["test"] for f in rep["failing_tests"]] == ["spin"]
+    assert "wrong result" in rep["failing_tests"][0]["output_tail"]
+
+
+@pytest.mark.parametrize(
+    ("patch", "verdict", "reason"),
+    [
+        ("", "empty-patch", "empty"),
+        ("make it faster please\n", "malformed-patch", "not a unified diff"),
+        (
+            "diff --git a/../../x b/../../x\n--- a/../../x\n+++ b/../../x\n@@ -0,0 +1 @@\n+pwned\n",
+            "unsafe-patch",
+            "escapes",
+        ),
+        ("--- /dev/null\n+++ b/.git/hooks/pre-commit\n@@ -0,0 +1 @@\n+echo pwned\n", "unsafe-patch", ".git"),
+        (
+            "diff --git a/link b/link\nnew file mode 120000\n--- /dev/null\n+++ b/link\n@@ -0,0 +1 @@\n+/etc/passwd\n",
+            "unsafe-patch",
+            "symlink",
+        ),
+        (
+            "diff --git a/tests/test_spin.cpp b/tests/test_spin.cpp\n--- a/tests/test_spin.cpp\n"
+            '+++ b/tests/test_spin.cpp\n@@ -1 +1 @@\n-#include "core.h"\n+#include "core.h" // x\n',
+            "test-edit",
+            "test file",
+        ),
+        (
+            "--- a/CMakeLists.txt\n+++ b/CMakeLists.txt\n@@ -9 +9 @@\n-add_test(NAME spin COMMAND test_spin)\n"
+            "+add_test(NAME spin COMMAND true)\n",
+            "test-edit",
+            "CMake test definition",
+        ),
+    ],
+    ids=["empty", "malformed", "path-escape", "dot-git", "symlink", "test-file", "cmake-test"],
+)
+def test_bad_patches_are_refused_before_running(
+    instance_env: Any, patch: str, verdict: str, reason: str
+) -> None:
+    rep = run(instance_env, patch, f"bad-{verdict}-{reason[:4]}")
+    assert rep["verdict"] == verdict and reason in rep["reason"]
+    assert not rep.get("applied") and "tests_pass" not in rep
+
+
+def test_patch_that_does_not_apply(instance_env: Any) -> None:
+    rep = run(instance_env, core_patch(core(1), old_text=core(7).replace("x = 0", "y = 0")), "stale")
+    assert rep["verdict"] == "apply-failed" and "patch --fuzz" in rep["apply_log"]
+
+
+def test_compile_error_patch(instance_env: Any) -> None:
+    rep = run(instance_env, core_patch(core(1).replace("return x", "return y")), "typo")
+    assert rep["verdict"] == "build-failed" and rep["applied_with"] == "git apply"
+
+
+def test_infinite_loop_times_out(instance_env: Any) -> None:
+    rep = run(instance_env, core_patch(hostile_core("for (;;) { sink = sink + 1; }")), "loop")
+    assert rep["verdict"] == "timeout" and rep["failing_tests"][0]["test"] == "spin"
+
+
+def test_fork_bomb_is_contained(instance_env: Any) -> None:
+    from services.builder.sandbox import _pids_root
+
+    if _pids_root() is None and os.geteuid() == 0:
+        pytest.skip("no writable pids cgroup and running as root")
+    rep = run(instance_env, core_patch(hostile_core("for (;;) fork();", "#include <unistd.h>\n")), "bomb")
+    assert rep["verdict"] in ("timeout", "tests-failed")
+    ps = subprocess.run(["ps", "-eo", "stat=,comm="], capture_output=True, text=True, check=True).stdout
+    alive = [ln for ln in ps.splitlines() if ln.split()[-1] == "test_spin" and not ln.startswith("Z")]
+    assert alive == []  # killed (zombies waiting for init to reap them are dead)
+
+
+def test_network_access_fails_inside(instance_env: Any) -> None:
+    net = (
+        "{ int fd = socket(AF_INET, SOCK_STREAM, 0); sockaddr_in a{}; a.sin_family = AF_INET; a.sin_port = htons(80);"
+        " a.sin_addr.s_addr = htonl(0x01010101); if (connect(fd, (sockaddr*)&a, sizeof a) != 0) return 0; }"
+    )
+    inc = "#include <sys/socket.h>\n#include <netinet/in.h>\n#include <arpa/inet.h>\n"
+    rep = run(instance_env, core_patch(hostile_core(net, inc)), "net")
+    assert rep["verdict"] == "tests-failed" and rep["failing_tests"][0]["test"] == "spin"
+
+
+def test_huge_output_is_bounded(instance_env: Any) -> None:
+    spam = 'for (int i = 0; i < 400000; ++i) std::puts("spam spam spam spam spam spam spam spam spam");'
+    rep = run(instance_env, core_patch(hostile_core(spam, "#include <cstdio>\n")), "spam")
+    assert rep["verdict"] in ("correct", "opt") and rep["tests_pass"]
+    log = Path(instance_env[0].evaluator.runs_dir) / "t" / "spam" / instance_env[1] / "test.log"
+    assert log.stat().st_size < 300_000 and "bytes dropped" in log.read_text()
+
+
+def test_summary_splits_single_and_multi_file(instance_env: Any) -> None:
+    run(instance_env, instance_env[2]["commit_info"]["patch"][0], "summary-model")
+    run(instance_env, "", "summary-model-2")
+    sm = summarize(instance_env[0], "t", "summary-model")
+    assert sm["overall"]["instances"] == 1 and sm["overall"]["opt"] == 1 and sm["single_file"]["opt"] == 1
+    assert (Path(instance_env[0].evaluator.runs_dir) / "t" / "summary-model.summary.json").is_file()
+
+
+@pytest.mark.nats
+@pytest.mark.slow
+def test_predictions_over_the_bus_with_two_workers(
+    nats_server: Any, demo_repo: DemoRepo, tmp_path: Path
+) -> None:
+    settings = make_settings(tmp_path)
+    ids = []
+    for kind in ("perf", "noop", "regression"):
+        b = build_patch(
+            commit_for(demo_repo.path, demo_repo.shas[kind]),
+            demo_repo.path,
+            settings.builder,
+            work_dir=tmp_path / "work",
+            out_dir=Path(settings.out_dir),
+        )
+        ids.append((b.record["cppperf"]["instance_id"], b.record["commit_info"]["patch"][0]))
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text(
+        "\n".join(
+            json.dumps({"instance_id": i, "model_name_or_path": "agent-x", "model_patch": p}) for i, p in ids
+        )
+    )
+    run_id = f"bus-{os.getpid()}-{time.time_ns()}"
+    env = {
+        **os.environ,
+        "CPPPERF_NATS_URL": nats_server.url,
+        "CPPPERF_OUT_DIR": settings.out_dir,
+        "CPPPERF_EVALUATOR_RUNS_DIR": str(tmp_path / "worker-runs"),
+        "CPPPERF_EVALUATOR_RUNS": "5",
+        "CPPPERF_BUILDER_WORK_DIR": str(tmp_path / "work"),
+        "CPPPERF_BUS_ACK_WAIT": "10",
+    }
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "cppperf", "serve", "evaluator"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(2)
+    ]
+    try:
+        cli = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "cppperf",
+                "evaluate",
+                "--predictions",
+                str(preds),
+                "--run-id",
+                run_id,
+                "--json",
+            ],
+            env={**env, "CPPPERF_EVALUATOR_RUNS_DIR": str(tmp_path / "cli-runs")},
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    finally:
+        for w in workers:
+            w.terminate()
+        logs = [w.communicate(timeout=20)[1] for w in workers]
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    result = json.loads(cli.stdout)
+    assert sorted(r["instance_id"] for r in result["reports"]) == sorted(i for i, _ in ids)
+    assert all(r["tests_pass"] for r in result["reports"])
+    done = sorted((tmp_path / "worker-runs" / run_id / "agent-x").glob("*/report.json"))
+    assert len(done) == 3  # each instance evaluated exactly once across the two workers
+    handled = sum(log.decode().count('"event": "handled"') for log in logs)
+    assert handled == 3
+    assert (tmp_path / "cli-runs" / run_id / "agent-x.summary.json").is_file()
