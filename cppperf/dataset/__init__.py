@@ -1,0 +1,1 @@
+"""Dataset tools: import/export CppPerf-DB records, filters, the HTML report."""

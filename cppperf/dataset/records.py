@@ -1,0 +1,184 @@
+"""Instance records on disk (`<out>/instances/<id>.json`): import the published CppPerf-DB files
+unchanged, export them again (round trip), export a SWE-bench-like JSONL, and filter.
+
+A record is the published JSON plus our `cppperf` section. For an imported file that section says
+where it came from (`imported_from`) and derives the verdict from the published fields, so the
+published keys stay byte-for-byte what they were and `export --format cppperf-db` writes them back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shared.messages import instance_id as make_instance_id
+
+REQUIRED = (
+    ("metadata", "repository_name"),
+    ("commit_info", "old_sha"),
+    ("commit_info", "new_sha"),
+    ("commit_info", "files_changed"),
+    ("tests", "tests"),
+)
+
+
+class RecordError(ValueError):
+    pass
+
+
+def validate_published(data: Any) -> None:
+    if not isinstance(data, dict):
+        raise RecordError("not a JSON object")
+    for section, key in REQUIRED:
+        if not isinstance(data.get(section), dict) or key not in data[section]:
+            raise RecordError(f"missing {section}.{key}")
+
+
+def is_significant(record: dict[str, Any]) -> bool:
+    ours = record.get("cppperf") or {}
+    if ours.get("verdict"):
+        return bool(ours["verdict"] == "improved")
+    return int((record.get("tests") or {}).get("significant_improvements") or 0) > 0
+
+
+def to_record(published: dict[str, Any], source: str) -> dict[str, Any]:
+    validate_published(published)
+    ci = published["commit_info"]
+    repo = published["metadata"]["repository_name"]
+    sig = int(published["tests"].get("significant_improvements") or 0) > 0
+    return {
+        **published,
+        "cppperf": {
+            "record_version": 1,
+            "instance_id": make_instance_id(repo, ci["new_sha"]),
+            "imported_from": source,
+            "verdict": "improved" if sig else "not-improved",
+            "verdict_paper_rule": "improved" if sig else "not-improved",
+            "failure_category": None,
+            "builder": "cppperf-db",
+        },
+    }
+
+
+def to_published(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in record.items() if k != "cppperf"}
+
+
+def instance_path(out_dir: Path, iid: str) -> Path:
+    return out_dir / "instances" / f"{iid}.json"
+
+
+def write_record(out_dir: Path, record: dict[str, Any]) -> Path:
+    path = instance_path(out_dir, record["cppperf"]["instance_id"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, path)  # never half-written
+    return path
+
+
+@dataclass
+class ImportReport:
+    imported: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+def import_files(paths: list[Path], out_dir: Path) -> ImportReport:
+    rep = ImportReport()
+    files: list[Path] = []
+    for p in paths:
+        files += sorted(p.glob("*.json")) if p.is_dir() else [p]
+    for f in files:
+        try:
+            record = to_record(json.loads(f.read_text()), f.name)
+        except (OSError, json.JSONDecodeError, RecordError) as exc:
+            rep.errors[str(f)] = f"{type(exc).__name__}: {exc}"
+            continue
+        iid = record["cppperf"]["instance_id"]
+        target = instance_path(out_dir, iid)
+        if target.is_file():
+            existing = json.loads(target.read_text())
+            if to_published(existing) == to_published(record):
+                rep.unchanged.append(iid)
+                continue
+        write_record(out_dir, record)
+        rep.imported.append(iid)
+    return rep
+
+
+def iter_records(out_dir: Path) -> Iterator[dict[str, Any]]:
+    for f in sorted((out_dir / "instances").glob("*.json")):
+        try:
+            yield json.loads(f.read_text())
+        except json.JSONDecodeError:
+            continue
+
+
+def load_record(out_dir: Path, iid: str) -> dict[str, Any]:
+    path = instance_path(out_dir, iid)
+    if not path.is_file():
+        raise RecordError(f"unknown instance {iid!r} (no {path})")
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+@dataclass(frozen=True)
+class Filters:
+    repo: str | None = None
+    significant_only: bool = False
+    since: str | None = None
+    until: str | None = None
+    files: str | None = None  # "single" | "multi"
+
+    def match(self, r: dict[str, Any]) -> bool:
+        ci = r["commit_info"]
+        date = str(ci.get("commit_date") or "")[:10]
+        n_files = len(ci.get("files_changed") or [])
+        return (
+            (self.repo is None or r["metadata"]["repository_name"] == self.repo)
+            and (not self.significant_only or is_significant(r))
+            and (self.since is None or date >= self.since)
+            and (self.until is None or date <= self.until)
+            and (self.files is None or (self.files == "single") == (n_files == 1))
+        )
+
+
+def git_patch(record: dict[str, Any]) -> str:
+    """The expert patch as a git-style unified diff (the published `patch` lacks `+++` headers)."""
+    ci = record["commit_info"]
+    patch = "".join(ci.get("patch") or [])
+    if patch.startswith("diff --git"):
+        return patch
+    parts = []
+    for f in ci.get("files_changed") or []:
+        name = f["filename"]
+        body = f.get("patch") or ""
+        old = "/dev/null" if f.get("status") == "added" else f"a/{name}"
+        new = "/dev/null" if f.get("status") == "removed" else f"b/{name}"
+        parts.append(f"diff --git a/{name} b/{name}\n--- {old}\n+++ {new}\n{body.rstrip(chr(10))}\n")
+    return "".join(parts)
+
+
+def swebench_row(r: dict[str, Any]) -> dict[str, Any]:
+    ci = r["commit_info"]
+    repo = r["metadata"]["repository_name"]
+    linked = [*(r.get("issues") or []), *(r.get("pull_requests") or [])]
+    statement = "\n".join(ci.get("commit_message") or [])
+    for item in linked:
+        statement += f"\n\n#{item.get('number', '')} {item.get('title', '')}\n{item.get('body', '')}".rstrip()
+    iid = r["cppperf"]["instance_id"]
+    return {
+        "instance_id": iid,
+        "repo": repo,
+        "base_commit": ci["old_sha"],
+        "patch": git_patch(r),
+        "problem_statement": statement.strip(),
+        "created_at": ci.get("commit_date"),
+        "improved_tests": list((r.get("tests") or {}).get("significant_improvements_tests") or []),
+        "image": f"cppperf/{repo.replace('/', '__').lower()}:{ci['new_sha'][:12]}",
+    }
