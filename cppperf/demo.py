@@ -182,8 +182,8 @@ def create_demo_repo(
     )
     repo.commit(
         "perf",
-        "Speed up spin() by dropping a redundant pass\n\nThe second pass recomputed the same "
-        "value; removing it halves the run time (fixes #7).",
+        "Speed up spin() by dropping redundant passes\n\nThe extra passes recomputed the same "
+        "value; removing them halves the spin test's run time (fixes #7).",
         {"src/core.cpp": core(1)},
         date="2024-01-10T10:00:00+00:00",
     )
