@@ -54,7 +54,7 @@ def test_malformed_files_are_reported_and_skipped(tmp_path: Path) -> None:
     (src / "partial.json").write_text(json.dumps({"metadata": {"repository_name": "a/b"}}))
     (src / "list.json").write_text("[1, 2]")
     rep = import_files([src], tmp_path / "out")
-    assert set(Path(p).name for p in rep.errors) == {"broken.json", "partial.json", "list.json"}
+    assert {Path(p).name for p in rep.errors} == {"broken.json", "partial.json", "list.json"}
     assert "missing commit_info.old_sha" in rep.errors[str(src / "partial.json")]
     assert len(rep.imported) == len(list(src.glob("*.json"))) - 3
     assert not list((tmp_path / "out" / "instances").glob("*.tmp"))

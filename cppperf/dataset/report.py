@@ -93,7 +93,9 @@ def distribution_plot(samples: dict[str, tuple[list[float], list[float]]], order
     fig, axes = plt.subplots(len(names), 1, figsize=(8, 0.9 * len(names) + 0.6), squeeze=False)
     for ax, name in zip(axes[:, 0], names, strict=True):
         old, new = samples[name]
-        ax.boxplot([new, old], orientation="horizontal", widths=0.6, showfliers=False, tick_labels=["new", "old"])
+        ax.boxplot(
+            [new, old], orientation="horizontal", widths=0.6, showfliers=False, tick_labels=["new", "old"]
+        )
         for y, xs, color in ((1, new, "#0a7d2c"), (2, old, "#555")):
             ax.scatter(
                 xs,
