@@ -485,6 +485,38 @@ def _print_instance(record: dict[str, Any]) -> None:
 
 
 @app.command()
+def reproduce(
+    image: Annotated[str, typer.Argument(help="instance image, e.g. cppperf/owner__name:<sha12>")],
+    runs: Annotated[int | None, typer.Option("--runs")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    config: Config = None,
+) -> None:
+    """Re-run an instance's timing protocol from its image alone (docker backend) and compare.
+
+    Example: cppperf reproduce cppperf/local__demo:441aadcc50b6 --runs 21
+    """
+    from services.builder.reproduce import reproduce_image
+
+    s = _settings(
+        config, out_dir=str(out_dir) if out_dir else None, builder__runs=runs, builder__backend="docker"
+    )
+    progress, on_phase = _phase_progress()
+    try:
+        with progress:
+            result = reproduce_image(image, s.builder, work_dir=s.work_dir(), on_phase=on_phase)
+    except CppPerfError as exc:
+        raise _fail(exc) from exc
+    if as_json:
+        out.print_json(json.dumps(result, default=str))
+    else:
+        out.print(
+            f"{image}: recorded verdict {result['recorded_verdict']}, reproduced {result['verdict']} "
+            f"({'same' if result['same_verdict'] else 'DIFFERENT'}); improved tests {result['improved_tests']}"
+        )
+
+
+@app.command()
 def build(
     repo: Annotated[Path, typer.Option("--repo", help="local git repository")],
     sha: Annotated[str, typer.Option("--sha", help="the commit to prove")],
@@ -499,6 +531,7 @@ def build(
     config: Config = None,
 ) -> None:
     """Build and time one commit against its parent (no bus); writes OUT/instances/<id>.json.
+    With --builder docker, the instance image cppperf/<owner>__<name>:<sha12> is committed.
 
     Example: cppperf build --repo /tmp/demo --sha HEAD~12 --runs 11
     """
@@ -1104,10 +1137,51 @@ def dataset_stats(
         out.print(_funnel_table(total, per))
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def images() -> None:
-    """Base images without a registry (not yet available)."""
-    _not_yet("images", "Containerised builds")
+images_app = typer.Typer(help="Container images: base images without a registry, pruning.")
+app.add_typer(images_app, name="images")
+
+
+@images_app.command("bootstrap")
+def images_bootstrap(
+    release: Annotated[
+        str, typer.Option("--release", help="Debian release (era): buster … trixie")
+    ] = "bookworm",
+    mirror: Annotated[
+        str, typer.Option("--mirror", help="Debian mirror for debootstrap")
+    ] = "http://deb.debian.org/debian",
+    force: Annotated[bool, typer.Option("--force", help="rebuild even if present")] = False,
+    config: Config = None,
+) -> None:
+    """debootstrap a minimal root fs with the toolchain and import it as cppperf/base:<release>.
+
+    Example: cppperf images bootstrap --release bookworm
+    """
+    from services.builder.images import bootstrap_base
+    from services.builder.service import docker_client
+
+    s = _settings(config)
+    try:
+        with console.status(f"debootstrap {release} and import (a few minutes the first time)"):
+            name = bootstrap_base(docker_client(s.builder), release, mirror=mirror, force=force)
+    except CppPerfError as exc:
+        raise _fail(exc) from exc
+    out.print(f"base image ready: {name}")
+
+
+@images_app.command("prune")
+def images_prune(config: Config = None) -> None:
+    """Remove dangling image layers and stopped cppperf containers."""
+    from services.builder.service import docker_client
+
+    s = _settings(config)
+    client = docker_client(s.builder)
+    removed = 0
+    for c in client.containers.list(all=True, filters={"status": "exited"}):
+        if str(c.image.tags[:1]).find("cppperf/") >= 0:
+            c.remove(force=True)
+            removed += 1
+    res = client.images.prune(filters={"dangling": True})
+    out.print(f"removed {removed} container(s), {len(res.get('ImagesDeleted') or [])} dangling image(s)")
 
 
 # ------------------------------------------------------------------------------------------ demo

@@ -135,6 +135,11 @@ class BuilderSettings(msgspec.Struct, kw_only=True):
     memory_limit_mb: int = 4096
     max_processes: int = 512  # per test run (pids cgroup, else RLIMIT_NPROC)
     bootstrap_resamples: int = 2000
+    docker_host: str = ""  # empty: DOCKER_HOST or the engine's default socket
+    base_release: str = ""  # empty: the Debian release of the commit's era (images.ERAS)
+    registry: str = ""  # push instance images here when set (e.g. registry.local:5000)
+    cpuset: str = ""  # cores for the container; empty: the last core of this process
+    commit_images: bool = True
     llm_deps: bool = False  # ask the classifier's OpenAI-compatible server for missing packages
     llm_deps_attempts: int = 2
 

@@ -46,7 +46,7 @@ def test_status_on_embedded_nats_starts_and_stops(tmp_path: Path) -> None:
     assert ps.stdout.strip() == ""  # the embedded server is gone
 
 
-@pytest.mark.parametrize("verb", ["evaluate", "dataset", "images"])
+@pytest.mark.parametrize("verb", ["images"])
 def test_unavailable_verbs_say_so(verb: str) -> None:
     res = run_cli(verb, "--anything")
     assert res.returncode == 2

@@ -20,7 +20,7 @@ import subprocess
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from services.builder.cmake import BuildSpec, StepResult, TestCase, build, configure, discover_tests, tool_env
 from services.builder.sandbox import Limits, RunResult, run
@@ -39,6 +39,7 @@ class Backend(Protocol):
     def binaries_identical(self, tests: list[str]) -> bool: ...
     def run_test(self, side: SideName, test: TestCase, limits: Limits) -> RunResult: ...
     def cleanup(self) -> None: ...
+    def commit(self, image: str, record: dict[str, Any]) -> str: ...
 
 
 def export_tree(repo_path: Path, sha: str, dest: Path) -> None:
@@ -138,3 +139,6 @@ class LocalBackend:
 
     def cleanup(self) -> None:
         shutil.rmtree(self.workspace, ignore_errors=True)
+
+    def commit(self, image: str, record: dict[str, Any]) -> str:
+        raise NotImplementedError("instance images need the docker backend")

@@ -25,20 +25,22 @@ _TEST_OPTION = re.compile(
 )
 
 
-def test_options(src: Path) -> list[str]:
-    """`-D<opt>=ON` for test switches declared with option() in the project's CMake files."""
+def test_options_from_text(texts: list[str]) -> list[str]:
+    """`-D<opt>=ON` for test switches declared with option() in the given CMake texts."""
     opts: dict[str, None] = {"BUILD_TESTING": None}
-    files = (
-        [src / "CMakeLists.txt", *sorted((src / "cmake").glob("*.cmake"))]
-        if (src / "cmake").is_dir()
-        else [src / "CMakeLists.txt"]
-    )
-    for f in files:
-        if f.is_file():
-            for name in _TEST_OPTION.findall(f.read_text(errors="replace")):
-                if "DISABLE" not in name.upper() and "NO_" not in name.upper():
-                    opts.setdefault(name, None)
+    for text in texts:
+        for name in _TEST_OPTION.findall(text):
+            if "DISABLE" not in name.upper() and "NO_" not in name.upper():
+                opts.setdefault(name, None)
     return [f"-D{o}=ON" for o in opts]
+
+
+def test_options(src: Path) -> list[str]:
+    """Test switches declared in the project's top CMakeLists.txt and cmake/*.cmake."""
+    files = [src / "CMakeLists.txt"]
+    if (src / "cmake").is_dir():
+        files += sorted((src / "cmake").glob("*.cmake"))
+    return test_options_from_text([f.read_text(errors="replace") for f in files if f.is_file()])
 
 
 @dataclass(frozen=True)
@@ -71,13 +73,23 @@ def tool_env(ccache_dir: Path | None, basedir: Path | None) -> dict[str, str]:
     return env
 
 
-def configure_argv(src: Path, build: Path, spec: BuildSpec) -> list[str]:
+def configure_argv(
+    src: Path,
+    build: Path,
+    spec: BuildSpec,
+    *,
+    ninja: bool | None = None,
+    ccache: bool | None = None,
+    options: list[str] | None = None,
+) -> list[str]:
+    """The configure command; tools and test options default to what this host and tree have
+    (the docker backend passes them: its tree is in a container)."""
     argv = ["cmake", "-S", str(src), "-B", str(build), f"-DCMAKE_BUILD_TYPE={spec.build_type}"]
-    if shutil.which("ninja"):
+    if shutil.which("ninja") if ninja is None else ninja:
         argv += ["-G", "Ninja"]
-    if shutil.which("ccache"):
+    if shutil.which("ccache") if ccache is None else ccache:
         argv += ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", "-DCMAKE_C_COMPILER_LAUNCHER=ccache"]
-    argv += test_options(src)
+    argv += test_options(src) if options is None else options
     argv += list(spec.extra_args)
     return argv
 
@@ -141,9 +153,14 @@ def discover_tests(build_dir: Path, *, env: dict[str, str] | None = None) -> lis
     )
     if proc.returncode != 0:
         return []
-    data = json.loads(proc.stdout or b"{}")
+    return parse_ctest_json(proc.stdout, str(build_dir))
+
+
+def parse_ctest_json(data: bytes | str, build_dir: str) -> list[TestCase]:
+    """Tests from `ctest --show-only=json-v1` output."""
+    parsed = json.loads(data or b"{}")
     tests: list[TestCase] = []
-    for t in data.get("tests", []):
+    for t in parsed.get("tests", []):
         if not t.get("command"):
             continue
         props = {p["name"]: p["value"] for p in t.get("properties", [])}

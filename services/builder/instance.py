@@ -191,9 +191,14 @@ def prove(
     result.measurement = meas
     if meas.failure is not None:
         f = meas.failure
-        why = "timed out" if f.timed_out else f"exit code {f.returncode}"
+        killed = f.returncode in (-9, 137) and not f.timed_out  # the kernel's OOM killer or the pids wall
+        why = (
+            "timed out"
+            if f.timed_out
+            else ("killed (resource limit)" if killed else f"exit code {f.returncode}")
+        )
         return reject(
-            "timeout" if f.timed_out else "test-failure",
+            "timeout" if f.timed_out else ("resource-limit" if killed else "test-failure"),
             f"test {f.test} failed on the {f.side} side in round {f.round} ({why}): {f.output_tail[-800:]}",
         )
     decided = compare_all(

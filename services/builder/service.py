@@ -19,7 +19,7 @@ from services.builder.deps import propose_with_llm
 from services.builder.instance import PhaseCallback, prove
 from services.builder.record import build_record
 from services.builder.sandbox import Limits
-from shared.errors import ConfigError, RepoRejected, ServiceUnavailable
+from shared.errors import ConfigError, InfraFailure, RepoRejected, ServiceUnavailable
 from shared.llm import ChatClient
 from shared.messages import CommitSelected, PatchBuilt, RepoCandidate, RepoFound, instance_id
 from shared.settings import BuilderSettings, Settings
@@ -34,7 +34,45 @@ def build_spec(settings: BuilderSettings) -> BuildSpec:
     )
 
 
-def make_backend(settings: BuilderSettings, workspace: Path) -> Backend:
+def docker_client(settings: BuilderSettings) -> Any:
+    import docker
+
+    try:
+        client = (
+            docker.DockerClient(base_url=settings.docker_host) if settings.docker_host else docker.from_env()
+        )
+        client.ping()
+    except Exception as exc:  # docker.errors.DockerException: no engine reachable
+        raise InfraFailure(
+            f"no container engine reachable ({settings.docker_host or 'DOCKER_HOST'}): {exc}"
+        ) from exc
+    return client
+
+
+def base_image_for(client: Any, settings: BuilderSettings, commit_date: str, cmakelists: str) -> str:
+    from services.builder.images import ERAS, base_name, era_for, image_exists
+
+    if settings.base_release:
+        release = settings.base_release
+    else:
+        available = [e.release for e in ERAS if image_exists(client, base_name(e.release))]
+        if not available:
+            raise InfraFailure("no base image: run `cppperf images bootstrap --release bookworm` first")
+        release = era_for(commit_date, cmakelists, available=available).release
+    name = base_name(release)
+    if not image_exists(client, name):
+        raise InfraFailure(f"base image {name} missing: run `cppperf images bootstrap --release {release}`")
+    return name
+
+
+def make_backend(
+    settings: BuilderSettings,
+    workspace: Path,
+    *,
+    commit: CommitSelected | None = None,
+    repo_path: Path | None = None,
+    from_image: str | None = None,
+) -> Backend:
     if settings.backend == "local":
         return LocalBackend(
             workspace,
@@ -43,7 +81,30 @@ def make_backend(settings: BuilderSettings, workspace: Path) -> Backend:
             sandbox=settings.sandbox,
             output_limit=settings.output_limit,
         )
-    raise ConfigError(f"builder.backend={settings.backend!r} is not available in this version (use 'local')")
+    if settings.backend == "docker":
+        from services.builder.docker_backend import DockerBackend
+        from services.builder.images import cmake_texts
+
+        client = docker_client(settings)
+        base = ""
+        if from_image is None:
+            assert commit is not None and repo_path is not None
+            texts = cmake_texts(repo_path, commit.sha)
+            base = base_image_for(client, settings, commit.date, texts[0] if texts else "")
+        cpus = sorted(os.sched_getaffinity(0))
+        return DockerBackend(
+            client,
+            base,
+            build_spec(settings),
+            dict(settings.thread_env),
+            workspace / "logs",
+            memory_mb=settings.memory_limit_mb,
+            pids=settings.max_processes,
+            cpuset=settings.cpuset or str(cpus[-1]),
+            output_limit=settings.output_limit,
+            from_image=from_image,
+        )
+    raise ConfigError(f"builder.backend={settings.backend!r}: use 'local' or 'docker'")
 
 
 def write_instance(out_dir: Path, record: dict[str, Any]) -> Path:
@@ -53,6 +114,26 @@ def write_instance(out_dir: Path, record: dict[str, Any]) -> Path:
     tmp.write_text(json.dumps(record, indent=1))
     os.replace(tmp, path)
     return path
+
+
+def _commit_image(backend: Backend, settings: BuilderSettings, record: dict[str, Any]) -> str | None:
+    """With the docker backend: commit the container as the instance image (and push it)."""
+    from services.builder.images import instance_image_name
+
+    if backend.name != "docker" or not settings.commit_images or record["cppperf"]["verdict"] == "rejected":
+        return None
+    image = instance_image_name(record["metadata"]["repository_name"], record["commit_info"]["new_sha"])
+    record["cppperf"]["image"] = image
+    record["cppperf"]["installed_packages"] = list(getattr(backend, "installed", []))
+    backend.commit(image, record)
+    if settings.registry:
+        client = backend.client  # type: ignore[attr-defined]
+        remote = f"{settings.registry}/{image}"
+        repo, _, tag = remote.rpartition(":")
+        client.images.get(image).tag(repo, tag)
+        client.images.push(repo, tag=tag)
+        record["cppperf"]["image_pushed"] = remote
+    return image
 
 
 def keep_logs(src: Path, dest: Path) -> None:
@@ -83,18 +164,19 @@ def build_patch(
     llm_propose: Callable[[str], list[str]] | None = None,
 ) -> BuiltPatch:
     iid = instance_id(commit.repo, commit.sha)
-    backend = make_backend(settings, work_dir / iid)
+    backend = make_backend(settings, work_dir / iid, commit=commit, repo_path=repo_path)
     logs_dir = out_dir / "logs" / iid
     try:
         res = prove(commit, repo_path, backend, settings, on_phase=on_phase, llm_propose=llm_propose)
+        for step in res.build_steps:  # point the record at the kept copies
+            if step.get("log"):
+                step["log"] = str(logs_dir / Path(step["log"]).name)
+        record = build_record(commit, res, diff=commit.diff if diff is None else diff, settings=settings)
+        _commit_image(backend, settings, record)
     finally:
         keep_logs(work_dir / iid / "logs", logs_dir)
         if not settings.keep:
             backend.cleanup()
-    for step in res.build_steps:  # point the record at the kept copies
-        if step.get("log"):
-            step["log"] = str(logs_dir / Path(step["log"]).name)
-    record = build_record(commit, res, diff=commit.diff if diff is None else diff, settings=settings)
     path = write_instance(out_dir, record)
     msg = PatchBuilt(
         instance_id=iid,
@@ -156,12 +238,15 @@ def validate_latest(
 ) -> RepoFound:
     """Configure, build and run every test of the latest commit once; all must pass."""
     sha = head_sha(repo_path)
-    backend = LocalBackend(
-        work_dir / f"validate-{candidate.repo.replace('/', '__')}",
-        build_spec(settings),
-        dict(settings.thread_env),
-        sandbox=settings.sandbox,
-        output_limit=settings.output_limit,
+    date = subprocess.run(
+        ["git", "-C", str(repo_path), "log", "-1", "--format=%cI", sha],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    head = CommitSelected(repo=candidate.repo, url=candidate.url, sha=sha, parent=sha, date=date, message="")
+    backend = make_backend(
+        settings, work_dir / f"validate-{candidate.repo.replace('/', '__')}", commit=head, repo_path=repo_path
     )
     try:
         backend.prepare(repo_path, {"old": sha, "new": sha})

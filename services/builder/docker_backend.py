@@ -1,0 +1,248 @@
+"""The docker backend: builds and test runs in a container (docker SDK against `DOCKER_HOST`;
+podman's Docker-compatible API works too).
+
+One container per instance, from the env image of the commit's era: `network_mode=none`, memory
+and pids limits, pinned to one core (`cpuset_cpus`), removed in `cleanup()`. Sources go in with
+`put_archive` (git archive), into the same-shaped trees the local backend uses (`/work/old`,
+`/work/new`); every command runs through `/opt/cppperf/runner.py` as uid 1000, which times the
+test inside the container. A configure that fails for missing Debian packages is retried once in
+an env image with those packages. `commit()` turns the finished container into the instance
+image `cppperf/<owner>__<name>:<sha12>` with both trees built and the record at
+`/work/instance.json`; `from_image` reproduces an instance from that image alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from services.builder.backend import SideName
+from services.builder.cmake import (
+    BuildSpec,
+    StepResult,
+    TestCase,
+    configure_argv,
+    parse_ctest_json,
+    test_options_from_text,
+)
+from services.builder.deps import diagnose
+from services.builder.images import cmake_texts, ensure_env_image, git_archive, tar_bytes
+from services.builder.sandbox import Limits, RunResult
+from shared.errors import InfraFailure
+
+RUNNER = "/opt/cppperf/runner.py"
+WORK = "/work"
+UID = 1000
+HOME = "/work/home"  # a home inside the per-instance tree, never a shared temp dir
+
+
+def runner_source() -> bytes:
+    return resources.files("services.builder").joinpath("runner_script.py").read_bytes()
+
+
+@dataclass
+class DockerBackend:
+    client: Any
+    base_image: str
+    spec: BuildSpec
+    env_overrides: dict[str, str]
+    logs: Path
+    memory_mb: int = 4096
+    pids: int = 1024
+    cpuset: str | None = None
+    output_limit: int = 64 * 1024
+    packages: list[str] = field(default_factory=list)
+    from_image: str | None = None
+    name: str = "docker"
+    container: Any = None
+    installed: list[str] = field(default_factory=list)
+    _sources: dict[SideName, bytes] = field(default_factory=dict)
+    _test_options: list[str] = field(default_factory=lambda: ["-DBUILD_TESTING=ON"])
+
+    # ------------------------------------------------------------------ container
+    def _start(self, image: str) -> None:
+        kwargs: dict[str, Any] = {
+            "detach": True,
+            "network_mode": "none",
+            "mem_limit": f"{self.memory_mb}m",
+            "pids_limit": self.pids,
+            "working_dir": WORK,
+            "command": ["sleep", "infinity"],
+        }
+        if self.cpuset:
+            kwargs["cpuset_cpus"] = self.cpuset
+        try:
+            self.container = self.client.containers.run(image, **kwargs)
+        except Exception as exc:  # docker.errors.APIError / ImageNotFound
+            raise InfraFailure(f"cannot start a container from {image}: {exc}") from exc
+
+    def _root(self, argv: list[str]) -> None:
+        code, out = self.container.exec_run(argv, user="0")
+        if code != 0:
+            raise InfraFailure(
+                f"{' '.join(argv)} failed in the container: {out.decode(errors='replace')[-500:]}"
+            )
+
+    def _load_sources(self) -> None:
+        self._root(["mkdir", "-p", f"{WORK}/old/src", f"{WORK}/new/src", HOME, "/opt/cppperf"])
+        self.container.put_archive("/opt/cppperf", tar_bytes({"runner.py": runner_source()}, mode=0o755))
+        for side, data in self._sources.items():
+            self.container.put_archive(f"{WORK}/{side}/src", data)
+        self._root(["chown", "-R", f"{UID}:{UID}", WORK])
+
+    def prepare(self, repo_path: Path, shas: dict[SideName, str]) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        if self.from_image is not None:
+            self._start(self.from_image)
+            return
+        self._sources = {side: git_archive(repo_path, sha) for side, sha in shas.items()}
+        self._test_options = test_options_from_text(cmake_texts(repo_path, shas["new"]))
+        self._start(ensure_env_image(self.client, self.base_image, self.packages))
+        self._load_sources()
+
+    def _recreate_with(self, packages: list[str]) -> None:
+        self.cleanup()
+        self.packages = sorted(set(self.packages) | set(packages))
+        self._start(ensure_env_image(self.client, self.base_image, self.packages))
+        self._load_sources()
+        self.installed = list(self.packages)
+
+    # ------------------------------------------------------------------ running things
+    def _run(
+        self,
+        argv: list[str],
+        *,
+        cwd: str,
+        timeout: float,
+        env: dict[str, str] | None = None,
+        cpu: int | None = None,
+        output_limit: int | None = None,
+    ) -> RunResult:
+        req = {
+            "op": "run",
+            "argv": argv,
+            "cwd": cwd,
+            "env": env or {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": HOME, "LC_ALL": "C"},
+            "timeout": timeout,
+            "output_limit": output_limit or self.output_limit,
+            "cpu": cpu,
+            "uid": UID,
+        }
+        code, out = self.container.exec_run(["python3", RUNNER, json.dumps(req)], user="0")
+        try:
+            ans = json.loads(out)
+        except ValueError as exc:
+            raise InfraFailure(f"runner failed in the container (exit {code}): {out[-500:]!r}") from exc
+        return RunResult(
+            returncode=int(ans["returncode"]),
+            wall_s=float(ans["wall_s"]),
+            cpu_s=float(ans["cpu_s"]),
+            output=str(ans["output"]),
+            timed_out=bool(ans["timed_out"]),
+            truncated=bool(ans["truncated"]),
+            max_rss_kb=int(ans.get("max_rss_kb", 0)),
+        )
+
+    def _build_env(self) -> dict[str, str]:
+        return {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": HOME,
+            "LC_ALL": "C",
+            "CCACHE_DIR": f"{WORK}/ccache",
+            "CCACHE_BASEDIR": WORK,
+            "CCACHE_NOHASHDIR": "1",
+        }
+
+    def _step(self, side: SideName, step: str, argv: list[str], timeout: float) -> StepResult:
+        res = self._run(
+            argv, cwd=f"{WORK}/{side}", timeout=timeout, env=self._build_env(), output_limit=256 * 1024
+        )
+        log = self.logs / f"{side}-{step}.log"
+        log.write_text(res.output)
+        if res.ok:
+            return StepResult(step, True, res, log_path=log)
+        if res.timed_out:
+            return StepResult(step, False, res, "timeout", log_path=log)
+        if step == "configure":
+            missing = diagnose(res.output)
+            return StepResult(step, False, res, "dependency" if missing else "configure", missing, log)
+        if res.returncode in (-9, 137):
+            return StepResult(step, False, res, "resource-limit", log_path=log)
+        return StepResult(step, False, res, "compile", log_path=log)
+
+    def build(self, side: SideName) -> list[StepResult]:
+        src, bld = Path(f"{WORK}/{side}/src"), Path(f"{WORK}/{side}/build")
+        if self.from_image is not None:  # already built in the image: an incremental no-op build
+            return [
+                self._step(side, "build", ["cmake", "--build", str(bld), "-j", "1"], self.spec.build_timeout)
+            ]
+        argv = configure_argv(src, bld, self.spec, ninja=True, ccache=True, options=self._test_options)
+        steps = [self._step(side, "configure", argv, self.spec.configure_timeout)]
+        last = steps[-1]
+        if not last.ok and last.missing is not None and last.missing.debian and not self.installed:
+            self._recreate_with(last.missing.debian)  # one retry with the packages installed
+            steps.append(self._step(side, "configure", argv, self.spec.configure_timeout))
+        if steps[-1].ok:
+            jobs = self.spec.jobs or 2
+            steps.append(
+                self._step(
+                    side, "build", ["cmake", "--build", str(bld), "-j", str(jobs)], self.spec.build_timeout
+                )
+            )
+        return steps
+
+    def tests(self, side: SideName) -> list[TestCase]:
+        code, out = self.container.exec_run(
+            ["ctest", "--test-dir", f"{WORK}/{side}/build", "--show-only=json-v1"], user="0"
+        )
+        return parse_ctest_json(out, f"{WORK}/{side}/build") if code == 0 else []
+
+    def _hashes(self, side: SideName) -> dict[str, str]:
+        req = {
+            "op": "hash",
+            "root": f"{WORK}/{side}/build",
+            "replace": [f"{WORK}/old", f"{WORK}/new"] if side == "old" else ["", ""],
+        }
+        code, out = self.container.exec_run(["python3", RUNNER, json.dumps(req)], user="0")
+        if code != 0:
+            raise InfraFailure(f"hashing failed in the container: {out[-300:]!r}")
+        files: dict[str, str] = json.loads(out)["files"]
+        return files
+
+    def binaries_identical(self, tests: list[str]) -> bool:
+        return self._hashes("old") == self._hashes("new")
+
+    def run_test(self, side: SideName, test: TestCase, limits: Limits) -> RunResult:
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": HOME,
+            "LC_ALL": "C",
+            **self.env_overrides,
+            **test.env,
+        }
+        return self._run(test.command, cwd=test.cwd, timeout=limits.timeout, env=env, cpu=limits.cpu)
+
+    # ------------------------------------------------------------------ images
+    def commit(self, image: str, record: dict[str, Any]) -> str:
+        """Store the record in the container and commit it as the instance image."""
+        self.container.put_archive(WORK, tar_bytes({"instance.json": json.dumps(record, indent=1).encode()}))
+        repo, _, tag = image.partition(":")
+        self.container.commit(repository=repo, tag=tag or "latest")
+        return image
+
+    def read_record(self) -> dict[str, Any]:
+        code, out = self.container.exec_run(["cat", f"{WORK}/instance.json"], user="0")
+        if code != 0:
+            raise InfraFailure("the image has no /work/instance.json")
+        data: dict[str, Any] = json.loads(out)
+        return data
+
+    def cleanup(self) -> None:
+        if self.container is not None:
+            with contextlib.suppress(Exception):  # already gone: nothing to clean
+                self.container.remove(force=True)
+            self.container = None

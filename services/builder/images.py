@@ -1,0 +1,185 @@
+"""Container images in layers (SWE-bench's idea), keyed so identical layers are shared:
+
+    base      cppperf/base:<release>            a Debian release of the commit's era with the
+                                                 toolchain (GCC, CMake, Ninja, ccache, Python)
+    env       cppperf/env:<hash(base, packages)> base + the Debian packages the project needs
+    instance  cppperf/<owner>__<name>:<sha12>    env + both trees built + runner + the record
+
+Base images are made without a registry: `debootstrap` a minimal root file system with the
+toolchain, then import it (`cppperf images bootstrap`). That is how an air-gapped cluster (and CI)
+gets them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+import subprocess
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shared.errors import InfraFailure, ToolMissing
+
+TOOLCHAIN = ["ca-certificates", "g++", "cmake", "ninja-build", "ccache", "make", "python3", "procps", "git"]
+
+
+@dataclass(frozen=True)
+class Era:
+    release: str
+    since: str  # first commit date this release serves (its release date)
+    gcc: str
+    cmake: tuple[int, int]
+
+
+# Debian releases by date: a commit is built with the release that was current when it was made,
+# unless its cmake_minimum_required needs a newer CMake.
+ERAS = [
+    Era("buster", "0000-00-00", "8", (3, 13)),
+    Era("bullseye", "2021-08-14", "10", (3, 18)),
+    Era("bookworm", "2023-06-10", "12", (3, 25)),
+    Era("trixie", "2025-08-09", "14", (3, 31)),
+]
+_CMAKE_MIN = re.compile(r"cmake_minimum_required\s*\(\s*VERSION\s+(\d+)\.(\d+)", re.IGNORECASE)
+
+
+def era_for(commit_date: str, cmakelists: str = "", *, available: list[str] | None = None) -> Era:
+    """The release for a commit date (ISO), bumped to one whose CMake satisfies the project."""
+    candidates = [e for e in ERAS if available is None or e.release in available] or ERAS
+    era = candidates[0]
+    for e in candidates:
+        if commit_date[:10] >= e.since:
+            era = e
+    mt = _CMAKE_MIN.search(cmakelists)
+    if mt:
+        need = (int(mt.group(1)), int(mt.group(2)))
+        for e in candidates[candidates.index(era) :]:
+            if e.cmake >= need:
+                return e
+        return candidates[-1]
+    return era
+
+
+def base_name(release: str) -> str:
+    return f"cppperf/base:{release}"
+
+
+def env_name(base_id: str, packages: list[str]) -> str:
+    digest = hashlib.sha256((base_id + "\n" + "\n".join(sorted(set(packages)))).encode()).hexdigest()[:12]
+    return f"cppperf/env:{digest}"
+
+
+def instance_image_name(repo: str, sha: str) -> str:
+    return f"cppperf/{repo.replace('/', '__').lower()}:{sha[:12]}"
+
+
+def image_exists(client: Any, name: str) -> bool:
+    try:
+        client.images.get(name)
+    except Exception:  # docker.errors.ImageNotFound; the SDK is typed loosely
+        return False
+    return True
+
+
+def bootstrap_base(
+    client: Any,
+    release: str = "bookworm",
+    *,
+    mirror: str = "http://deb.debian.org/debian",
+    force: bool = False,
+) -> str:
+    """debootstrap `release` with the toolchain, import it as cppperf/base:<release>; its name."""
+    name = base_name(release)
+    if image_exists(client, name) and not force:
+        return name
+    if subprocess.run(["which", "debootstrap"], capture_output=True, check=False).returncode != 0:
+        raise ToolMissing("debootstrap is not installed (apt-get install debootstrap)")
+    with tempfile.TemporaryDirectory(prefix="cppperf-rootfs-") as root:
+        proc = subprocess.run(
+            ["debootstrap", "--variant=minbase", f"--include={','.join(TOOLCHAIN)}", release, root, mirror],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise InfraFailure(f"debootstrap {release} failed: {proc.stdout[-1500:]}{proc.stderr[-1500:]}")
+        subprocess.run(
+            ["chroot", root, "useradd", "-u", "1000", "-m", "runner"], capture_output=True, check=False
+        )
+        tar = subprocess.Popen(["tar", "-C", root, "-c", "."], stdout=subprocess.PIPE)
+        assert tar.stdout is not None
+        answer = client.api.import_image_from_stream(tar.stdout, repository="cppperf/base", tag=release)
+        tar.wait()
+    image_id = _imported_id(answer)
+    client.images.get(image_id).tag("cppperf/base", release)
+    return name
+
+
+def _imported_id(answer: Any) -> str:
+    text = answer if isinstance(answer, str) else str(answer)
+    mt = re.search(r"sha256:[0-9a-f]{64}", text)
+    if not mt:
+        raise InfraFailure(f"image import gave no id: {text[:300]}")
+    return mt.group(0)
+
+
+def ensure_env_image(client: Any, base: str, packages: list[str]) -> str:
+    """The env image for `base` + `packages` (built once, shared by every repo that needs them)."""
+    if not packages:
+        return base
+    base_id = client.images.get(base).id
+    name = env_name(base_id, packages)
+    if image_exists(client, name):
+        return name
+    dockerfile = (
+        f"FROM {base}\n"
+        "RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "
+        + " ".join(sorted(set(packages)))
+        + " && rm -rf /var/lib/apt/lists/*\n"
+    )
+    try:
+        client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=name, rm=True, network_mode="host")
+    except Exception as exc:  # docker.errors.BuildError / APIError
+        raise InfraFailure(f"could not build env image with {' '.join(packages)}: {exc}") from exc
+    return name
+
+
+def tar_bytes(files: dict[str, bytes], *, mode: int = 0o644) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = mode
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def git_archive(repo: Path, sha: str) -> bytes:
+    proc = subprocess.run(
+        ["git", "-C", str(repo), "archive", "--format=tar", sha], capture_output=True, check=False
+    )
+    if proc.returncode != 0:
+        raise InfraFailure(f"git archive {sha[:12]} failed: {proc.stderr.decode(errors='replace')[-300:]}")
+    return proc.stdout
+
+
+def cmake_texts(repo: Path, sha: str) -> list[str]:
+    """The top CMakeLists.txt and cmake/*.cmake of a commit, read from git."""
+    names = subprocess.run(
+        ["git", "-C", str(repo), "ls-tree", "--name-only", sha, "CMakeLists.txt", "cmake/"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+    texts = []
+    for name in names:
+        if name == "CMakeLists.txt" or name.endswith(".cmake"):
+            out = subprocess.run(
+                ["git", "-C", str(repo), "show", f"{sha}:{name}"], capture_output=True, check=False
+            )
+            texts.append(out.stdout.decode(errors="replace"))
+    return texts

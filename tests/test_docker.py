@@ -1,0 +1,195 @@
+"""The docker backend on a real engine (podman's Docker API here; `.ci/run` starts it): the base
+image from `images bootstrap` works, an instance image reproduces its verdict from the image
+alone, the network is unreachable inside, a memory hog is reported as resource-limit, a missing
+Debian package is installed into an env image, and repositories share the base layers."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cppperf.demo import DemoRepo
+from services.builder.cmake import TestCase as CTestCase
+from services.builder.images import base_name, bootstrap_base, ensure_env_image
+from services.builder.reproduce import reproduce_image
+from services.builder.sandbox import Limits
+from services.builder.service import build_patch, make_backend
+from tests.conftest import make_settings
+from tests.test_builder import _two_commit_repo, commit_for
+
+pytestmark = [pytest.mark.docker, pytest.mark.build, pytest.mark.slow]
+
+
+def _engine() -> Any:
+    host = os.environ.get("DOCKER_HOST", "")
+    if host.startswith("unix://") and not Path(host[len("unix://") :]).exists():
+        return None
+    try:
+        import docker
+
+        client = docker.from_env()
+        client.ping()
+    except Exception:
+        return None
+    return client
+
+
+@pytest.fixture(scope="module")
+def engine() -> Any:
+    client = _engine()
+    if client is None:
+        pytest.skip("no container engine reachable: set DOCKER_HOST (.ci/run starts podman's Docker API)")
+    bootstrap_base(client, "bookworm")  # cached between sessions: only the first run debootstraps
+    return client
+
+
+def dsettings(tmp_path: Path, **builder: object) -> Any:
+    return make_settings(
+        tmp_path, builder={"backend": "docker", "runs": 9, "base_release": "bookworm", **builder}
+    )
+
+
+def test_bootstrapped_base_image_has_the_toolchain(engine: Any) -> None:
+    out = engine.containers.run(
+        base_name("bookworm"),
+        ["sh", "-c", "g++ --version && cmake --version && ninja --version"],
+        remove=True,
+        network_mode="none",
+    )
+    text = out.decode()
+    assert "g++ (Debian 12" in text and "cmake version 3.25" in text
+
+
+def test_instance_image_reproduces_the_verdict(engine: Any, demo_repo: DemoRepo, tmp_path: Path) -> None:
+    s = dsettings(tmp_path)
+    built = build_patch(
+        commit_for(demo_repo.path, demo_repo.shas["perf"]),
+        demo_repo.path,
+        s.builder,
+        work_dir=tmp_path / "work",
+        out_dir=tmp_path / "out",
+    )
+    c = built.record["cppperf"]
+    assert c["verdict"] == "improved" and c["builder"] == "docker"
+    image = c["image"]
+    assert image == f"cppperf/local__demo:{demo_repo.shas['perf'][:12]}"
+    assert engine.images.get(image)
+    again = reproduce_image(image, s.builder, work_dir=tmp_path / "work2")
+    assert again["same_verdict"] and again["improved_tests"] == ["spin"]
+    assert not engine.containers.list(all=True, filters={"ancestor": image})  # containers removed
+
+
+def test_network_is_unreachable_inside(engine: Any, demo_repo: DemoRepo, tmp_path: Path) -> None:
+    s = dsettings(tmp_path)
+    commit = commit_for(demo_repo.path, demo_repo.shas["perf"])
+    backend: Any = make_backend(s.builder, tmp_path / "w", commit=commit, repo_path=demo_repo.path)
+    try:
+        backend.prepare(demo_repo.path, {"old": commit.parent, "new": commit.sha})
+        probe = CTestCase(
+            name="net",
+            command=["python3", "-c", "import socket; socket.create_connection(('1.1.1.1', 80), 3)"],
+            cwd="/work",
+        )
+        res = backend.run_test("new", probe, Limits(timeout=20))
+        assert not res.ok and "unreachable" in res.output.lower()
+        whoami = backend.run_test(
+            "new", CTestCase(name="id", command=["id", "-u"], cwd="/work"), Limits(timeout=20)
+        )
+        assert whoami.output.strip() == "1000"  # tests run as a non-root user
+    finally:
+        backend.cleanup()
+    _ = socket
+
+
+def test_memory_hog_is_a_resource_limit_not_a_result(engine: Any, tmp_path: Path) -> None:
+    repo = tmp_path / "hog"
+    head = _two_commit_repo(
+        repo,
+        "cmake_minimum_required(VERSION 3.16)\nproject(h CXX)\nenable_testing()\n"
+        "add_executable(t a.cpp)\nadd_test(NAME alloc COMMAND t)\n",
+    )
+    hog = (
+        "#include <vector>\n#include <cstdio>\nint main() { std::vector<char> v(1500u << 20);\n"
+        '  for (size_t i = 0; i < v.size(); i += 4096) v[i] = 1; std::printf("%d\\n", v[4096]); return 0; }\n'
+    )
+    (repo / "a.cpp").write_text(hog)
+    git = ["git", "-C", str(repo), "-c", "user.name=a", "-c", "user.email=a@b"]
+    subprocess.run([*git, "commit", "-qam", "allocate"], check=True)
+    head = subprocess.run(
+        [*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    s = dsettings(tmp_path, memory_limit_mb=384)
+    built = build_patch(
+        commit_for(repo, head, "local/hog"),
+        repo,
+        s.builder,
+        work_dir=tmp_path / "work",
+        out_dir=tmp_path / "out",
+    )
+    c = built.record["cppperf"]
+    assert (c["verdict"], c["failure_category"]) == ("rejected", "resource-limit"), c["failure_detail"]
+    assert "alloc" in c["failure_detail"]
+
+
+def test_missing_package_is_installed_into_an_env_image(engine: Any, tmp_path: Path) -> None:
+    repo = tmp_path / "gsl"
+    cmake = (
+        "cmake_minimum_required(VERSION 3.16)\nproject(g CXX)\nfind_package(GSL REQUIRED)\nenable_testing()\n"
+        "add_executable(t a.cpp)\ntarget_link_libraries(t GSL::gsl)\nadd_test(NAME t COMMAND t)\n"
+    )
+    head = _two_commit_repo(repo, cmake)
+    s = dsettings(tmp_path)
+    built = build_patch(
+        commit_for(repo, head, "local/gsl"),
+        repo,
+        s.builder,
+        work_dir=tmp_path / "work",
+        out_dir=tmp_path / "out",
+    )
+    c = built.record["cppperf"]
+    assert c["verdict"] == "unchanged-binaries", c.get(
+        "failure_detail"
+    )  # configured and built after installing
+    assert c["installed_packages"] == ["libgsl-dev"]
+    assert [st["step"] for st in c["build_steps"]][:2] == ["configure", "configure"]
+
+
+def test_repositories_share_the_base_layers(engine: Any, demo_repo: DemoRepo, tmp_path: Path) -> None:
+    s = dsettings(tmp_path)
+    other = tmp_path / "demo-b"
+    subprocess.run(["git", "clone", "-q", str(demo_repo.path), str(other)], check=True)
+    built = build_patch(
+        commit_for(other, demo_repo.shas["regression"], "local/demo-b"),
+        other,
+        s.builder,
+        work_dir=tmp_path / "work",
+        out_dir=tmp_path / "out",
+    )
+    img_b = engine.images.get(built.record["cppperf"]["image"])
+    img_a = (
+        engine.images.get(f"cppperf/local__demo:{demo_repo.shas['perf'][:12]}")
+        if _has(engine, f"cppperf/local__demo:{demo_repo.shas['perf'][:12]}")
+        else None
+    )
+    base_layers = engine.images.get(base_name("bookworm")).attrs["RootFS"]["Layers"]
+    layers_b = img_b.attrs["RootFS"]["Layers"]
+    assert layers_b[: len(base_layers)] == base_layers  # the instance image is base + its own layer(s)
+    if img_a is not None:
+        assert img_a.attrs["RootFS"]["Layers"][: len(base_layers)] == base_layers
+    # the same package set maps to the same env image: built once, shared
+    assert ensure_env_image(engine, base_name("bookworm"), ["libgsl-dev"]) == ensure_env_image(
+        engine, base_name("bookworm"), ["libgsl-dev"]
+    )
+
+
+def _has(engine: Any, name: str) -> bool:
+    try:
+        engine.images.get(name)
+    except Exception:
+        return False
+    return True
