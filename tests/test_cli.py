@@ -1,5 +1,5 @@
 """The CLI as a new user meets it: help with examples, status on embedded NATS (starts and stops
-cleanly), stubs for verbs not yet available, and `mine` end to end on the demo repository."""
+cleanly), one-line setting errors, and `mine` end to end on the demo repository."""
 
 from __future__ import annotations
 
@@ -44,13 +44,6 @@ def test_status_on_embedded_nats_starts_and_stops(tmp_path: Path) -> None:
     assert (tmp_path / "nats" / "jetstream").is_dir()
     ps = subprocess.run(["pgrep", "-f", str(tmp_path / "nats")], capture_output=True, text=True, check=False)
     assert ps.stdout.strip() == ""  # the embedded server is gone
-
-
-@pytest.mark.parametrize("verb", ["images"])
-def test_unavailable_verbs_say_so(verb: str) -> None:
-    res = run_cli(verb, "--anything")
-    assert res.returncode == 2
-    assert "not yet available" in res.stderr
 
 
 def test_invalid_setting_is_one_line(tmp_path: Path) -> None:
