@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from faststream.nats import NatsBroker
 
-from shared.bus import Bus
+from shared.bus import Bus, servers
 from shared.embedded import EmbeddedNats
 from shared.service import ServiceContext
 from shared.settings import Settings
@@ -55,7 +55,7 @@ async def run_services(settings: Settings, url: str, services: list[str]) -> Asy
     from services.filter import app as filter_app
 
     async with connect(settings, url) as ctx:
-        broker = NatsBroker(url, logger=None)
+        broker = NatsBroker(servers(url), logger=None)
         closers = []
         if "filter" in services:
             filter_app.register(broker, ctx)

@@ -52,6 +52,11 @@ DLQ_STREAM = "DLQ"
 PIPELINE_ORDER = [m.REPO_CANDIDATE, m.REPO_FOUND, m.COMMIT_SELECTED, m.COMMIT_CLASSIFIED, m.EVAL_REQUESTED]
 
 
+def servers(url: str) -> list[str]:
+    """`nats://a:4222,nats://b:4222` (a cluster's seed list) as a list."""
+    return [u.strip() for u in url.split(",") if u.strip()]
+
+
 def stream_for(subject: str) -> str:
     if subject in WORK_QUEUES:
         return WORK_QUEUES[subject].stream
@@ -86,7 +91,7 @@ class Bus:
 
     @classmethod
     async def connect(cls, url: str, settings: BusSettings, *, name: str = "cppperf") -> Bus:
-        nc = await nats.connect(url, name=name, max_reconnect_attempts=-1, connect_timeout=5)
+        nc = await nats.connect(servers(url), name=name, max_reconnect_attempts=-1, connect_timeout=5)
         return cls(nc, nc.jetstream(timeout=10), settings)
 
     async def close(self) -> None:

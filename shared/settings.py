@@ -215,6 +215,14 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
+def env_names() -> set[str]:
+    """Every `CPPPERF_*` variable the settings read (deployment files are checked against it)."""
+    names = {f"CPPPERF_{f.upper()}" for f in Settings.__struct_fields__ if f not in _SECTIONS}
+    for section, cls in _SECTION_TYPES.items():
+        names |= {f"CPPPERF_{section.upper()}_{f.upper()}" for f in cls.__struct_fields__}
+    return names | {"CPPPERF_CONFIG"}
+
+
 def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for k, v in over.items():

@@ -70,7 +70,7 @@ def test_expert_patch_is_opt(instance_env: Any) -> None:
     assert rep["verdict"] == "opt", rep.get("reason")
     assert rep["applied_with"] == "git apply" and rep["tests_pass"]
     assert rep["gm_speedup_agent"] > 1.3 and rep["fraction_of_expert"] is not None
-    assert rep["per_test"]["spin"]["agent_improved"]
+    assert rep["per_test"]["spin"]["agent_improved"] and rep["per_test"]["spin"]["within_opt_fraction"]
     out = Path(instance_env[0].evaluator.runs_dir) / "t" / "expert" / instance_env[1]
     assert {p.name for p in out.iterdir()} >= {"report.json", "patch.diff", "build.log", "test.log"}
 
@@ -88,6 +88,7 @@ def test_slower_patch_is_correct_without_speedup(instance_env: Any) -> None:
     rep = run(instance_env, core_patch(core(4)), "slower")
     assert rep["verdict"] == "correct" and not rep["opt"]
     assert rep["gm_speedup_agent"] < 1.0 and rep["agent_regressed"]
+    assert not rep["per_test"]["spin"]["within_opt_fraction"]
 
 
 def test_breaking_patch_names_the_test(instance_env: Any) -> None:
@@ -181,12 +182,45 @@ def test_huge_output_is_bounded(instance_env: Any) -> None:
     assert log.stat().st_size < 300_000 and "bytes dropped" in log.read_text()
 
 
-def test_summary_splits_single_and_multi_file(instance_env: Any) -> None:
-    run(instance_env, instance_env[2]["commit_info"]["patch"][0], "summary-model")
-    run(instance_env, "", "summary-model-2")
-    sm = summarize(instance_env[0], "t", "summary-model")
-    assert sm["overall"]["instances"] == 1 and sm["overall"]["opt"] == 1 and sm["single_file"]["opt"] == 1
-    assert (Path(instance_env[0].evaluator.runs_dir) / "t" / "summary-model.summary.json").is_file()
+def test_summary_splits_single_and_multi_file(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, evaluator={"runs_dir": str(tmp_path / "runs")})
+    root = tmp_path / "runs" / "t" / "m"
+    reports = {
+        "a": {
+            "verdict": "opt",
+            "opt": True,
+            "multi_file": False,
+            "applied": True,
+            "builds": True,
+            "tests_pass": True,
+        },
+        "b": {
+            "verdict": "correct",
+            "opt": False,
+            "multi_file": True,
+            "applied": True,
+            "builds": True,
+            "tests_pass": True,
+        },
+        "c": {"verdict": "build-failed", "opt": False, "multi_file": True, "applied": True, "builds": False},
+        "d": {"verdict": "empty-patch", "opt": False, "multi_file": False},
+    }
+    for iid, rep in reports.items():
+        (root / iid).mkdir(parents=True)
+        (root / iid / "report.json").write_text(json.dumps(rep))
+    sm = summarize(settings, "t", "m")
+    assert sm["overall"] == {
+        "instances": 4,
+        "verdicts": {"opt": 1, "correct": 1, "build-failed": 1, "empty-patch": 1},
+        "applied": 3,
+        "builds": 2,
+        "tests_pass": 2,
+        "opt": 1,
+        "opt_rate": 0.25,
+    }
+    assert (sm["single_file"]["instances"], sm["single_file"]["opt"]) == (2, 1)
+    assert (sm["multi_file"]["instances"], sm["multi_file"]["opt"]) == (2, 0)
+    assert json.loads((tmp_path / "runs" / "t" / "m.summary.json").read_text()) == sm
 
 
 @pytest.mark.nats

@@ -1,5 +1,8 @@
 """Scores: per-test speed-up vs the original with CIs, geometric means, fraction of the expert's
-speed-up, and `opt` (passes and reaches ≥ 95 % of the expert's speed-up with significance)."""
+speed-up, and `opt`: a significant speed-up vs the original, no regression, and on every timed
+test the agent is not *significantly* short of 95 % of the expert's speed-up — i.e. the 95 % CI of
+t_agent / t_expert reaches down to 1/0.95. (Comparing point estimates would fail an agent whose
+patch equals the expert's about half the time, from noise alone.)"""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from services.builder.stats import compare_all
+from services.builder.stats import compare_all, compare_test
 
 
 def geomean(xs: Sequence[float]) -> float:
@@ -45,8 +48,14 @@ def score(
         )
     }
     per_test: dict[str, dict[str, Any]] = {}
-    for name in sorted(samples):
+    within = True
+    for i, name in enumerate(sorted(samples)):
         a, e = agent[name], expert[name]
+        vs = compare_test(
+            name, samples[name]["expert"], samples[name]["agent"], resamples=resamples, seed=seed + i
+        )
+        close_enough = vs.ci_low <= 1 / opt_fraction  # t_agent / t_expert
+        within = within and close_enough
         per_test[name] = {
             "agent_speedup": 1 / a.ratio,
             "agent_ci": [1 / a.ci_high, 1 / a.ci_low] if a.ci_low > 0 else None,
@@ -60,13 +69,16 @@ def score(
                 "agent": a.median_new * 1e3,
                 "expert": e.median_new * 1e3,
             },
+            "agent_vs_expert_time_ratio": vs.ratio,
+            "agent_vs_expert_ci": [vs.ci_low, vs.ci_high],
+            "within_opt_fraction": close_enough,
         }
     gm_agent = geomean([float(v["agent_speedup"]) for v in per_test.values()])
     gm_expert = geomean([float(v["expert_speedup"]) for v in per_test.values()])
     fraction = (gm_agent - 1) / (gm_expert - 1) if gm_expert > 1 else None
     significant = any(v["agent_improved"] for v in per_test.values())
     regressed = any(v["agent_regressed"] for v in per_test.values())
-    opt = significant and not regressed and gm_agent >= opt_fraction * gm_expert
+    opt = significant and not regressed and within
     return {
         "per_test": per_test,
         "gm_speedup_agent": gm_agent,

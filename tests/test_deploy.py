@@ -1,0 +1,157 @@
+"""Deployment files: the compose file's structure (3-node NATS cluster with auth, vLLM servers with
+GPU reservations, every service, health checks, volumes), every CPPPERF_* variable it passes is one
+the code reads, and the NATS configs form a real R=3 JetStream cluster our bus provisions."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from shared import messages as m
+from shared.bus import Bus
+from shared.embedded import find_nats_server, free_port
+from shared.settings import env_names, load_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return data
+
+
+def test_compose_services_and_volumes(compose: dict[str, Any]) -> None:
+    svc = compose["services"]
+    assert {
+        "nats-1",
+        "nats-2",
+        "nats-3",
+        "vllm-model-1",
+        "vllm-model-2",
+        "crawler",
+        "filter",
+        "classifier",
+        "builder",
+        "evaluator",
+    } <= set(svc)
+    for name in ("crawler", "filter", "classifier", "builder", "evaluator"):
+        assert svc[name]["command"] == ["serve", name]
+        assert "healthcheck" in svc[name]
+        assert any(str(v).endswith(":/data") for v in svc[name]["volumes"])
+    for name in ("nats-1", "nats-2", "nats-3"):
+        conf = f"./deploy/nats/{name}.conf:/etc/nats/nats.conf:ro"
+        assert conf in svc[name]["volumes"] and "healthcheck" in svc[name]
+    gpu = svc["vllm-model-1"]["deploy"]["resources"]["reservations"]["devices"][0]
+    assert gpu["capabilities"] == ["gpu"]
+    assert "/var/run/docker.sock:/var/run/docker.sock" in svc["builder"]["volumes"]
+    assert {"nats-1", "nats-2", "nats-3", "dataset"} <= set(compose["volumes"])
+    assert (ROOT / "deploy" / "Dockerfile").read_text().count('ENTRYPOINT ["cppperf"]') == 1
+
+
+def test_every_setting_passed_is_read_by_the_code(compose: dict[str, Any]) -> None:
+    known = env_names()
+    seen = set()
+    for name, svc in compose["services"].items():
+        for key, value in (svc.get("environment") or {}).items():
+            if key.startswith("CPPPERF_") and not key.startswith("CPPPERF_MODEL_"):
+                assert key in known, f"{name}: {key} is not a setting"
+                seen.add(key)
+                if "${" not in str(value):  # literal values must also parse into the setting's type
+                    load_settings(env={key: str(value)})
+    assert {
+        "CPPPERF_NATS_URL",
+        "CPPPERF_BUS_REPLICAS",
+        "CPPPERF_CLASSIFIER_BASE_URLS",
+        "CPPPERF_BUILDER_BACKEND",
+    } <= seen
+    url = compose["services"]["builder"]["environment"]["CPPPERF_NATS_URL"]
+    assert url.count("nats://") == 3  # the seed list names every node
+
+
+def _node_config(i: int, ports: dict[int, tuple[int, int]], store: Path) -> str:
+    text = (ROOT / "deploy" / "nats" / f"nats-{i}.conf").read_text()
+    client, route = ports[i]
+    text = text.replace("listen: 0.0.0.0:4222", f"listen: 127.0.0.1:{client}")
+    text = text.replace("http: 0.0.0.0:8222", "")
+    text = text.replace("listen: 0.0.0.0:6222", f"listen: 127.0.0.1:{route}")
+    text = text.replace("/data/jetstream", str(store / f"n{i}"))
+    for j, (_c, r) in ports.items():
+        text = text.replace(f"//nats-{j}:6222", f"//127.0.0.1:{r}")
+    return text
+
+
+@pytest.mark.nats
+@pytest.mark.slow
+def test_nats_configs_form_a_replicated_cluster(tmp_path: Path) -> None:
+    ports = {i: (free_port(), free_port()) for i in (1, 2, 3)}
+    env = {**os.environ, "NATS_USER": "cppperf", "NATS_PASSWORD": "s3cret-pw"}
+    procs = []
+    try:
+        for i in (1, 2, 3):
+            conf = tmp_path / f"nats-{i}.conf"
+            conf.write_text(_node_config(i, ports, tmp_path))
+            check = subprocess.run(
+                [find_nats_server(), "-t", "-c", str(conf)],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            assert check.returncode == 0, check.stderr
+            procs.append(
+                subprocess.Popen(
+                    [find_nats_server(), "-c", str(conf)],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        url = ",".join(f"nats://cppperf:s3cret-pw@127.0.0.1:{ports[i][0]}" for i in (1, 2, 3))
+        settings = load_settings(env={"CPPPERF_BUS_REPLICAS": "3"})
+
+        async def scenario() -> tuple[int, int]:
+            deadline = time.monotonic() + 60
+            while True:
+                bus = await Bus.connect(url, settings.bus)
+                try:
+                    await bus.provision()  # needs the cluster's JetStream meta leader
+                    break
+                except Exception:
+                    await bus.close()
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(1)
+            await bus.publish(m.REPO_FOUND, m.RepoFound(repo="a/b", url="x"))
+            info = await bus.js.stream_info("REPO_FOUND")
+            await bus.close()
+            return info.config.num_replicas or 0, len(info.cluster.replicas or []) if info.cluster else 0
+
+        replicas, peers = asyncio.run(scenario())
+        assert replicas == 3 and peers == 2
+        bad = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import asyncio, nats; asyncio.run(nats.connect("
+                f"'nats://cppperf:wrong@127.0.0.1:{ports[1][0]}', allow_reconnect=False, connect_timeout=2))",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        assert bad.returncode != 0 and re.search("uthoriz", bad.stderr)
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=10)
