@@ -1,0 +1,278 @@
+"""`build`, `calibrate`, `reproduce`, `images`: proving one commit and the container images."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from cppperf.cli.common import Config, _fail, _settings, app, console, out
+from shared.errors import CppPerfError
+
+
+# ------------------------------------------------------------------------------------------ build / calibrate
+def _commit_from_repo(repo: Path, sha: str, parent: str | None) -> Any:
+    from services.filter.links import LinkResolver
+    from services.filter.select import to_message
+    from services.filter.walk import CommitHeader, commit_details, iter_commits
+
+    full = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", sha], capture_output=True, text=True, check=False
+    )
+    if full.returncode != 0:
+        raise typer.BadParameter(f"unknown commit {sha}", param_hint="--sha")
+    full_sha = full.stdout.strip()
+    header = next(iter_commits(repo, f"{full_sha}^!" if parent is None else full_sha), None)
+    if header is None or header.sha != full_sha:
+        raise typer.BadParameter(f"cannot read commit {sha}", param_hint="--sha")
+    if parent is not None:
+        p = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", parent], capture_output=True, text=True, check=False
+        )
+        header = CommitHeader(
+            header.sha, (p.stdout.strip(),), header.date, header.author, header.message, header.changes
+        )
+    if not header.parents:
+        raise typer.BadParameter(f"{sha} is a root commit: give --parent", param_hint="--parent")
+    details = next(commit_details(repo, [header]))
+    resolved = repo.resolve()
+    return to_message(f"local/{resolved.name}", str(resolved), header, details, LinkResolver())
+
+
+def _phase_progress() -> tuple[Progress, Any]:
+    progress = Progress(
+        TextColumn("{task.description:<14}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
+    tasks: dict[str, Any] = {}
+
+    def on_phase(phase: str, done: int, total: int) -> None:
+        if phase not in tasks:
+            tasks[phase] = progress.add_task(phase, total=total)
+        progress.update(tasks[phase], completed=done, total=total)
+
+    return progress, on_phase
+
+
+def _print_instance(record: dict[str, Any]) -> None:
+    c = record["cppperf"]
+    t = Table(title=f"{c['instance_id']}: {c['verdict']} (paper rule: {c['verdict_paper_rule']})")
+    for col in (
+        "test",
+        "old median ms",
+        "new median ms",
+        "change",
+        "ratio 95% CI",
+        "p (BH)",
+        "ours",
+        "paper",
+    ):
+        t.add_column(col)
+    for ts in c["tests"]:
+        t.add_row(
+            ts["name"],
+            f"{ts['median_old'] * 1e3:.2f}",
+            f"{ts['median_new'] * 1e3:.2f}",
+            f"{ts['median_change'] * 100:+.1f}%",
+            f"{ts['ratio']:.3f} [{ts['ci_low']:.3f}, {ts['ci_high']:.3f}]",
+            f"{ts['p_improve_adj']:.2g}",
+            "improved" if ts["improved"] else ("regressed" if ts["regressed"] else "-"),
+            "improved" if ts["paper_improved"] else ("regressed" if ts["paper_regressed"] else "-"),
+        )
+    out.print(t)
+    if c["failure_category"]:
+        out.print(f"[red]rejected ({c['failure_category']})[/red]: {c['failure_detail'][:1500]}")
+    if c["missing_packages"]:
+        out.print(f"missing Debian packages: {' '.join(c['missing_packages'])}")
+    if c.get("rounds_saved_by_early_stop"):
+        out.print(f"early stop saved {c['rounds_saved_by_early_stop']} test rounds")
+
+
+@app.command()
+def reproduce(
+    image: Annotated[str, typer.Argument(help="instance image, e.g. cppperf/owner__name:<sha12>")],
+    runs: Annotated[int | None, typer.Option("--runs")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    config: Config = None,
+) -> None:
+    """Re-run an instance's timing protocol from its image alone (docker backend) and compare.
+
+    Example: cppperf reproduce cppperf/local__demo:441aadcc50b6 --runs 21
+    """
+    from services.builder.reproduce import reproduce_image
+
+    s = _settings(
+        config, out_dir=str(out_dir) if out_dir else None, builder__runs=runs, builder__backend="docker"
+    )
+    progress, on_phase = _phase_progress()
+    try:
+        with progress:
+            result = reproduce_image(image, s.builder, work_dir=s.work_dir(), on_phase=on_phase)
+    except CppPerfError as exc:
+        raise _fail(exc) from exc
+    if as_json:
+        out.print_json(json.dumps(result, default=str))
+    else:
+        out.print(
+            f"{image}: recorded verdict {result['recorded_verdict']}, reproduced {result['verdict']} "
+            f"({'same' if result['same_verdict'] else 'DIFFERENT'}); improved tests {result['improved_tests']}"
+        )
+
+
+@app.command()
+def build(
+    repo: Annotated[Path, typer.Option("--repo", help="local git repository")],
+    sha: Annotated[str, typer.Option("--sha", help="the commit to prove")],
+    parent: Annotated[
+        str | None, typer.Option("--parent", help="compare against this instead of SHA^")
+    ] = None,
+    runs: Annotated[int | None, typer.Option("--runs")] = None,
+    builder: Annotated[str | None, typer.Option("--builder", help="local|docker")] = None,
+    keep: Annotated[bool, typer.Option("--keep", help="keep the workspace")] = False,
+    out_dir: Annotated[Path | None, typer.Option("--out")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    config: Config = None,
+) -> None:
+    """Build and time one commit against its parent (no bus); writes OUT/instances/<id>.json.
+    With --builder docker, the instance image cppperf/<owner>__<name>:<sha12> is committed.
+
+    Example: cppperf build --repo /tmp/demo --sha HEAD~12 --runs 11
+    """
+    from services.builder.service import build_patch
+
+    s = _settings(
+        config,
+        out_dir=str(out_dir) if out_dir else None,
+        builder__runs=runs,
+        builder__backend=builder,
+        builder__keep=keep or None,
+    )
+    commit = _commit_from_repo(repo, sha, parent)
+    progress, on_phase = _phase_progress()
+    try:
+        with progress:
+            built = build_patch(
+                commit,
+                repo.resolve(),
+                s.builder,
+                work_dir=s.work_dir(),
+                out_dir=Path(s.out_dir),
+                on_phase=on_phase,
+            )
+    except CppPerfError as exc:
+        raise _fail(exc) from exc
+    if as_json:
+        out.print_json(json.dumps(built.record["cppperf"], default=str))
+    else:
+        _print_instance(built.record)
+        out.print(f"record: {built.path}")
+
+
+@app.command()
+def calibrate(
+    repo: Annotated[Path, typer.Option("--repo")],
+    sha: Annotated[str, typer.Option("--sha")],
+    runs: Annotated[int | None, typer.Option("--runs")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    config: Config = None,
+) -> None:
+    """A/A run: SHA against itself. Any test flagged is a false positive on this machine."""
+    from services.builder.backend import LocalBackend
+    from services.builder.instance import prove
+    from services.builder.service import build_spec
+
+    s = _settings(config, builder__runs=runs)
+    commit = _commit_from_repo(repo, sha, sha)
+    settings = msgspec.structs.replace(s.builder, confirm=False)
+    backend = LocalBackend(
+        s.work_dir() / "calibrate",
+        build_spec(settings),
+        dict(settings.thread_env),
+        sandbox=settings.sandbox,
+        output_limit=settings.output_limit,
+    )
+
+    class _Different(LocalBackend):
+        def binaries_identical(self, tests: list[str]) -> bool:
+            return False  # A/A: identical on purpose; time them anyway
+
+    backend = _Different(**{k: getattr(backend, k) for k in backend.__dataclass_fields__})
+    progress, on_phase = _phase_progress()
+    try:
+        with progress:
+            res = prove(commit, repo.resolve(), backend, settings, on_phase=on_phase)
+    finally:
+        backend.cleanup()
+    flagged_ours = [t.name for t in res.tests if t.improved or t.regressed]
+    flagged_paper = [t.name for t in res.tests if t.paper_improved or t.paper_regressed]
+    result = {
+        "tests": len(res.tests),
+        "flagged_ours": flagged_ours,
+        "flagged_paper_rule": flagged_paper,
+        "verdict": res.verdict,
+        "failure": res.failure_detail,
+    }
+    if as_json:
+        out.print_json(json.dumps(result))
+    else:
+        out.print(
+            f"A/A on {sha}: {len(res.tests)} tests; flagged by our rule: {flagged_ours or 'none'}; "
+            f"by the paper's rule: {flagged_paper or 'none'}"
+        )
+
+
+images_app = typer.Typer(help="Container images: base images without a registry, pruning.")
+app.add_typer(images_app, name="images")
+
+
+@images_app.command("bootstrap")
+def images_bootstrap(
+    release: Annotated[
+        str, typer.Option("--release", help="Debian release (era): buster … trixie")
+    ] = "bookworm",
+    mirror: Annotated[
+        str, typer.Option("--mirror", help="Debian mirror for debootstrap")
+    ] = "http://deb.debian.org/debian",
+    force: Annotated[bool, typer.Option("--force", help="rebuild even if present")] = False,
+    config: Config = None,
+) -> None:
+    """debootstrap a minimal root fs with the toolchain and import it as cppperf/base:<release>.
+
+    Example: cppperf images bootstrap --release bookworm
+    """
+    from services.builder.images import bootstrap_base
+    from services.builder.service import docker_client
+
+    s = _settings(config)
+    try:
+        with console.status(f"debootstrap {release} and import (a few minutes the first time)"):
+            name = bootstrap_base(docker_client(s.builder), release, mirror=mirror, force=force)
+    except CppPerfError as exc:
+        raise _fail(exc) from exc
+    out.print(f"base image ready: {name}")
+
+
+@images_app.command("prune")
+def images_prune(config: Config = None) -> None:
+    """Remove dangling image layers and stopped cppperf containers."""
+    from services.builder.service import docker_client
+
+    s = _settings(config)
+    client = docker_client(s.builder)
+    removed = 0
+    for c in client.containers.list(all=True, filters={"status": "exited"}):
+        if str(c.image.tags[:1]).find("cppperf/") >= 0:
+            c.remove(force=True)
+            removed += 1
+    res = client.images.prune(filters={"dangling": True})
+    out.print(f"removed {removed} container(s), {len(res.get('ImagesDeleted') or [])} dangling image(s)")

@@ -1,0 +1,27 @@
+"""`demo init`: the demo C++/CMake repository."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cppperf.cli.common import app, out
+
+demo_app = typer.Typer(help="Demo data: `cppperf demo init DIR` creates a small C++/CMake git repo.")
+app.add_typer(demo_app, name="demo")
+
+
+# ------------------------------------------------------------------------------------------ demo
+@demo_app.command("init")
+def demo_init(path: Annotated[Path, typer.Argument(help="directory to create")]) -> None:
+    """Create the demo C++/CMake git repository (perf, no-op, comment-only, regression, … commits)."""
+    from cppperf.demo import create_demo_repo
+
+    if path.exists() and any(path.iterdir()):
+        raise typer.BadParameter(f"{path} exists and is not empty")
+    repo = create_demo_repo(path)
+    for kind, sha in repo.shas.items():
+        out.print(f"{sha[:12]} {kind}")
+    out.print(f"demo repository ready: {path}\ntry: cppperf mine --repo {path} --runs 11")
