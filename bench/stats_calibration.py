@@ -57,7 +57,7 @@ def main() -> None:
             "aa_tests": 0,
             "aa_tests_flagged": 0,
         }
-        for rule in ("paper", "ours")
+        for rule in ("paper", "ours", "strict")
     }
     for entry in data:
         tests = entry["tests"]
@@ -80,17 +80,15 @@ def main() -> None:
             seed=args.seed,
             all_cis=False,
         )
-        for rule, paper in (("paper", True), ("ours", False)):
+        for rule in ("paper", "ours", "strict"):
+            imp = "improved" if rule == "ours" else f"{rule}_improved"
+            reg = "regressed" if rule == "ours" else f"{rule}_regressed"
             r = res[rule]
             r["instances"] += 1
             r["tests"] += len(decided)
-            r["instances_improved"] += verdict(decided, paper=paper) == "improved"
-            r["tests_improved"] += sum(t.paper_improved if paper else t.improved for t in decided)
-            flagged = (
-                [t for t in aa if (t.paper_improved or t.paper_regressed) if paper]
-                if paper
-                else [t for t in aa if t.improved or t.regressed]
-            )
+            r["instances_improved"] += verdict(decided, rule=rule) == "improved"
+            r["tests_improved"] += sum(getattr(t, imp) for t in decided)
+            flagged = [t for t in aa if getattr(t, imp) or getattr(t, reg)]
             r["aa_instances"] += 1
             r["aa_tests"] += len(aa)
             r["aa_instances_flagged"] += bool(flagged)
@@ -102,7 +100,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(res))
         return
-    print(f"{'':32}{'paper rule':>14}{'ours':>14}")
+    print(f"{'':32}{'paper rule':>14}{'ours':>14}{'ours, strict':>14}")
     rows = [
         ("instances with timings", "instances"),
         ("instances improved", "instances_improved"),
@@ -114,7 +112,7 @@ def main() -> None:
         ("A/A test FP rate", "aa_test_fp_rate"),
     ]
     for label, key in rows:
-        print(f"{label:32}{res['paper'][key]!s:>14}{res['ours'][key]!s:>14}")
+        print(f"{label:32}{res['paper'][key]!s:>14}{res['ours'][key]!s:>14}{res['strict'][key]!s:>14}")
     print(f"({res['meta']['entries']} entries, {res['meta']['seconds']} s)")
 
 

@@ -123,6 +123,7 @@ class BuilderSettings(msgspec.Struct, kw_only=True):
     early_stop: bool = True
     early_stop_min_rounds: int = 10
     confirm: bool = True
+    decision_rule: Literal["ours", "strict"] = "ours"  # strict: the whole CI beyond the threshold
     seed: int = 1234
     jobs: int = 0  # 0 = all cores
     configure_timeout: float = 600.0

@@ -127,3 +127,24 @@ def test_early_stop_settles_clear_cases_only() -> None:
         clearly_settled(lognormal(rng, 1, 0.10, 12), lognormal(rng, 0.97, 0.10, 12), min_improvement=0.05)
         is None
     )
+
+
+def test_strict_rule_needs_the_whole_ci_beyond_the_threshold() -> None:
+    r1, r2 = np.random.default_rng(1), np.random.default_rng(23)
+    tests = compare_all(
+        {
+            "big": (lognormal(r1, 1.0, 0.02, 30), lognormal(r1, 0.7, 0.02, 30)),
+            "edge": (lognormal(r2, 1.0, 0.04, 30), lognormal(r2, 0.94, 0.04, 30)),
+        },
+        alpha=0.05,
+        min_improvement=0.05,
+        resamples=500,
+        seed=0,
+    )
+    by = {t.name: t for t in tests}
+    assert by["big"].improved and by["big"].strict_improved
+    assert (
+        by["edge"].improved and not by["edge"].strict_improved
+    )  # a 6 % point estimate, CI reaching below 5 %
+    assert verdict([by["edge"]], rule="strict") == "not-improved"
+    assert verdict([by["edge"]]) == "improved"

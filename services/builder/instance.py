@@ -211,11 +211,16 @@ def prove(
     if settings.confirm:
         decided = _confirm(decided, run_one, settings, run_seed, result, phase)
     result.tests = decided
-    result.verdict = verdict(decided)
+    rule = settings.decision_rule
+    result.verdict = verdict(decided, rule=rule)
     result.verdict_paper = verdict(decided, paper=True)
-    result.improved_tests = [t.name for t in decided if t.improved]
-    result.regressed_tests = [t.name for t in decided if t.regressed]
+    imp, reg = ("improved", "regressed") if rule == "ours" else (f"{rule}_improved", f"{rule}_regressed")
+    result.improved_tests = [t.name for t in decided if getattr(t, imp)]
+    result.regressed_tests = [t.name for t in decided if getattr(t, reg)]
     return result
+
+
+_CLEARED = {"improved": False, "regressed": False, "strict_improved": False, "strict_regressed": False}
 
 
 def _confirm(
@@ -227,7 +232,7 @@ def _confirm(
     phase: PhaseCallback,
 ) -> list[TestStats]:
     """Re-run each flagged test alone with a fresh order; a change must hold there to count."""
-    flagged = [t for t in decided if t.improved or t.regressed]
+    flagged = [t for t in decided if t.improved or t.regressed or t.strict_improved or t.strict_regressed]
     if not flagged:
         return decided
     rounds = max(settings.early_stop_min_rounds, settings.runs // 2) + settings.warmup
@@ -244,11 +249,11 @@ def _confirm(
         )
         if meas.failure is not None:
             result.confirmations[t.name] = {"held": False, "failure": meas.failure.output_tail[-500:]}
-            out[t.name] = TestStats(**{**t.as_dict(), "improved": False, "regressed": False})
+            out[t.name] = TestStats(**{**t.as_dict(), **_CLEARED})
             continue
         s = meas.samples[t.name]
         c = compare_test(t.name, s.old, s.new, resamples=settings.bootstrap_resamples, seed=seed + i)
-        if t.improved:
+        if t.improved or t.strict_improved:
             held = c.p_improve < settings.alpha and c.median_change >= settings.min_improvement
         else:
             held = c.p_regress < settings.alpha and c.median_change <= -settings.min_improvement
@@ -263,6 +268,6 @@ def _confirm(
             "ci": [c.ci_low, c.ci_high],
         }
         if not held:
-            out[t.name] = TestStats(**{**t.as_dict(), "improved": False, "regressed": False})
+            out[t.name] = TestStats(**{**t.as_dict(), **_CLEARED})
     phase("confirm", len(flagged), len(flagged))
     return [out[t.name] for t in decided]
