@@ -215,3 +215,18 @@ def test_unknown_dependency_asks_the_model(tmp_path: Path) -> None:
     assert "Zorblax" in c["failure_detail"]
     # build logs are kept beside the records even though the workspace is gone
     assert all(Path(s["log"]).is_file() for s in c["build_steps"])
+
+
+def test_ctest_pass_fail_regex_and_will_fail_rules() -> None:
+    from services.builder.cmake import TestCase as CTest
+
+    plain = CTest(name="t", command=["x"], cwd=".")
+    assert plain.passed(0, "") and not plain.passed(1, "") and not plain.passed(0, "", timed_out=True)
+    rx = CTest(name="t", command=["x"], cwd=".", pass_regex=("circular reference",))
+    assert rx.passed(1, "error: circular reference found") and not rx.passed(0, "all good")
+    fail = CTest(name="t", command=["x"], cwd=".", fail_regex=("LEAK",))
+    assert not fail.passed(0, "LEAK of 3 bytes") and fail.passed(0, "clean")
+    inverted = CTest(name="t", command=["x"], cwd=".", will_fail=True)
+    assert inverted.passed(3, "") and not inverted.passed(0, "")
+    skip = CTest(name="t", command=["x"], cwd=".", skip_return_code=77)
+    assert skip.passed(77, "")

@@ -217,3 +217,14 @@ async def test_classifier_service_once_per_commit_and_nak_on_outage(ctx: Service
     for i in range(3):
         rec = await ctx.store.get("commits", f"o/r@{str(i) * 40}")
         assert rec is not None and rec["label"] is True and rec["phase"] == 1
+
+
+def test_vllm_backend_without_the_gpu_extra_is_a_clear_error() -> None:
+    import importlib.util
+
+    from shared.errors import ConfigError
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here")
+    with pytest.raises(ConfigError, match=r"cppperf\[gpu\]"):
+        Classifier.create(load_settings(env={}, classifier={"backend": "vllm"}).classifier)

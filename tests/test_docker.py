@@ -193,3 +193,28 @@ def _has(engine: Any, name: str) -> bool:
     except Exception:
         return False
     return True
+
+
+def test_evaluator_in_containers(engine: Any, demo_repo: DemoRepo, tmp_path: Path) -> None:
+    from services.evaluator.evaluate import EvalRequest, evaluate
+
+    s = dsettings(tmp_path)
+    s.evaluator.runs = 8
+    s.evaluator.runs_dir = str(tmp_path / "runs")
+    built = build_patch(
+        commit_for(demo_repo.path, demo_repo.shas["perf"]),
+        demo_repo.path,
+        s.builder,
+        work_dir=tmp_path / "work",
+        out_dir=Path(s.out_dir),
+    )
+    iid = built.record["cppperf"]["instance_id"]
+    expert = built.record["commit_info"]["patch"][0]
+    rep = evaluate(EvalRequest(run_id="d", model="expert", instance_id=iid, patch=expert), s)
+    assert rep["verdict"] == "opt", rep.get("reason")
+    broken = expert.replace(
+        "+  for (int rep = 0; rep < 1; ++rep) {", "+  for (int rep = 0; rep < 0; ++rep) {"
+    )
+    rep2 = evaluate(EvalRequest(run_id="d", model="broken", instance_id=iid, patch=broken), s)
+    assert rep2["verdict"] == "tests-failed" and rep2["failing_tests"][0]["test"] == "spin"
+    assert not engine.containers.list(all=True, filters={"status": "running"})

@@ -140,6 +140,27 @@ class TestCase:
     timeout: float | None = None
     disabled: bool = False
     will_fail: bool = False
+    pass_regex: tuple[str, ...] = ()
+    fail_regex: tuple[str, ...] = ()
+    skip_return_code: int | None = None
+
+    def passed(self, returncode: int, output: str, *, timed_out: bool = False) -> bool:
+        """CTest's rules: PASS_/FAIL_REGULAR_EXPRESSION on the output, SKIP_RETURN_CODE, WILL_FAIL."""
+        if timed_out:
+            return False
+        if self.skip_return_code is not None and returncode == self.skip_return_code:
+            return True
+        ok = any(_search(rx, output) for rx in self.pass_regex) if self.pass_regex else returncode == 0
+        if self.fail_regex and any(_search(rx, output) for rx in self.fail_regex):
+            ok = False
+        return not ok if self.will_fail else ok
+
+
+def _search(pattern: str, text: str) -> bool:
+    try:
+        return re.search(pattern, text, re.MULTILINE) is not None
+    except re.error:
+        return pattern in text
 
 
 def discover_tests(build_dir: Path, *, env: dict[str, str] | None = None) -> list[TestCase]:
@@ -154,6 +175,14 @@ def discover_tests(build_dir: Path, *, env: dict[str, str] | None = None) -> lis
     if proc.returncode != 0:
         return []
     return parse_ctest_json(proc.stdout, str(build_dir))
+
+
+def _as_list(value: object) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    return [str(value)]
 
 
 def parse_ctest_json(data: bytes | str, build_dir: str) -> list[TestCase]:
@@ -177,6 +206,9 @@ def parse_ctest_json(data: bytes | str, build_dir: str) -> list[TestCase]:
                 timeout=float(props["TIMEOUT"]) if "TIMEOUT" in props else None,
                 disabled=bool(props.get("DISABLED", False)),
                 will_fail=bool(props.get("WILL_FAIL", False)),
+                pass_regex=tuple(_as_list(props.get("PASS_REGULAR_EXPRESSION"))),
+                fail_regex=tuple(_as_list(props.get("FAIL_REGULAR_EXPRESSION"))),
+                skip_return_code=int(props["SKIP_RETURN_CODE"]) if "SKIP_RETURN_CODE" in props else None,
             )
         )
     return tests

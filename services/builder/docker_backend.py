@@ -88,7 +88,8 @@ class DockerBackend:
             )
 
     def _load_sources(self) -> None:
-        self._root(["mkdir", "-p", f"{WORK}/old/src", f"{WORK}/new/src", HOME, "/opt/cppperf"])
+        dirs = [f"{WORK}/{side}/src" for side in self._sources] or [f"{WORK}/old/src", f"{WORK}/new/src"]
+        self._root(["mkdir", "-p", *dirs, HOME, "/opt/cppperf"])
         self.container.put_archive("/opt/cppperf", tar_bytes({"runner.py": runner_source()}, mode=0o755))
         for side, data in self._sources.items():
             self.container.put_archive(f"{WORK}/{side}/src", data)
@@ -101,6 +102,14 @@ class DockerBackend:
             return
         self._sources = {side: git_archive(repo_path, sha) for side, sha in shas.items()}
         self._test_options = test_options_from_text(cmake_texts(repo_path, shas["new"]))
+        self._start(ensure_env_image(self.client, self.base_image, self.packages))
+        self._load_sources()
+
+    def prepare_sources(self, sources: dict[SideName, bytes], repo_path: Path, options_sha: str) -> None:
+        """Like `prepare`, for trees given as tar bytes (the evaluator's patched agent tree)."""
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self._sources = dict(sources)
+        self._test_options = test_options_from_text(cmake_texts(repo_path, options_sha))
         self._start(ensure_env_image(self.client, self.base_image, self.packages))
         self._load_sources()
 

@@ -17,12 +17,20 @@ from typing import Any
 from services.builder.backend import SIDES, Backend, SideName
 from services.builder.cmake import StepResult, TestCase
 from services.builder.protocol import Measurement, measure
-from services.builder.sandbox import Limits
+from services.builder.sandbox import Limits, RunResult
 from services.builder.stats import TestStats, compare_all, compare_test, verdict
 from shared.messages import CommitSelected, instance_id
 from shared.settings import BuilderSettings
 
 PhaseCallback = Callable[[str, int, int], None]  # phase, done, total
+
+
+def normalise(test: TestCase, res: RunResult) -> RunResult:
+    """A run whose `returncode` says what CTest would say (pass/fail regexes, WILL_FAIL, skip)."""
+    passed = test.passed(res.returncode, res.output, timed_out=res.timed_out)
+    if passed == (res.returncode == 0 and not res.timed_out):
+        return res
+    return RunResult(**{**res.__dict__, "returncode": 0 if passed else (res.returncode or 1)})
 
 
 @dataclass
@@ -172,9 +180,7 @@ def prove(
             cpu=cpu,
         )
         res = backend.run_test(side, t, limits)
-        if t.will_fail:  # CTest's WILL_FAIL inverts success
-            res = type(res)(**{**res.__dict__, "returncode": 0 if res.returncode != 0 else 1})
-        return res
+        return normalise(t, res)
 
     run_seed = settings.seed if seed is None else seed
     meas = measure(

@@ -267,7 +267,7 @@ def validate_latest(
                 t,
                 Limits(timeout=t.timeout or settings.test_timeout, memory_mb=settings.memory_limit_mb),
             )
-            if res.ok == t.will_fail:
+            if not t.passed(res.returncode, res.output, timed_out=res.timed_out):
                 raise RepoRejected(f"latest commit {sha[:12]}: test {t.name} fails: {res.output[-500:]}")
         test_s = time.monotonic() - t0
     finally:

@@ -17,10 +17,12 @@ malformed-patch | too-large | unsafe-patch | test-edit | instance-broken | untru
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
 import shutil
+import tarfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,15 +31,17 @@ from typing import Any
 
 from services.builder.backend import LocalBackend, export_tree
 from services.builder.cmake import TestCase
+from services.builder.images import git_archive
+from services.builder.instance import normalise
 from services.builder.protocol import measure
 from services.builder.sandbox import Limits, RunResult, network_prefix
-from services.builder.service import build_spec
+from services.builder.service import build_spec, make_backend
 from services.evaluator.apply import apply_patch, init_tree
 from services.evaluator.checks import check_patch
 from services.evaluator.instances import EvalInstance, load_instance
 from services.evaluator.score import score
 from services.filter.rules import Rules
-from shared.messages import evaluation_id
+from shared.messages import CommitSelected, evaluation_id
 from shared.mirror import ensure_local
 from shared.settings import Settings
 
@@ -119,15 +123,27 @@ def _evaluate(req: EvalRequest, s: Settings, out: Path, phase: Phase) -> dict[st
         )
     repo_path = ensure_local(inst.url, inst.repo, s.mirror_dir())
     ws = s.work_dir() / "eval" / hashlib.sha256(req.id.encode()).hexdigest()[:16]
-    backend = LocalBackend(
-        ws,
-        build_spec(s.builder),
-        dict(s.builder.thread_env),
-        sandbox=True,
-        output_limit=s.builder.output_limit,
-    )
+    backend: Any
+    if s.builder.backend == "docker":  # containers: network none, memory/pids limits, one core
+        head = CommitSelected(
+            repo=inst.repo,
+            url=inst.url,
+            sha=inst.expert_sha,
+            parent=inst.base_sha,
+            date=inst.date,
+            message="",
+        )
+        backend = make_backend(s.builder, ws, commit=head, repo_path=repo_path)
+    else:
+        backend = LocalBackend(
+            ws,
+            build_spec(s.builder),
+            dict(s.builder.thread_env),
+            sandbox=True,
+            output_limit=s.builder.output_limit,
+        )
     try:
-        return {**base, **_run(req, inst, s, backend, repo_path, out, phase)}
+        return {**base, **_run(req, inst, s, backend, repo_path, out, phase, ws)}
     finally:
         if not s.builder.keep:
             backend.cleanup()
@@ -138,20 +154,31 @@ class _Stop(Exception):
         self.report = report
 
 
-def _prepare(req: EvalRequest, inst: EvalInstance, backend: LocalBackend, repo: Path, out: Path) -> str:
-    """Export the three trees and apply the patch to `agent`; the method that applied it."""
-    if backend.workspace.exists():
-        shutil.rmtree(backend.workspace)
-    backend.logs.mkdir(parents=True)
-    export_tree(repo, inst.base_sha, backend.side_dir("old") / "src")
-    export_tree(repo, inst.expert_sha, backend.side_dir("expert") / "src")
-    agent_src = backend.side_dir("agent") / "src"
+def _prepare(req: EvalRequest, inst: EvalInstance, backend: Any, repo: Path, out: Path, ws: Path) -> str:
+    """Export the three trees and apply the patch to `agent`; the method that applied it.
+    The patch is always applied on the host (git, patch); with the docker backend the three trees
+    then go into the container."""
+    if ws.exists():
+        shutil.rmtree(ws)
+    (ws / "logs").mkdir(parents=True)
+    agent_src = ws / "agent" / "src"
     export_tree(repo, inst.base_sha, agent_src)
     init_tree(agent_src)
-    patch_file = backend.workspace / "agent.patch"
+    patch_file = ws / "agent.patch"
     patch_file.write_text(req.patch)
     applied = apply_patch(agent_src, patch_file)
     shutil.rmtree(agent_src / ".git", ignore_errors=True)
+    if applied.ok:
+        if getattr(backend, "name", "") == "docker":
+            sources = {
+                "old": git_archive(repo, inst.base_sha),
+                "expert": git_archive(repo, inst.expert_sha),
+                "agent": _tar_tree(agent_src),
+            }
+            backend.prepare_sources(sources, repo, inst.expert_sha)
+        else:
+            export_tree(repo, inst.base_sha, ws / "old" / "src")
+            export_tree(repo, inst.expert_sha, ws / "expert" / "src")
     _write(out / "build.log", applied.log + "\n")
     if not applied.ok:
         raise _Stop(
@@ -165,7 +192,7 @@ def _prepare(req: EvalRequest, inst: EvalInstance, backend: LocalBackend, repo: 
     return applied.method
 
 
-def _build_all(backend: LocalBackend, out: Path, applied_with: str, phase: Phase) -> None:
+def _build_all(backend: Any, out: Path, applied_with: str, phase: Phase) -> None:
     for i, side in enumerate(SIDES):
         phase("build", i, 3)
         steps = backend.build(side)
@@ -200,7 +227,7 @@ def _build_all(backend: LocalBackend, out: Path, applied_with: str, phase: Phase
 
 
 def _correctness(
-    backend: LocalBackend,
+    backend: Any,
     tests: dict[str, TestCase],
     limits_for: Callable[[TestCase], Limits],
     out: Path,
@@ -212,7 +239,7 @@ def _correctness(
         for i, (name, t) in enumerate(sorted(tests.items())):
             phase("correctness", i, len(tests))
             res = backend.run_test("agent", t, limits_for(t))
-            passed = (res.returncode != 0) if t.will_fail else res.ok
+            passed = t.passed(res.returncode, res.output, timed_out=res.timed_out)
             log.write(
                 f"===== {name}: {'PASS' if passed else 'FAIL'} (exit {res.returncode}"
                 f"{', timed out' if res.timed_out else ''}, {res.wall_s:.3f}s) =====\n{res.output}\n"
@@ -229,19 +256,28 @@ def _correctness(
     return failures
 
 
+def _tar_tree(root: Path) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path in sorted(root.rglob("*")):
+            tar.add(path, arcname=str(path.relative_to(root)), recursive=False)
+    return buf.getvalue()
+
+
 def _run(
     req: EvalRequest,
     inst: EvalInstance,
     s: Settings,
-    backend: LocalBackend,
+    backend: Any,
     repo: Path,
     out: Path,
     phase: Phase,
+    ws: Path,
 ) -> dict[str, Any]:
     ev = s.evaluator
     try:
         phase("prepare", 0, 1)
-        applied_with = _prepare(req, inst, backend, repo, out)
+        applied_with = _prepare(req, inst, backend, repo, out, ws)
         phase("prepare", 1, 1)
         _build_all(backend, out, applied_with, phase)
     except _Stop as stop:
@@ -276,10 +312,8 @@ def _run(
 
     def run_one(side: str, name: str) -> RunResult:
         t = tests[side][name]
-        res = backend.run_test(side, t, Limits(**{**limits_for(t).__dict__, "cpu": pin}))
-        if t.will_fail:
-            return RunResult(**{**res.__dict__, "returncode": 0 if res.returncode != 0 else 1})
-        return res
+        res: RunResult = backend.run_test(side, t, Limits(**{**limits_for(t).__dict__, "cpu": pin}))
+        return normalise(t, res)
 
     meas = measure(
         timed,

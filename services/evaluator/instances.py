@@ -20,6 +20,7 @@ class EvalInstance:
     expert_patch: str
     improved_tests: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
+    date: str = ""
 
     @property
     def multi_file(self) -> bool:
@@ -41,6 +42,7 @@ def from_record(record: dict[str, Any]) -> EvalInstance:
         expert_patch="".join(ci.get("patch") or []),
         improved_tests=list((record.get("tests") or {}).get("significant_improvements_tests") or []),
         files=[f.get("filename", "") for f in ci.get("files_changed") or []],
+        date=str(ci.get("commit_date") or ""),
     )
 
 
