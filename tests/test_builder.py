@@ -222,8 +222,12 @@ def test_ctest_pass_fail_regex_and_will_fail_rules() -> None:
 
     plain = CTest(name="t", command=["x"], cwd=".")
     assert plain.passed(0, "") and not plain.passed(1, "") and not plain.passed(0, "", timed_out=True)
-    rx = CTest(name="t", command=["x"], cwd=".", pass_regex=("circular reference",))
+    rx = CTest(name="t", command=["x"], cwd=".", pass_regex=("circular reference", "\\n.* Keys\\nc449"))
     assert rx.passed(1, "error: circular reference found") and not rx.passed(0, "all good")
+    spans = CTest(name="t", command=["x"], cwd=".", pass_regex=("reduction\n.* Attack",))
+    assert spans.passed(
+        0, "Z reduction\n0 %\r100 %\n[12:00] Attack on 5 values"
+    )  # "." spans lines, as in CMake
     fail = CTest(name="t", command=["x"], cwd=".", fail_regex=("LEAK",))
     assert not fail.passed(0, "LEAK of 3 bytes") and fail.passed(0, "clean")
     inverted = CTest(name="t", command=["x"], cwd=".", will_fail=True)

@@ -158,7 +158,7 @@ class TestCase:
 
 def _search(pattern: str, text: str) -> bool:
     try:
-        return re.search(pattern, text, re.MULTILINE) is not None
+        return re.search(pattern, text, re.DOTALL) is not None  # CMake regexes: "." matches newlines
     except re.error:
         return pattern in text
 
