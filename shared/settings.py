@@ -126,6 +126,9 @@ class BuilderSettings(msgspec.Struct, kw_only=True):
     decision_rule: Literal["ours", "strict"] = "ours"  # strict: the whole CI beyond the threshold
     seed: int = 1234
     jobs: int = 0  # 0 = all cores
+    # Share compiled objects between the old and new trees (CCACHE_BASEDIR). Off by default: it
+    # makes __FILE__ relative, which silently breaks tests that locate data through __FILE__.
+    ccache_basedir: bool = False
     configure_timeout: float = 600.0
     build_timeout: float = 3600.0
     test_timeout: float = 600.0

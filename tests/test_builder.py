@@ -234,3 +234,34 @@ def test_ctest_pass_fail_regex_and_will_fail_rules() -> None:
     assert inverted.passed(3, "") and not inverted.passed(0, "")
     skip = CTest(name="t", command=["x"], cwd=".", skip_return_code=77)
     assert skip.passed(77, "")
+
+
+def test_tests_that_find_data_through_file_macro_still_pass(tmp_path: Path) -> None:
+    """CCACHE_BASEDIR would make __FILE__ relative and break this kind of test (seen on bkcrack),
+    so the default keeps absolute paths."""
+    import shutil as sh
+
+    repo = tmp_path / "filemacro"
+    (repo / "tests").mkdir(parents=True)
+    (repo / "tests" / "data.txt").write_text("42\n")
+    (repo / "tests" / "t.cpp").write_text(
+        "#include <filesystem>\n#include <fstream>\nint main() {\n"
+        '  std::ifstream in{std::filesystem::path{__FILE__}.replace_filename("data.txt")};\n'
+        "  int v = 0; in >> v; return v == 42 ? 0 : 1; }\n"
+    )
+    (repo / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.16)\nproject(f CXX)\nset(CMAKE_CXX_STANDARD 17)\nenable_testing()\n"
+        "add_executable(t tests/t.cpp)\nfile(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/sub)\n"
+        "add_test(NAME data COMMAND t WORKING_DIRECTORY ${CMAKE_BINARY_DIR}/sub)\n"
+    )
+    git = ["git", "-C", str(repo), "-c", "user.name=a", "-c", "user.email=a@b"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    cand = m.RepoCandidate(repo="local/filemacro", url=str(repo), source="path")
+    found = validate_latest(cand, repo, make_settings(tmp_path).builder, work_dir=tmp_path / "work")
+    assert found.validated and found.test_count == 1
+    if sh.which("ccache"):  # the reason for the default, shown
+        s = make_settings(tmp_path, builder={"ccache_basedir": True})
+        with pytest.raises(RepoRejected, match="test data fails"):
+            validate_latest(cand, repo, s.builder, work_dir=tmp_path / "work-basedir")

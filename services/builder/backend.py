@@ -2,7 +2,10 @@
 
     <work>/<instance>/old/{src,build}    the parent commit
     <work>/<instance>/new/{src,build}    the commit
-    <work>/<instance>/ccache             one cache for both sides (CCACHE_BASEDIR = workspace)
+    <work>/<instance>/ccache             one cache for both sides
+                                         (CCACHE_BASEDIR = workspace only with builder.ccache_basedir:
+                                         it makes __FILE__ relative, which breaks tests that find
+                                         their data through it, e.g. bkcrack's unit tests)
     <work>/<instance>/logs/              configure/build logs per side
 
 Both trees have the same shape and path length, so ccache hits across sides and binaries can be
@@ -61,6 +64,7 @@ class LocalBackend:
     env_overrides: dict[str, str]
     sandbox: bool = True
     output_limit: int = 64 * 1024
+    ccache_basedir: bool = False
     name: str = "local"
 
     def side_dir(self, side: SideName) -> Path:
@@ -78,7 +82,7 @@ class LocalBackend:
             export_tree(repo_path, shas[side], self.side_dir(side) / "src")
 
     def _env(self) -> dict[str, str]:
-        return tool_env(self.workspace / "ccache", self.workspace)
+        return tool_env(self.workspace / "ccache", self.workspace if self.ccache_basedir else None)
 
     def build(self, side: SideName) -> list[StepResult]:
         d = self.side_dir(side)

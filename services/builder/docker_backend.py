@@ -57,6 +57,7 @@ class DockerBackend:
     output_limit: int = 64 * 1024
     packages: list[str] = field(default_factory=list)
     from_image: str | None = None
+    ccache_basedir: bool = False
     name: str = "docker"
     container: Any = None
     installed: list[str] = field(default_factory=list)
@@ -162,7 +163,7 @@ class DockerBackend:
             "HOME": HOME,
             "LC_ALL": "C",
             "CCACHE_DIR": f"{WORK}/ccache",
-            "CCACHE_BASEDIR": WORK,
+            **({"CCACHE_BASEDIR": WORK} if self.ccache_basedir else {}),
             "CCACHE_NOHASHDIR": "1",
         }
 

@@ -80,6 +80,7 @@ def make_backend(
             dict(settings.thread_env),
             sandbox=settings.sandbox,
             output_limit=settings.output_limit,
+            ccache_basedir=settings.ccache_basedir,
         )
     if settings.backend == "docker":
         from services.builder.docker_backend import DockerBackend
@@ -103,6 +104,7 @@ def make_backend(
             cpuset=settings.cpuset or str(cpus[-1]),
             output_limit=settings.output_limit,
             from_image=from_image,
+            ccache_basedir=settings.ccache_basedir,
         )
     raise ConfigError(f"builder.backend={settings.backend!r}: use 'local' or 'docker'")
 
