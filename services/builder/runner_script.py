@@ -26,7 +26,9 @@ import time
 from typing import Any
 
 
-class _Keep:
+class OutputKeeper:
+    """Keeps the head and tail of a byte stream, counting what it dropped (also used on the host)."""
+
     def __init__(self, limit: int) -> None:
         self.half = max(limit // 2, 1)
         self.head = bytearray()
@@ -60,7 +62,7 @@ def _preexec(cpu: int | None, uid: int | None) -> None:
 
 
 def _run(req: dict[str, Any]) -> dict[str, Any]:
-    keep = _Keep(int(req.get("output_limit", 65536)))
+    keep = OutputKeeper(int(req.get("output_limit", 65536)))
     cpu = None if req.get("cpu") is None else int(req["cpu"])
     uid = None if req.get("uid") is None else int(req["uid"])
     start = time.perf_counter_ns()

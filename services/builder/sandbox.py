@@ -27,6 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.builder.runner_script import OutputKeeper
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -78,31 +80,6 @@ def network_prefix(sandbox: bool = True) -> list[str]:
             prefix = prefix if ok else []
         _NET_CHECKED[sandbox] = prefix
     return _NET_CHECKED[sandbox]
-
-
-class _Tail:
-    """Keeps the head and tail of a byte stream, counting what it dropped."""
-
-    def __init__(self, limit: int) -> None:
-        self.half = max(limit // 2, 1)
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.dropped = 0
-
-    def feed(self, data: bytes) -> None:
-        room = self.half - len(self.head)
-        if room > 0:
-            self.head += data[:room]
-            data = data[room:]
-        if data:
-            self.tail += data
-            if len(self.tail) > self.half:
-                self.dropped += len(self.tail) - self.half
-                del self.tail[: len(self.tail) - self.half]
-
-    def text(self) -> str:
-        mid = f"\n[... {self.dropped} bytes dropped ...]\n".encode() if self.dropped else b""
-        return bytes(self.head + mid + self.tail).decode("utf-8", errors="replace")
 
 
 def _pids_root() -> Path | None:
@@ -191,7 +168,7 @@ def run(
     """Run `argv`; never raises for the command's own failure or timeout."""
     prefix = network_prefix(sandbox) if not limits.network else []
     full = [*prefix, *argv]
-    keep = _Tail(output_limit)
+    keep = OutputKeeper(output_limit)
     cgroup = PidsCgroup(limits.processes) if limits.processes else None
     start = time.perf_counter_ns()
     try:
