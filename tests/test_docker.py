@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +42,13 @@ def _engine() -> Any:
 
 
 @pytest.fixture(scope="module")
-def engine() -> Any:
+def engine() -> Iterator[Any]:
     client = _engine()
     if client is None:
         pytest.skip("no container engine reachable: set DOCKER_HOST (.ci/run starts podman's Docker API)")
     bootstrap_base(client, "bookworm")  # cached between sessions: only the first run debootstraps
-    return client
+    yield client
+    client.close()
 
 
 def dsettings(tmp_path: Path, **builder: object) -> Any:
@@ -218,3 +221,28 @@ def test_evaluator_in_containers(engine: Any, demo_repo: DemoRepo, tmp_path: Pat
     rep2 = evaluate(EvalRequest(run_id="d", model="broken", instance_id=iid, patch=broken), s)
     assert rep2["verdict"] == "tests-failed" and rep2["failing_tests"][0]["test"] == "spin"
     assert not engine.containers.list(all=True, filters={"status": "running"})
+
+
+def test_images_prune_removes_dangling_layers(engine: Any, tmp_path: Path) -> None:
+    import io
+
+    dockerfile = f"FROM {base_name('bookworm')}\nRUN echo {tmp_path.name} > /marker\n"
+    first, _ = engine.images.build(
+        fileobj=io.BytesIO(dockerfile.encode()), tag="cppperf/prune-probe:1", rm=True
+    )
+    dockerfile2 = dockerfile.replace("/marker", "/marker2")
+    engine.images.build(fileobj=io.BytesIO(dockerfile2.encode()), tag="cppperf/prune-probe:1", rm=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "cppperf", "images", "prune"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "dangling image" in res.stdout
+    import docker.errors
+
+    with pytest.raises(docker.errors.ImageNotFound):  # the untagged first build is gone
+        engine.images.get(first.id)
+    engine.images.remove("cppperf/prune-probe:1", force=True)
