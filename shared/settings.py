@@ -123,7 +123,8 @@ class BuilderSettings(msgspec.Struct, kw_only=True):
     early_stop: bool = True
     early_stop_min_rounds: int = 10
     confirm: bool = True
-    decision_rule: Literal["ours", "strict"] = "ours"  # strict: the whole CI beyond the threshold
+    decision_rule: Literal["ours", "strict"] = "ours"
+    split_cases: bool = False  # time each gtest/Catch2/doctest case of a CTest test on its own  # strict: the whole CI beyond the threshold
     seed: int = 1234
     jobs: int = 0  # 0 = all cores
     # Share compiled objects between the old and new trees (CCACHE_BASEDIR). Off by default: it

@@ -265,3 +265,68 @@ def test_tests_that_find_data_through_file_macro_still_pass(tmp_path: Path) -> N
         s = make_settings(tmp_path, builder={"ccache_basedir": True})
         with pytest.raises(RepoRejected, match="test data fails"):
             validate_latest(cand, repo, s.builder, work_dir=tmp_path / "work-basedir")
+
+
+FAKE_GTEST = r"""
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include "reps.h"
+static volatile unsigned long long sink;
+static void work(unsigned long long n) {
+  unsigned long long x = 1;
+  for (unsigned long long i = 0; i < n; ++i) { x ^= x << 13; x ^= x >> 7; x ^= x << 17; sink = x; }
+}
+int main(int argc, char** argv) {  // speaks gtest's command line: --gtest_list_tests, --gtest_filter
+  std::string filter = "*";
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--gtest_list_tests")) { std::puts("Fast.\n  one\nSlow.\n  two"); return 0; }
+    if (!std::strncmp(argv[i], "--gtest_filter=", 15)) filter = argv[i] + 15;
+  }
+  if (filter == "*" || filter == "Fast.one") work(6000000ull);
+  if (filter == "*" || filter == "Slow.two") work(REPS * 6000000ull);
+  return 0;
+}
+"""
+
+
+def test_split_cases_times_each_gtest_case(tmp_path: Path) -> None:
+    repo = tmp_path / "gt"
+    (repo / "src").mkdir(parents=True)
+    (repo / "src" / "unit.cpp").write_text(FAKE_GTEST)
+    (repo / "src" / "reps.h").write_text("#define REPS 4ull\n")
+    (repo / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.16)\nproject(gt CXX)\nenable_testing()\n"
+        "add_executable(unit src/unit.cpp)\ntarget_include_directories(unit PRIVATE src)\n"
+        "add_test(NAME unit COMMAND unit)\n"
+    )
+    git = ["git", "-C", str(repo), "-c", "user.name=a", "-c", "user.email=a@b"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    (repo / "src" / "reps.h").write_text("#define REPS 1ull\n")
+    subprocess.run([*git, "commit", "-qam", "Faster Slow.two"], check=True)
+    head = subprocess.run(
+        [*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    s = make_settings(tmp_path, builder={"split_cases": True})
+    built = build_patch(
+        commit_for(repo, head, "local/gt"),
+        repo,
+        s.builder,
+        work_dir=tmp_path / "work",
+        out_dir=tmp_path / "out",
+    )
+    c = built.record["cppperf"]
+    assert {t["name"] for t in c["tests"]} == {"unit::Fast.one", "unit::Slow.two"}
+    assert c["verdict"] == "improved" and built.record["tests"]["significant_improvements_tests"] == [
+        "unit::Slow.two"
+    ]
+
+
+def test_parse_gtest_listing() -> None:
+    from services.builder.cases import parse_gtest
+
+    listing = "Suite.\n  a\n  DISABLED_b\nParam/Typed.  # TypeParam = int\n  c  # GetParam() = 3\n"
+    assert parse_gtest(listing) == ["Suite.a", "Param/Typed.c"]
+    assert parse_gtest("Running 3 tests...\n[ OK ] x") == []

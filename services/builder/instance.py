@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from services.builder.backend import SIDES, Backend, SideName
+from services.builder.cases import split as split_cases
 from services.builder.cmake import StepResult, TestCase
 from services.builder.protocol import Measurement, measure
 from services.builder.sandbox import Limits, RunResult
@@ -166,6 +167,8 @@ def prove(
     if backend.binaries_identical(common):
         result.verdict = result.verdict_paper = "unchanged-binaries"
         return result
+    if settings.split_cases:
+        tests_by_side, common = _split_cases(backend, tests_by_side, common, phase)
 
     cpu = _pin_cpu(settings)
 
@@ -224,6 +227,28 @@ def prove(
     result.improved_tests = [t.name for t in decided if getattr(t, imp)]
     result.regressed_tests = [t.name for t in decided if getattr(t, reg)]
     return result
+
+
+def _split_cases(
+    backend: Backend,
+    tests_by_side: dict[SideName, dict[str, TestCase]],
+    common: list[str],
+    phase: PhaseCallback,
+) -> tuple[dict[SideName, dict[str, TestCase]], list[str]]:
+    """Each common test split into its framework cases on both sides; the cases on both sides."""
+    split_by_side: dict[SideName, dict[str, TestCase]] = {}
+    for side in SIDES:
+
+        def listing(tc: TestCase, side: SideName = side) -> RunResult:
+            return backend.run_test(side, tc, Limits(timeout=60))
+
+        out: dict[str, TestCase] = {}
+        for i, name in enumerate(common):
+            phase(f"list cases {side}", i, len(common))
+            for t in split_cases(tests_by_side[side][name], listing):
+                out[t.name] = t
+        split_by_side[side] = out
+    return split_by_side, sorted(set(split_by_side["old"]) & set(split_by_side["new"]))
 
 
 _CLEARED = {"improved": False, "regressed": False, "strict_improved": False, "strict_regressed": False}
