@@ -20,6 +20,7 @@ from shared import messages as m
 from shared.errors import RepoRejected
 from shared.settings import Settings
 from tests.conftest import make_settings
+from tests.gitrepo import commit_files
 
 pytestmark = pytest.mark.build
 
@@ -114,20 +115,11 @@ def test_compile_error_rejects_as_compile(demo_repo: DemoRepo, settings: Setting
 
 def test_missing_dependency_is_named(tmp_path: Path, settings: Settings) -> None:
     repo = tmp_path / "needs-gsl"
-    repo.mkdir()
-    (repo / "CMakeLists.txt").write_text(
+    cmake = (
         "cmake_minimum_required(VERSION 3.16)\nproject(g CXX)\nfind_package(GSL REQUIRED)\nenable_testing()\n"
     )
-    (repo / "a.cpp").write_text("int main() { return 0; }\n")
-    git = ["git", "-C", str(repo), "-c", "user.name=a", "-c", "user.email=a@b"]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-qm", "one"], check=True)
-    (repo / "a.cpp").write_text("int main() { return 0; } // two\n")
-    subprocess.run([*git, "commit", "-qam", "two"], check=True)
-    head = subprocess.run(
-        [*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    commit_files(repo, {"CMakeLists.txt": cmake, "a.cpp": "int main() { return 0; }\n"}, "one")
+    head = commit_files(repo, {"a.cpp": "int main() { return 0; } // two\n"}, "two")
     built = build_patch(
         commit_for(repo, head, "local/needs-gsl"),
         repo,
@@ -172,18 +164,8 @@ def test_rules_select_what_the_builder_can_prove(demo_repo: DemoRepo) -> None:
 
 
 def _two_commit_repo(repo: Path, cmake: str) -> str:
-    repo.mkdir()
-    (repo / "CMakeLists.txt").write_text(cmake)
-    (repo / "a.cpp").write_text("int main() { return 0; }\n")
-    git = ["git", "-C", str(repo), "-c", "user.name=a", "-c", "user.email=a@b"]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-qm", "one"], check=True)
-    (repo / "a.cpp").write_text("int main() { return 0; } // two\n")
-    subprocess.run([*git, "commit", "-qam", "two"], check=True)
-    return subprocess.run(
-        [*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    commit_files(repo, {"CMakeLists.txt": cmake, "a.cpp": "int main() { return 0; }\n"}, "one")
+    return commit_files(repo, {"a.cpp": "int main() { return 0; } // two\n"}, "two")
 
 
 def test_unknown_dependency_asks_the_model(tmp_path: Path) -> None:
@@ -254,10 +236,7 @@ def test_tests_that_find_data_through_file_macro_still_pass(tmp_path: Path) -> N
         "add_executable(t tests/t.cpp)\nfile(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/sub)\n"
         "add_test(NAME data COMMAND t WORKING_DIRECTORY ${CMAKE_BINARY_DIR}/sub)\n"
     )
-    git = ["git", "-C", str(repo), "-c", "user.name=a", "-c", "user.email=a@b"]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    commit_files(repo, {}, "one")
     cand = m.RepoCandidate(repo="local/filemacro", url=str(repo), source="path")
     found = validate_latest(cand, repo, make_settings(tmp_path).builder, work_dir=tmp_path / "work")
     assert found.validated and found.test_count == 1
@@ -300,15 +279,8 @@ def test_split_cases_times_each_gtest_case(tmp_path: Path) -> None:
         "add_executable(unit src/unit.cpp)\ntarget_include_directories(unit PRIVATE src)\n"
         "add_test(NAME unit COMMAND unit)\n"
     )
-    git = ["git", "-C", str(repo), "-c", "user.name=a", "-c", "user.email=a@b"]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-qm", "one"], check=True)
-    (repo / "src" / "reps.h").write_text("#define REPS 1ull\n")
-    subprocess.run([*git, "commit", "-qam", "Faster Slow.two"], check=True)
-    head = subprocess.run(
-        [*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    commit_files(repo, {}, "one")
+    head = commit_files(repo, {"src/reps.h": "#define REPS 1ull\n"}, "Faster Slow.two")
     s = make_settings(tmp_path, builder={"split_cases": True})
     built = build_patch(
         commit_for(repo, head, "local/gt"),

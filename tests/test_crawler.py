@@ -3,7 +3,6 @@ source parsing, and `submit` recording rejections and publishing candidates."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,17 +13,11 @@ from services.crawler.checks import check_repository
 from services.crawler.sources import candidate_for
 from shared import messages as m
 from shared.service import ServiceContext
+from tests.gitrepo import commit_files
 
 
 def make_repo(path: Path, files: dict[str, str]) -> Path:
-    path.mkdir(parents=True)
-    for rel, text in files.items():
-        (path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (path / rel).write_text(text)
-    git = ["git", "-C", str(path), "-c", "user.name=a", "-c", "user.email=a@b"]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-qm", "init"], check=True)
+    commit_files(path, files, "init")
     return path
 
 

@@ -22,6 +22,7 @@ from services.builder.reproduce import reproduce_image
 from services.builder.sandbox import Limits
 from services.builder.service import build_patch, make_backend
 from tests.conftest import make_settings
+from tests.gitrepo import commit_files
 from tests.test_builder import _two_commit_repo, commit_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.build, pytest.mark.slow]
@@ -120,12 +121,7 @@ def test_memory_hog_is_a_resource_limit_not_a_result(engine: Any, tmp_path: Path
         "#include <vector>\n#include <cstdio>\nint main() { std::vector<char> v(1500u << 20);\n"
         '  for (size_t i = 0; i < v.size(); i += 4096) v[i] = 1; std::printf("%d\\n", v[4096]); return 0; }\n'
     )
-    (repo / "a.cpp").write_text(hog)
-    git = ["git", "-C", str(repo), "-c", "user.name=a", "-c", "user.email=a@b"]
-    subprocess.run([*git, "commit", "-qam", "allocate"], check=True)
-    head = subprocess.run(
-        [*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    head = commit_files(repo, {"a.cpp": hog}, "allocate")
     s = dsettings(tmp_path, memory_limit_mb=384)
     built = build_patch(
         commit_for(repo, head, "local/hog"),
