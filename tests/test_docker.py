@@ -59,14 +59,20 @@ def dsettings(tmp_path: Path, **builder: object) -> Any:
 
 
 def test_bootstrapped_base_image_has_the_toolchain(engine: Any) -> None:
-    out = engine.containers.run(
-        base_name("bookworm"),
-        ["sh", "-c", "g++ --version && cmake --version && ninja --version"],
-        remove=True,
-        network_mode="none",
+    # wait for the exit, then read the logs: `run(remove=True)` can return before podman has
+    # collected all of a short-lived container's output
+    box = engine.containers.run(
+        base_name("bookworm"), ["sleep", "infinity"], detach=True, network_mode="none"
     )
-    text = out.decode()
-    assert "g++ (Debian 12" in text and "cmake version 3.25" in text
+    try:
+        versions = {}
+        for tool in ("g++", "cmake", "ninja"):
+            code, out = box.exec_run([tool, "--version"])
+            assert code == 0, out
+            versions[tool] = out.decode()
+    finally:
+        box.remove(force=True)
+    assert versions["g++"].startswith("g++ (Debian 12") and "cmake version 3.25" in versions["cmake"]
 
 
 def test_instance_image_reproduces_the_verdict(engine: Any, demo_repo: DemoRepo, tmp_path: Path) -> None:
