@@ -130,6 +130,10 @@ class BuilderSettings(msgspec.Struct, kw_only=True):
     # Share compiled objects between the old and new trees (CCACHE_BASEDIR). Off by default: it
     # makes __FILE__ relative, which silently breaks tests that locate data through __FILE__.
     ccache_basedir: bool = False
+    # Build and run every tree at one path (<work>/<instance>/current) in a private mount
+    # namespace: identical absolute paths, so ccache shares objects across trees without BASEDIR
+    # and __FILE__ stays absolute. Used when the machine allows it (root or user namespaces).
+    same_path: bool = True
     configure_timeout: float = 600.0
     build_timeout: float = 3600.0
     test_timeout: float = 600.0

@@ -5,6 +5,7 @@ error, missing dependency (package named); the record is CppPerf-DB shaped; vali
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -302,3 +303,33 @@ def test_parse_gtest_listing() -> None:
     listing = "Suite.\n  a\n  DISABLED_b\nParam/Typed.  # TypeParam = int\n  c  # GetParam() = 3\n"
     assert parse_gtest(listing) == ["Suite.a", "Param/Typed.c"]
     assert parse_gtest("Running 3 tests...\n[ OK ] x") == []
+
+
+def test_same_path_trees_share_compiled_objects(demo_repo: DemoRepo, tmp_path: Path) -> None:
+    """Both trees are built at one path in a mount namespace, so the second build reuses the
+    first one's objects from ccache (without CCACHE_BASEDIR and its relative __FILE__)."""
+    import shutil as sh
+
+    from services.builder.sandbox import mount_namespace_available
+
+    if not sh.which("ccache") or not mount_namespace_available():
+        pytest.skip("needs ccache and a private mount namespace")
+    s = make_settings(tmp_path, builder={"keep": True})
+    built = build_patch(
+        commit_for(demo_repo.path, demo_repo.shas["noop"]),
+        demo_repo.path,
+        s.builder,
+        work_dir=tmp_path / "work",
+        out_dir=tmp_path / "out",
+    )
+    ws = tmp_path / "work" / built.record["cppperf"]["instance_id"]
+    stats = subprocess.run(
+        ["ccache", "--print-stats"],
+        env={**os.environ, "CCACHE_DIR": str(ws / "ccache")},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    counts = dict(line.split("\t", 1) for line in stats.splitlines() if "\t" in line)
+    hits = int(counts.get("direct_cache_hit", 0)) + int(counts.get("preprocessed_cache_hit", 0))
+    assert hits >= 3  # core.cpp and both test programs come from old's build; only other.cpp changed

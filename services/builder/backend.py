@@ -65,10 +65,22 @@ class LocalBackend:
     sandbox: bool = True
     output_limit: int = 64 * 1024
     ccache_basedir: bool = False
+    same_path: bool = False  # every side built and run at <workspace>/current (mount namespace)
     name: str = "local"
 
     def side_dir(self, side: SideName) -> Path:
         return self.workspace / side
+
+    @property
+    def current(self) -> Path:
+        return self.workspace / "current"
+
+    def _mount(self, side: SideName) -> tuple[Path, Path] | None:
+        return (self.side_dir(side), self.current) if self.same_path else None
+
+    def _view(self, side: SideName) -> Path:
+        """Where the side's tree is seen by its builds and tests."""
+        return self.current if self.same_path else self.side_dir(side)
 
     @property
     def logs(self) -> Path:
@@ -78,6 +90,7 @@ class LocalBackend:
         if self.workspace.exists():
             shutil.rmtree(self.workspace)
         self.logs.mkdir(parents=True)
+        self.current.mkdir()
         for side in SIDES:
             export_tree(repo_path, shas[side], self.side_dir(side) / "src")
 
@@ -85,22 +98,24 @@ class LocalBackend:
         return tool_env(self.workspace / "ccache", self.workspace if self.ccache_basedir else None)
 
     def build(self, side: SideName) -> list[StepResult]:
-        d = self.side_dir(side)
+        d, mount = self._view(side), self._mount(side)
         env = self._env()
-        steps = [
-            configure(d / "src", d / "build", self.spec, env=env, log=self.logs / f"{side}-configure.log")
-        ]
+        log = self.logs / f"{side}-configure.log"
+        steps = [configure(d / "src", d / "build", self.spec, env=env, log=log, mount=mount)]
         if steps[-1].ok:
-            steps.append(build(d / "build", self.spec, env=env, log=self.logs / f"{side}-build.log"))
+            steps.append(
+                build(d / "build", self.spec, env=env, log=self.logs / f"{side}-build.log", mount=mount)
+            )
         return steps
 
     def tests(self, side: SideName) -> list[TestCase]:
-        return discover_tests(self.side_dir(side) / "build")
+        return discover_tests(self._view(side) / "build", mount=self._mount(side))
 
     def _artifacts(self, side: SideName, tests: list[str]) -> dict[str, str] | None:
         """Hash of each test executable and shared library in the build tree, paths normalised."""
         root = self.side_dir(side)
         build_dir = root / "build"
+        seen_build = self._view(side) / "build"  # how test commands name the build tree
         by_name = {t.name: t for t in self.tests(side)}
         files: set[Path] = set()
         for name in tests:
@@ -108,16 +123,16 @@ class LocalBackend:
             if t is None or not t.command:
                 return None
             exe = Path(t.command[0])
-            if not exe.is_absolute() or build_dir not in exe.parents:
+            if not exe.is_absolute() or seen_build not in exe.parents:
                 return None  # a script or system tool: cannot prove it unchanged
-            files.add(exe)
+            files.add(build_dir / exe.relative_to(seen_build))
         files |= {p for p in build_dir.rglob("*.so*") if p.is_file()}
         old_prefix = str(self.side_dir("old")).encode()
         new_prefix = str(self.side_dir("new")).encode()
         out: dict[str, str] = {}
         for f in sorted(files):
             data = f.read_bytes() if f.is_file() else b""
-            if side == "old":
+            if side == "old" and not self.same_path:
                 data = data.replace(old_prefix, new_prefix)
             out[str(f.relative_to(root))] = hashlib.sha256(data).hexdigest()
         return out
@@ -137,6 +152,7 @@ class LocalBackend:
                 limits=limits,
                 output_limit=self.output_limit,
                 sandbox=self.sandbox,
+                mount=self._mount(side),
             )
         except OSError as exc:
             raise InfraFailure(f"cannot run {test.name}: {exc}") from exc

@@ -94,15 +94,27 @@ def configure_argv(
     return argv
 
 
-def configure(src: Path, build: Path, spec: BuildSpec, *, env: dict[str, str], log: Path) -> StepResult:
-    build.mkdir(parents=True, exist_ok=True)
+def configure(
+    src: Path,
+    build: Path,
+    spec: BuildSpec,
+    *,
+    env: dict[str, str],
+    log: Path,
+    mount: tuple[Path, Path] | None = None,
+) -> StepResult:
+    if mount is None:
+        build.mkdir(parents=True, exist_ok=True)
+    real_src = src if mount is None else mount[0] / src.relative_to(mount[1])
     res = run(
-        configure_argv(src, build, spec),
+        configure_argv(src, build, spec, options=test_options(real_src)),
         env=env,
         limits=Limits(timeout=spec.configure_timeout, memory_mb=None),
         sandbox=False,
         log_file=log,
         output_limit=256 * 1024,
+        mount=mount,
+        cwd=str(mount[1]) if mount else None,
     )
     if res.ok:
         return StepResult("configure", True, res, log_path=log)
@@ -112,7 +124,14 @@ def configure(src: Path, build: Path, spec: BuildSpec, *, env: dict[str, str], l
     return StepResult("configure", False, res, "dependency" if missing else "configure", missing, log)
 
 
-def build(build_dir: Path, spec: BuildSpec, *, env: dict[str, str], log: Path) -> StepResult:
+def build(
+    build_dir: Path,
+    spec: BuildSpec,
+    *,
+    env: dict[str, str],
+    log: Path,
+    mount: tuple[Path, Path] | None = None,
+) -> StepResult:
     jobs = spec.jobs or os.cpu_count() or 1
     res = run(
         ["cmake", "--build", str(build_dir), "-j", str(jobs)],
@@ -121,6 +140,8 @@ def build(build_dir: Path, spec: BuildSpec, *, env: dict[str, str], log: Path) -
         sandbox=False,
         log_file=log,
         output_limit=256 * 1024,
+        mount=mount,
+        cwd=str(build_dir) if mount else None,
     )
     if res.ok:
         return StepResult("build", True, res, log_path=log)
@@ -163,18 +184,29 @@ def _search(pattern: str, text: str) -> bool:
         return pattern in text
 
 
-def discover_tests(build_dir: Path, *, env: dict[str, str] | None = None) -> list[TestCase]:
+def discover_tests(
+    build_dir: Path, *, env: dict[str, str] | None = None, mount: tuple[Path, Path] | None = None
+) -> list[TestCase]:
     """Every CTest test with its command line, working directory and environment."""
-    proc = subprocess.run(
+    if mount is None:
+        proc = subprocess.run(
+            ["ctest", "--test-dir", str(build_dir), "--show-only=json-v1"],
+            capture_output=True,
+            check=False,
+            env=env,
+            timeout=300,
+        )
+        return parse_ctest_json(proc.stdout, str(build_dir)) if proc.returncode == 0 else []
+    res = run(
         ["ctest", "--test-dir", str(build_dir), "--show-only=json-v1"],
-        capture_output=True,
-        check=False,
         env=env,
-        timeout=300,
+        sandbox=False,
+        limits=Limits(timeout=300, memory_mb=None),
+        output_limit=256 * 1024 * 1024,
+        mount=mount,
+        cwd=str(build_dir),
     )
-    if proc.returncode != 0:
-        return []
-    return parse_ctest_json(proc.stdout, str(build_dir))
+    return parse_ctest_json(res.output, str(build_dir)) if res.ok else []
 
 
 def _as_list(value: object) -> list[str]:

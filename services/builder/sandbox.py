@@ -21,6 +21,7 @@ import resource
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -155,6 +156,38 @@ def _preexec(limits: Limits, cgroup: PidsCgroup | None) -> None:
             os.sched_setaffinity(0, {limits.cpu})
 
 
+_MOUNT_SCRIPT = 'mount --bind "$1" "$2" && cd "$3" && shift 3 && exec "$@"'
+
+
+def mount_namespace_available() -> bool:
+    """Can we bind-mount in a private mount namespace (root, or unprivileged user namespaces)?"""
+    if not _MOUNT_CHECKED:
+        with tempfile.TemporaryDirectory() as d:
+            a, b = Path(d) / "a", Path(d) / "b"
+            a.mkdir()
+            b.mkdir()
+            probe = _mount_prefix(False, (a, b, str(b)))
+            ok = (
+                bool(probe)
+                and subprocess.run([*probe, "true"], capture_output=True, check=False).returncode == 0
+            )
+        _MOUNT_CHECKED.append(ok)
+    return _MOUNT_CHECKED[0]
+
+
+_MOUNT_CHECKED: list[bool] = []
+
+
+def _mount_prefix(isolate_net: bool, mount: tuple[Path, Path, str]) -> list[str]:
+    if not shutil.which("unshare"):
+        return []
+    flags = ["--mount", *(["--net"] if isolate_net else [])]
+    if os.geteuid() != 0:
+        flags.append("--map-root-user")
+    src, dst, cwd = mount
+    return ["unshare", *flags, "--", "sh", "-c", _MOUNT_SCRIPT, "sh", str(src), str(dst), cwd]
+
+
 def run(
     argv: Sequence[str],
     *,
@@ -164,10 +197,24 @@ def run(
     output_limit: int = 64 * 1024,
     sandbox: bool = True,
     log_file: Path | None = None,
+    mount: tuple[Path, Path] | None = None,
 ) -> RunResult:
-    """Run `argv`; never raises for the command's own failure or timeout."""
-    prefix = network_prefix(sandbox) if not limits.network else []
-    full = [*prefix, *argv]
+    """Run `argv`; never raises for the command's own failure or timeout.
+
+    `mount=(src, dst)` runs it in a private mount namespace with `src` bind-mounted on `dst`
+    (and `cwd` entered after the mount): the builder gives every tree the same absolute path."""
+    isolate = sandbox and not limits.network
+    if mount is not None:
+        full = [
+            *_mount_prefix(
+                isolate and bool(network_prefix(True)), (mount[0], mount[1], str(cwd or mount[1]))
+            ),
+            *argv,
+        ]
+        cwd = None
+    else:
+        prefix = network_prefix(sandbox) if not limits.network else []
+        full = [*prefix, *argv]
     keep = OutputKeeper(output_limit)
     cgroup = PidsCgroup(limits.processes) if limits.processes else None
     start = time.perf_counter_ns()

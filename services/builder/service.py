@@ -18,7 +18,7 @@ from services.builder.cmake import BuildSpec
 from services.builder.deps import propose_with_llm
 from services.builder.instance import PhaseCallback, prove
 from services.builder.record import build_record
-from services.builder.sandbox import Limits
+from services.builder.sandbox import Limits, mount_namespace_available
 from shared.errors import ConfigError, InfraFailure, RepoRejected, ServiceUnavailable
 from shared.llm import ChatClient
 from shared.messages import CommitSelected, PatchBuilt, RepoCandidate, RepoFound, instance_id
@@ -81,6 +81,7 @@ def make_backend(
             sandbox=settings.sandbox,
             output_limit=settings.output_limit,
             ccache_basedir=settings.ccache_basedir,
+            same_path=settings.same_path and mount_namespace_available(),
         )
     if settings.backend == "docker":
         from services.builder.docker_backend import DockerBackend

@@ -34,7 +34,7 @@ from services.builder.cmake import TestCase
 from services.builder.images import git_archive
 from services.builder.instance import normalise
 from services.builder.protocol import measure
-from services.builder.sandbox import Limits, RunResult, network_prefix
+from services.builder.sandbox import Limits, RunResult, mount_namespace_available, network_prefix
 from services.builder.service import build_spec, make_backend
 from services.evaluator.apply import apply_patch, init_tree
 from services.evaluator.checks import check_patch
@@ -141,6 +141,7 @@ def _evaluate(req: EvalRequest, s: Settings, out: Path, phase: Phase) -> dict[st
             dict(s.builder.thread_env),
             sandbox=True,
             output_limit=s.builder.output_limit,
+            same_path=s.builder.same_path and mount_namespace_available(),
         )
     try:
         return {**base, **_run(req, inst, s, backend, repo_path, out, phase, ws)}
@@ -161,6 +162,7 @@ def _prepare(req: EvalRequest, inst: EvalInstance, backend: Any, repo: Path, out
     if ws.exists():
         shutil.rmtree(ws)
     (ws / "logs").mkdir(parents=True)
+    (ws / "current").mkdir()
     agent_src = ws / "agent" / "src"
     export_tree(repo, inst.base_sha, agent_src)
     init_tree(agent_src)
