@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cppperf.cli import _commit_from_repo
+from cppperf.cli.build import _commit_from_repo
 from services.builder.backend import export_tree
 from services.builder.cmake import test_options
 from services.builder.service import build_patch
