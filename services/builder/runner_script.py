@@ -23,7 +23,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, BinaryIO
 
 
 class OutputKeeper:
@@ -61,6 +62,52 @@ def _preexec(cpu: int | None, uid: int | None) -> None:
         os.setuid(uid)
 
 
+def supervise(
+    proc: subprocess.Popen[bytes],
+    keep: OutputKeeper,
+    timeout: float,
+    start_ns: int,
+    *,
+    tee: BinaryIO | None = None,
+    after_exit: Callable[[], None] | None = None,
+) -> tuple[int, Any, float, bool]:
+    """Drain the output into `keep` (and `tee`), kill the process group at `timeout`, wait with
+    rusage. Returns (wait status, rusage, wall seconds since `start_ns`, timed out). Shared by
+    this runner and the host sandbox, so both measure the same way."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+
+    def drain() -> None:
+        for chunk in iter(lambda: os.read(fd, 65536), b""):
+            keep.feed(chunk)
+            if tee is not None:
+                tee.write(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    timed_out = threading.Event()
+
+    def kill() -> None:
+        timed_out.set()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    timer = threading.Timer(timeout, kill)
+    timer.start()
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+    finally:
+        timer.cancel()
+    wall = (time.perf_counter_ns() - start_ns) / 1e9
+    # children left behind in the group would keep the pipe open: end them
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    if after_exit is not None:
+        after_exit()
+    reader.join(timeout=5)
+    return status, usage, wall, timed_out.is_set()
+
+
 def _run(req: dict[str, Any]) -> dict[str, Any]:
     keep = OutputKeeper(int(req.get("output_limit", 65536)))
     cpu = None if req.get("cpu") is None else int(req["cpu"])
@@ -85,35 +132,12 @@ def _run(req: dict[str, Any]) -> dict[str, Any]:
             "output": f"cannot start: {exc}",
             "truncated": False,
         }
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-
-    def drain() -> None:
-        for chunk in iter(lambda: os.read(fd, 65536), b""):
-            keep.feed(chunk)
-
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
-    timed_out = threading.Event()
-
-    def kill() -> None:
-        timed_out.set()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-
-    timer = threading.Timer(float(req.get("timeout", 600)), kill)
-    timer.start()
-    _, status, usage = os.wait4(proc.pid, 0)
-    timer.cancel()
-    wall = (time.perf_counter_ns() - start) / 1e9
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    reader.join(timeout=5)
+    status, usage, wall, timed_out = supervise(proc, keep, float(req.get("timeout", 600)), start)
     return {
         "returncode": os.waitstatus_to_exitcode(status),
         "wall_s": wall,
         "cpu_s": usage.ru_utime + usage.ru_stime,
-        "timed_out": timed_out.is_set(),
+        "timed_out": timed_out,
         "output": keep.text(),
         "truncated": keep.dropped > 0,
         "max_rss_kb": usage.ru_maxrss,

@@ -22,13 +22,12 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.builder.runner_script import OutputKeeper
+from services.builder.runner_script import OutputKeeper, supervise
 
 
 @dataclass(frozen=True)
@@ -232,49 +231,29 @@ def run(
         if cgroup is not None:
             cgroup.kill_all_and_remove()
         return RunResult(127, 0.0, 0.0, f"cannot start {argv[0]}: {exc}", False, False)
-    assert proc.stdout is not None
-    stdout = proc.stdout
     log_handle = log_file.open("ab") if log_file else None
-
-    def drain() -> None:
-        fd = stdout.fileno()
-        for chunk in iter(lambda: os.read(fd, 65536), b""):
-            keep.feed(chunk)
-            if log_handle is not None:
-                log_handle.write(chunk)
-
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
-    timed_out = threading.Event()
-
-    def kill() -> None:
-        timed_out.set()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-
-    timer = threading.Timer(limits.timeout, kill)
-    timer.start()
     try:
-        _, status, usage = os.wait4(proc.pid, 0)
+        status, usage, wall, timed_out = supervise(
+            proc,
+            keep,
+            limits.timeout,
+            start,
+            tee=log_handle,
+            # also what left the process group (setsid'd daemons)
+            after_exit=cgroup.kill_all_and_remove if cgroup is not None else None,
+        )
     finally:
-        timer.cancel()
-    wall = (time.perf_counter_ns() - start) / 1e9
+        if log_handle is not None:
+            log_handle.close()
+    assert proc.stdout is not None
+    proc.stdout.close()
     proc.returncode = os.waitstatus_to_exitcode(status)
-    # Children left behind in the group would keep the pipe open: end them.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    if cgroup is not None:
-        cgroup.kill_all_and_remove()  # also what left the process group (setsid'd daemons)
-    reader.join(timeout=5)
-    stdout.close()
-    if log_handle is not None:
-        log_handle.close()
     return RunResult(
         returncode=proc.returncode,
         wall_s=wall,
         cpu_s=usage.ru_utime + usage.ru_stime,
         output=keep.text(),
-        timed_out=timed_out.is_set(),
+        timed_out=timed_out,
         truncated=keep.dropped > 0,
         max_rss_kb=usage.ru_maxrss,
     )

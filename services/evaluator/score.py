@@ -27,26 +27,18 @@ def score(
     seed: int,
 ) -> dict[str, Any]:
     """`samples[test][side]` with sides old, agent, expert → the score block of a report."""
-    agent = {
-        t.name: t
-        for t in compare_all(
-            {n: (s["old"], s["agent"]) for n, s in samples.items()},
+
+    def against_old(side: str) -> dict[str, Any]:
+        decided = compare_all(
+            {n: (s["old"], s[side]) for n, s in samples.items()},
             alpha=alpha,
             min_improvement=min_improvement,
             resamples=resamples,
             seed=seed,
         )
-    }
-    expert = {
-        t.name: t
-        for t in compare_all(
-            {n: (s["old"], s["expert"]) for n, s in samples.items()},
-            alpha=alpha,
-            min_improvement=min_improvement,
-            resamples=resamples,
-            seed=seed,
-        )
-    }
+        return {t.name: t for t in decided}
+
+    agent, expert = against_old("agent"), against_old("expert")
     per_test: dict[str, dict[str, Any]] = {}
     within = True
     for i, name in enumerate(sorted(samples)):
