@@ -24,10 +24,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cppperf.cli.build import _commit_from_repo
-from services.builder.backend import export_tree
-from services.builder.cmake import test_options
-from services.builder.service import build_patch
-from shared.settings import load_settings
+from cppperf.services.builder.service import build_patch
+from cppperf.shared.engine.backend import export_tree
+from cppperf.shared.engine.cmake import test_options
+from cppperf.shared.settings import load_settings
 
 
 def paper(repo: Path, old: str, new: str, runs: int, work: Path) -> dict[str, float | str]:

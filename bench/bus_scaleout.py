@@ -25,12 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import nats
 from faststream.nats import NatsBroker
 
-from shared import messages as m
-from shared.bus import Bus
-from shared.embedded import EmbeddedNats
-from shared.service import ServiceContext, subscribe
-from shared.settings import load_settings
-from shared.store import Store
+from cppperf.shared import messages as m
+from cppperf.shared.bus import Bus
+from cppperf.shared.embedded import EmbeddedNats
+from cppperf.shared.service import ServiceContext, subscribe
+from cppperf.shared.settings import load_settings
+from cppperf.shared.store import Store
 
 DONE = "bench.done"
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.filter.rules import Rules
-from services.filter.select import scan_repository
-from shared.settings import load_settings
+from cppperf.services.filter.rules import Rules
+from cppperf.services.filter.select import scan_repository
+from cppperf.shared.settings import load_settings
 
 
 def ours(repo: Path, rules: Rules) -> tuple[int, int, float]:

@@ -20,7 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.builder.stats import compare_all, verdict
+from cppperf.shared.engine.stats import compare_all, verdict
 
 
 def load(entries: Path) -> list[dict[str, list[tuple[list[float], list[float]]]]]:

@@ -7,7 +7,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from shared.store import Store
+from cppperf.shared.store import Store
 
 BUILT_VERDICTS = {"improved", "not-improved", "regressed", "unchanged-binaries"}
 

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 from faststream.nats import NatsBroker
 
-from shared.bus import Bus, servers
-from shared.embedded import EmbeddedNats
-from shared.service import ServiceContext
-from shared.settings import Settings
-from shared.store import Store
+from cppperf.shared.bus import Bus, servers
+from cppperf.shared.embedded import EmbeddedNats
+from cppperf.shared.service import ServiceContext
+from cppperf.shared.settings import Settings
+from cppperf.shared.store import Store
 
 CONSUMING_SERVICES = ("filter", "classifier", "builder")
 ALL_SERVICES = ("crawler", "filter", "classifier", "builder", "evaluator")
@@ -49,10 +49,10 @@ class Running:
 @contextlib.asynccontextmanager
 async def run_services(settings: Settings, url: str, services: list[str]) -> AsyncIterator[Running]:
     """Start the consuming services named in `services` on one broker; stop them on exit."""
-    from services.builder import app as builder_app
-    from services.classifier import app as classifier_app
-    from services.evaluator import app as evaluator_app
-    from services.filter import app as filter_app
+    from cppperf.services.builder import app as builder_app
+    from cppperf.services.classifier import app as classifier_app
+    from cppperf.services.evaluator import app as evaluator_app
+    from cppperf.services.filter import app as filter_app
 
     async with connect(settings, url) as ctx:
         broker = NatsBroker(servers(url), logger=None)

@@ -23,9 +23,9 @@ from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import BadRequestError, NotFoundError
 
-from shared import messages as m
-from shared.logging import get_logger
-from shared.settings import BusSettings
+from cppperf.shared import messages as m
+from cppperf.shared.logging import get_logger
+from cppperf.shared.settings import BusSettings
 
 log = get_logger(__name__)
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from shared.errors import ToolMissing
+from cppperf.shared.errors import ToolMissing
 
 
 def find_nats_server() -> str:

@@ -22,9 +22,9 @@ import httpx
 from githubkit import GitHub
 from githubkit.exception import RateLimitExceeded, RequestFailed
 
-from shared.errors import ServiceUnavailable
-from shared.logging import get_logger, register_secret
-from shared.settings import GitHubSettings
+from cppperf.shared.errors import ServiceUnavailable
+from cppperf.shared.logging import get_logger, register_secret
+from cppperf.shared.settings import GitHubSettings
 
 log = get_logger(__name__)
 SEARCH_CAP = 1000

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from shared.errors import ServiceUnavailable
+from cppperf.shared.errors import ServiceUnavailable
 
 _THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL | re.IGNORECASE)
 

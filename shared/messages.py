@@ -13,7 +13,7 @@ from typing import Any, Final, TypeVar
 
 import msgspec
 
-from shared.errors import MalformedMessage
+from cppperf.shared.errors import MalformedMessage
 
 SCHEMA_VERSION: Final = 1
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from shared.errors import BadInput, TransientError
+from cppperf.shared.errors import BadInput, TransientError
 
 
 def is_remote(url: str) -> bool:

@@ -15,10 +15,10 @@ from faststream import AckPolicy
 from faststream.nats import JStream, NatsBroker, PullSub
 from faststream.nats.annotations import NatsMessage
 
-from shared.bus import WORK_QUEUES, Bus
-from shared.settings import Settings
-from shared.store import Store
-from shared.worker import handle
+from cppperf.shared.bus import WORK_QUEUES, Bus
+from cppperf.shared.settings import Settings
+from cppperf.shared.store import Store
+from cppperf.shared.worker import handle
 
 M = TypeVar("M", bound=msgspec.Struct)
 T = TypeVar("T")

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from shared.errors import ConfigError
+from cppperf.shared.errors import ConfigError
 
 CPP_SOURCE_EXTENSIONS = [
     ".cpp",

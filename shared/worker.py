@@ -21,10 +21,10 @@ import msgspec
 import structlog
 from nats.aio.msg import Msg
 
-from shared import messages as m
-from shared.bus import Bus
-from shared.errors import BadInput, TransientError
-from shared.logging import get_logger
+from cppperf.shared import messages as m
+from cppperf.shared.bus import Bus
+from cppperf.shared.errors import BadInput, TransientError
+from cppperf.shared.logging import get_logger
 
 log = get_logger(__name__)
 M = TypeVar("M", bound=msgspec.Struct)

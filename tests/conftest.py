@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from cppperf.demo import DemoRepo, create_demo_repo
-from shared.bus import Bus
-from shared.embedded import EmbeddedNats
-from shared.service import ServiceContext
-from shared.settings import Settings, load_settings
-from shared.store import Store
+from cppperf.shared.bus import Bus
+from cppperf.shared.embedded import EmbeddedNats
+from cppperf.shared.service import ServiceContext
+from cppperf.shared.settings import Settings, load_settings
+from cppperf.shared.store import Store
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

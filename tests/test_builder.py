@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from cppperf.demo import DemoRepo
-from services.builder.service import build_patch, validate_latest
-from services.filter.links import LinkResolver
-from services.filter.rules import Rules
-from services.filter.select import to_message
-from services.filter.walk import commit_details, iter_commits
-from shared import messages as m
-from shared.errors import RepoRejected
-from shared.settings import Settings
+from cppperf.services.builder.service import build_patch, validate_latest
+from cppperf.services.filter.links import LinkResolver
+from cppperf.services.filter.rules import Rules
+from cppperf.services.filter.select import to_message
+from cppperf.services.filter.walk import commit_details, iter_commits
+from cppperf.shared import messages as m
+from cppperf.shared.errors import RepoRejected
+from cppperf.shared.settings import Settings
 from tests.conftest import make_settings
 from tests.gitrepo import commit_files
 
@@ -159,7 +159,7 @@ def test_validate_latest_rejects_a_broken_head(
 
 def test_rules_select_what_the_builder_can_prove(demo_repo: DemoRepo) -> None:
     """Every commit the filter selects in the demo has a parent the builder can check out."""
-    from services.filter.walk import walk
+    from cppperf.services.filter.walk import walk
 
     for c in walk(demo_repo.path, Rules.from_settings(make_settings(Path("/tmp")).mining)).selected:
         assert c.parents
@@ -171,7 +171,7 @@ def _two_commit_repo(repo: Path, cmake: str) -> str:
 
 
 def test_unknown_dependency_asks_the_model(tmp_path: Path) -> None:
-    from services.builder.service import llm_dependency_proposer
+    from cppperf.services.builder.service import llm_dependency_proposer
     from tests.fake_openai import FakeOpenAI
 
     repo = tmp_path / "needs-zorblax"
@@ -202,7 +202,7 @@ def test_unknown_dependency_asks_the_model(tmp_path: Path) -> None:
 
 
 def test_ctest_pass_fail_regex_and_will_fail_rules() -> None:
-    from services.builder.cmake import TestCase as CTest
+    from cppperf.shared.engine.cmake import TestCase as CTest
 
     plain = CTest(name="t", command=["x"], cwd=".")
     assert plain.passed(0, "") and not plain.passed(1, "") and not plain.passed(0, "", timed_out=True)
@@ -299,7 +299,7 @@ def test_split_cases_times_each_gtest_case(tmp_path: Path) -> None:
 
 
 def test_parse_gtest_listing() -> None:
-    from services.builder.cases import parse_gtest
+    from cppperf.shared.engine.cases import parse_gtest
 
     listing = "Suite.\n  a\n  DISABLED_b\nParam/Typed.  # TypeParam = int\n  c  # GetParam() = 3\n"
     assert parse_gtest(listing) == ["Suite.a", "Param/Typed.c"]
@@ -311,7 +311,7 @@ def test_same_path_trees_share_compiled_objects(demo_repo: DemoRepo, tmp_path: P
     first one's objects from ccache (without CCACHE_BASEDIR and its relative __FILE__)."""
     import shutil as sh
 
-    from services.builder.sandbox import mount_namespace_available
+    from cppperf.shared.engine.sandbox import mount_namespace_available
 
     if not sh.which("ccache") or not mount_namespace_available():
         pytest.skip("needs ccache and a private mount namespace")

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from faststream.nats import NatsBroker
 
-from shared import messages as m
-from shared.bus import WORK_QUEUES, wait_drained
-from shared.embedded import EmbeddedNats
-from shared.service import ServiceContext, subscribe
+from cppperf.shared import messages as m
+from cppperf.shared.bus import WORK_QUEUES, wait_drained
+from cppperf.shared.embedded import EmbeddedNats
+from cppperf.shared.service import ServiceContext, subscribe
 
 pytestmark = pytest.mark.nats
 
@@ -119,8 +119,8 @@ async def test_malformed_payload_is_dead_lettered_and_service_keeps_running(ctx:
 
 @pytest.mark.slow
 async def test_long_job_with_heartbeats_is_delivered_once(nats_server: EmbeddedNats, tmp_path: Path) -> None:
-    from shared.bus import Bus
-    from shared.store import Store
+    from cppperf.shared.bus import Bus
+    from cppperf.shared.store import Store
     from tests.conftest import make_settings
 
     settings = make_settings(tmp_path, nats_url=nats_server.url, bus={"ack_wait": 2.0, "max_deliver": 5})

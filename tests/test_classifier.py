@@ -14,16 +14,16 @@ from faststream.nats import NatsBroker
 from typer.testing import CliRunner
 
 from cppperf.cli import app
-from services.classifier import app as classifier_app
-from services.classifier.heuristic import score_commit
-from services.classifier.prefilter import prefilter
-from services.classifier.prompts import budget_diff
-from services.classifier.service import Classifier, MemoryCache
-from shared import messages as m
-from shared.errors import ServiceUnavailable
-from shared.llm import ChatClient, parse_label
-from shared.service import ServiceContext
-from shared.settings import ClassifierSettings, load_settings
+from cppperf.services.classifier import app as classifier_app
+from cppperf.services.classifier.heuristic import score_commit
+from cppperf.services.classifier.prefilter import prefilter
+from cppperf.services.classifier.prompts import budget_diff
+from cppperf.services.classifier.service import Classifier, MemoryCache
+from cppperf.shared import messages as m
+from cppperf.shared.errors import ServiceUnavailable
+from cppperf.shared.llm import ChatClient, parse_label
+from cppperf.shared.service import ServiceContext
+from cppperf.shared.settings import ClassifierSettings, load_settings
 from tests.conftest import SHARED_DATA
 from tests.fake_openai import FakeOpenAI
 
@@ -222,7 +222,7 @@ async def test_classifier_service_once_per_commit_and_nak_on_outage(ctx: Service
 def test_vllm_backend_without_the_gpu_extra_is_a_clear_error() -> None:
     import importlib.util
 
-    from shared.errors import ConfigError
+    from cppperf.shared.errors import ConfigError
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed here")

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from cppperf.demo import DemoRepo
-from services.crawler.app import submit
-from services.crawler.checks import check_repository
-from services.crawler.sources import candidate_for
-from shared import messages as m
-from shared.service import ServiceContext
+from cppperf.services.crawler.app import submit
+from cppperf.services.crawler.checks import check_repository
+from cppperf.services.crawler.sources import candidate_for
+from cppperf.shared import messages as m
+from cppperf.shared.service import ServiceContext
 from tests.gitrepo import commit_files
 
 

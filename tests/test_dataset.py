@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from cppperf.cli import app
 from cppperf.dataset.records import Filters, import_files, iter_records, swebench_row, to_published
 from cppperf.funnel import compute_funnel
-from shared.service import ServiceContext
+from cppperf.shared.service import ServiceContext
 from tests.conftest import SHARED_DATA
 
 ENTRIES = SHARED_DATA / "cppperf-db" / "entries"

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import yaml
 
-from shared import messages as m
-from shared.bus import Bus
-from shared.embedded import find_nats_server, free_port
-from shared.settings import env_names, load_settings
+from cppperf.shared import messages as m
+from cppperf.shared.bus import Bus
+from cppperf.shared.embedded import find_nats_server, free_port
+from cppperf.shared.settings import env_names, load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 

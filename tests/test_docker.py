@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 
 from cppperf.demo import DemoRepo
-from services.builder.cmake import TestCase as CTestCase
-from services.builder.images import base_name, bootstrap_base, ensure_env_image
-from services.builder.reproduce import reproduce_image
-from services.builder.sandbox import Limits
-from services.builder.service import build_patch, make_backend
+from cppperf.services.builder.reproduce import reproduce_image
+from cppperf.services.builder.service import build_patch
+from cppperf.shared.engine.backends import make_backend
+from cppperf.shared.engine.cmake import TestCase as CTestCase
+from cppperf.shared.engine.images import base_name, bootstrap_base, ensure_env_image
+from cppperf.shared.engine.sandbox import Limits
 from tests.conftest import make_settings
 from tests.gitrepo import commit_files
 from tests.test_builder import _two_commit_repo, commit_for
@@ -97,7 +98,7 @@ def test_instance_image_reproduces_the_verdict(engine: Any, demo_repo: DemoRepo,
 def test_network_is_unreachable_inside(engine: Any, demo_repo: DemoRepo, tmp_path: Path) -> None:
     s = dsettings(tmp_path)
     commit = commit_for(demo_repo.path, demo_repo.shas["perf"])
-    backend: Any = make_backend(s.builder, tmp_path / "w", commit=commit, repo_path=demo_repo.path)
+    backend: Any = make_backend(s.builder, tmp_path / "w", source=(demo_repo.path, commit.sha, commit.date))
     try:
         backend.prepare(demo_repo.path, {"old": commit.parent, "new": commit.sha})
         probe = CTestCase(
@@ -201,7 +202,7 @@ def _has(engine: Any, name: str) -> bool:
 
 
 def test_evaluator_in_containers(engine: Any, demo_repo: DemoRepo, tmp_path: Path) -> None:
-    from services.evaluator.evaluate import EvalRequest, evaluate
+    from cppperf.services.evaluator.evaluate import EvalRequest, evaluate
 
     s = dsettings(tmp_path)
     s.evaluator.runs = 8

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from cppperf.demo import DemoRepo, core
-from services.builder.service import build_patch
-from services.evaluator.evaluate import EvalRequest, evaluate, summarize
-from shared.settings import Settings
+from cppperf.services.builder.service import build_patch
+from cppperf.services.evaluator.evaluate import EvalRequest, evaluate, summarize
+from cppperf.shared.settings import Settings
 from tests.conftest import make_settings
 from tests.test_builder import commit_for
 
@@ -76,7 +76,7 @@ def test_expert_patch_is_opt(instance_env: Any) -> None:
 
 
 def test_finished_report_is_not_recomputed(instance_env: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    import services.evaluator.evaluate as ev
+    import cppperf.services.evaluator.evaluate as ev
 
     patch = instance_env[2]["commit_info"]["patch"][0]
     first = run(instance_env, patch, "again")
@@ -157,7 +157,7 @@ def test_infinite_loop_times_out(instance_env: Any) -> None:
 
 
 def test_fork_bomb_is_contained(instance_env: Any) -> None:
-    from services.builder.sandbox import _pids_root
+    from cppperf.shared.engine.sandbox import _pids_root
 
     if _pids_root() is None and os.geteuid() == 0:
         pytest.skip("no writable pids cgroup and running as root")

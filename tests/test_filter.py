@@ -15,14 +15,14 @@ from typer.testing import CliRunner
 
 from cppperf.cli import app
 from cppperf.demo import DemoRepo
-from services.filter import app as filter_app
-from services.filter.links import Reference, parse_references
-from services.filter.rules import Reason, Rules
-from services.filter.select import scan_repository
-from services.filter.walk import walk
-from shared import messages as m
-from shared.service import ServiceContext
-from shared.settings import load_settings
+from cppperf.services.filter import app as filter_app
+from cppperf.services.filter.links import Reference, parse_references
+from cppperf.services.filter.rules import Reason, Rules
+from cppperf.services.filter.select import scan_repository
+from cppperf.services.filter.walk import walk
+from cppperf.shared import messages as m
+from cppperf.shared.service import ServiceContext
+from cppperf.shared.settings import load_settings
 
 
 def rules(**mining: object) -> Rules:

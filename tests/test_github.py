@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from services.crawler.search import MemoryProgress, SearchStats, search_repositories
-from shared.github import GitHubClient
-from shared.settings import load_settings
+from cppperf.services.crawler.search import MemoryProgress, SearchStats, search_repositories
+from cppperf.shared.github import GitHubClient
+from cppperf.shared.settings import load_settings
 from tests.fake_github import FakeGitHub, make_repos
 
 
@@ -142,7 +142,7 @@ async def test_issue_texts() -> None:
 
 
 def test_secrets_are_scrubbed_from_log_lines() -> None:
-    from shared.logging import redact_secrets, register_secret
+    from cppperf.shared.logging import redact_secrets, register_secret
 
     register_secret("sekrit-token-value")
     event = redact_secrets(
@@ -161,7 +161,7 @@ async def test_empty_search(n: int) -> None:
 
 @pytest.mark.nats
 async def test_crawl_search_publishes_checked_candidates(ctx: Any, demo_repo: Any, tmp_path: Any) -> None:
-    from services.crawler.app import crawl_search
+    from cppperf.services.crawler.app import crawl_search
 
     repos = make_repos(3)
     repos[0]["clone_url"] = str(demo_repo.path)  # "cloned" from the local demo repository
@@ -188,8 +188,8 @@ async def test_filter_attaches_linked_issue_texts(ctx: Any, demo_repo: Any) -> N
 
     from faststream.nats import NatsBroker
 
-    from services.filter import app as filter_app
-    from shared import messages as m
+    from cppperf.services.filter import app as filter_app
+    from cppperf.shared import messages as m
 
     with FakeGitHub([]) as srv:
         srv.issues[("local/demo", 7)] = {

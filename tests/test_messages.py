@@ -6,8 +6,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from shared import messages as m
-from shared.errors import MalformedMessage
+from cppperf.shared import messages as m
+from cppperf.shared.errors import MalformedMessage
 
 COMMIT = m.CommitSelected(
     repo="fmtlib/fmt",

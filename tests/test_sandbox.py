@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from services.builder.sandbox import Limits, _pids_root, network_prefix, run
+from cppperf.shared.engine.sandbox import Limits, _pids_root, network_prefix, run
 
 
 def test_success_and_cpu_time_measured() -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.errors import ConfigError
-from shared.settings import load_settings
+from cppperf.shared.errors import ConfigError
+from cppperf.shared.settings import load_settings
 
 
 def test_paper_defaults() -> None:

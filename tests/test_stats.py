@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from services.builder.stats import (
+from cppperf.shared.engine.stats import (
     benjamini_hochberg,
     clearly_settled,
     compare_all,

@@ -13,11 +13,11 @@ from pathlib import Path
 
 from faststream.nats import NatsBroker
 
-from shared import messages as m
-from shared.bus import Bus
-from shared.service import ServiceContext, subscribe
-from shared.settings import load_settings
-from shared.store import Store
+from cppperf.shared import messages as m
+from cppperf.shared.bus import Bus
+from cppperf.shared.service import ServiceContext, subscribe
+from cppperf.shared.settings import load_settings
+from cppperf.shared.store import Store
 
 
 async def main(url: str, marker_dir: Path, sleep: float) -> None:

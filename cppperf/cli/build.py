@@ -13,14 +13,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cppperf.cli.common import Config, _fail, _settings, app, console, out
-from shared.errors import CppPerfError
+from cppperf.shared.errors import CppPerfError
 
 
 # ------------------------------------------------------------------------------------------ build / calibrate
 def _commit_from_repo(repo: Path, sha: str, parent: str | None) -> Any:
-    from services.filter.links import LinkResolver
-    from services.filter.select import to_message
-    from services.filter.walk import CommitHeader, commit_details, iter_commits
+    from cppperf.services.filter.links import LinkResolver
+    from cppperf.services.filter.select import to_message
+    from cppperf.services.filter.walk import CommitHeader, commit_details, iter_commits
 
     full = subprocess.run(
         ["git", "-C", str(repo), "rev-parse", sha], capture_output=True, text=True, check=False
@@ -109,7 +109,7 @@ def reproduce(
 
     Example: cppperf reproduce cppperf/local__demo:441aadcc50b6 --runs 21
     """
-    from services.builder.reproduce import reproduce_image
+    from cppperf.services.builder.reproduce import reproduce_image
 
     s = _settings(
         config, out_dir=str(out_dir) if out_dir else None, builder__runs=runs, builder__backend="docker"
@@ -148,7 +148,7 @@ def build(
 
     Example: cppperf build --repo /tmp/demo --sha HEAD~12 --runs 11
     """
-    from services.builder.service import build_patch
+    from cppperf.services.builder.service import build_patch
 
     s = _settings(
         config,
@@ -187,9 +187,9 @@ def calibrate(
     config: Config = None,
 ) -> None:
     """A/A run: SHA against itself. Any test flagged is a false positive on this machine."""
-    from services.builder.backend import LocalBackend
-    from services.builder.instance import prove
-    from services.builder.service import build_spec
+    from cppperf.services.builder.instance import prove
+    from cppperf.shared.engine.backend import LocalBackend
+    from cppperf.shared.engine.backends import build_spec
 
     s = _settings(config, builder__runs=runs)
     commit = _commit_from_repo(repo, sha, sha)
@@ -250,8 +250,8 @@ def images_bootstrap(
 
     Example: cppperf images bootstrap --release bookworm
     """
-    from services.builder.images import bootstrap_base
-    from services.builder.service import docker_client
+    from cppperf.shared.engine.backends import docker_client
+    from cppperf.shared.engine.images import bootstrap_base
 
     s = _settings(config)
     try:
@@ -265,7 +265,7 @@ def images_bootstrap(
 @images_app.command("prune")
 def images_prune(config: Config = None) -> None:
     """Remove dangling image layers and stopped cppperf containers."""
-    from services.builder.service import docker_client
+    from cppperf.shared.engine.backends import docker_client
 
     s = _settings(config)
     client = docker_client(s.builder)

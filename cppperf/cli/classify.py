@@ -13,7 +13,7 @@ from rich.table import Table
 
 from cppperf.cli.build import _commit_from_repo
 from cppperf.cli.common import Config, _fail, _settings, app, console, out
-from shared.errors import CppPerfError
+from cppperf.shared.errors import CppPerfError
 
 # ------------------------------------------------------------------------------------------ classify
 classify_app = typer.Typer(
@@ -36,7 +36,7 @@ def classify_one(
         return
     if repo is None or sha is None:
         raise typer.BadParameter("give --repo and --sha (or use `classify eval --labels FILE`)")
-    from services.classifier.service import Classifier
+    from cppperf.services.classifier.service import Classifier
 
     s = _settings(config, classifier__backend=backend)
     commit = _commit_from_repo(repo, sha, None)
@@ -74,8 +74,8 @@ def classify_eval(
 
     Example: cppperf classify eval --labels ../shared/data/commit-labels/dev.jsonl
     """
-    from services.classifier.evaluate import evaluate, load_labels
-    from services.classifier.service import Classifier
+    from cppperf.services.classifier.evaluate import evaluate, load_labels
+    from cppperf.services.classifier.service import Classifier
 
     parent = ctx.obj or {}
     s = _settings(parent.get("config"), classifier__backend=backend or parent.get("backend"))

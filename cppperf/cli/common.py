@@ -8,9 +8,9 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from shared.errors import ConfigError
-from shared.logging import configure_logging
-from shared.settings import Settings, load_settings
+from cppperf.shared.errors import ConfigError
+from cppperf.shared.logging import configure_logging
+from cppperf.shared.settings import Settings, load_settings
 
 HELP = """Mine, prove, package and score performance-improving C++ commits.
 

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cppperf.cli.common import Config, _settings, app, console, out
-from shared.settings import Settings
+from cppperf.shared.settings import Settings
 
 
 def _load_predictions(path: Path) -> list[dict[str, str]]:
@@ -36,7 +36,7 @@ async def _evaluate_over_bus(
 ) -> list[dict[str, Any]]:
     """Publish one request per prediction and wait for every answer on a private inbox."""
     from cppperf.runtime import connect
-    from shared import messages as msgs
+    from cppperf.shared import messages as msgs
 
     async with connect(settings, url) as ctx:
         inbox = ctx.bus.nc.new_inbox()
@@ -104,8 +104,8 @@ def evaluate(
       cppperf evaluate --predictions preds.jsonl --run-id demo
       cppperf evaluate --predictions preds.jsonl --run-id demo --nats-url nats://bus:4222
     """
-    from services.evaluator.evaluate import EvalRequest, summarize
-    from services.evaluator.evaluate import evaluate as evaluate_one
+    from cppperf.services.evaluator.evaluate import EvalRequest, summarize
+    from cppperf.services.evaluator.evaluate import evaluate as evaluate_one
 
     if (predictions is None) == (instance is None):
         raise typer.BadParameter("give either --instance with --patch, or --predictions")
@@ -135,7 +135,7 @@ def evaluate(
     with progress:
         if s.nats_url:
             reports = asyncio.run(_evaluate_over_bus(s, s.nats_url, rows, run_id, progress))
-            from services.evaluator.evaluate import _write, run_dir
+            from cppperf.services.evaluator.evaluate import _write, run_dir
 
             for r in reports:
                 req = EvalRequest(run_id, str(r["model"]), str(r["instance_id"]), "")

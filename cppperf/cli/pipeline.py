@@ -14,8 +14,8 @@ from rich.table import Table
 
 from cppperf.cli.common import Config, NatsUrl, _fail, _settings, app, console, out
 from cppperf.funnel import Funnel, compute_funnel
-from shared.errors import CppPerfError
-from shared.settings import Settings
+from cppperf.shared.errors import CppPerfError
+from cppperf.shared.settings import Settings
 
 dlq_app = typer.Typer(help="Dead letters: `cppperf dlq list`, `cppperf dlq replay commit.selected`.")
 app.add_typer(dlq_app, name="dlq")
@@ -62,15 +62,15 @@ async def _mine(
     settings: Settings, url: str, specs: list[str], as_json: bool, search: bool
 ) -> dict[str, Any]:
     from cppperf.runtime import CONSUMING_SERVICES, run_services
-    from services.crawler.app import submit
-    from shared.bus import wait_drained
+    from cppperf.services.crawler.app import submit
+    from cppperf.shared.bus import wait_drained
 
     async with run_services(settings, url, list(CONSUMING_SERVICES)) as running:
         ctx = running.ctx
         report = await submit(ctx, specs, validate=settings.mining.validate_latest)
         if search:
-            from services.crawler.app import crawl_search
-            from shared.github import GitHubClient
+            from cppperf.services.crawler.app import crawl_search
+            from cppperf.shared.github import GitHubClient
 
             found = await crawl_search(
                 ctx, GitHubClient(settings.github), validate=settings.mining.validate_latest
@@ -191,13 +191,13 @@ def serve(
 
     async def main(url: str) -> None:
         if service == "crawler":
-            from services.crawler.app import submit
+            from cppperf.services.crawler.app import submit
 
             async with connect(s, url) as ctx:
                 report = await submit(ctx, list(s.mining.repos), validate=s.mining.validate_latest)
                 if s.mining.search:
-                    from services.crawler.app import crawl_search
-                    from shared.github import GitHubClient
+                    from cppperf.services.crawler.app import crawl_search
+                    from cppperf.shared.github import GitHubClient
 
                     found = await crawl_search(ctx, GitHubClient(s.github), validate=s.mining.validate_latest)
                     report.published += found.published
@@ -307,8 +307,8 @@ def filter_cmd(
 
     Example: cppperf filter --repo ~/src/fmt --since 2022-01-01 --explain
     """
-    from services.filter.rules import Rules
-    from services.filter.walk import walk
+    from cppperf.services.filter.rules import Rules
+    from cppperf.services.filter.walk import walk
 
     s = _settings(config, mining__since=since, mining__until=until, mining__max_files=max_files)
     if not (repo / ".git").exists() and not (repo / "HEAD").exists():

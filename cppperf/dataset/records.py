@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shared.messages import instance_id as make_instance_id
+from cppperf.shared.messages import instance_id as make_instance_id
 
 REQUIRED = (
     ("metadata", "repository_name"),

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from faststream.nats import NatsBroker
 
-from services.builder.service import build_patch, head_sha, llm_dependency_proposer, validate_latest
-from shared import messages as m
-from shared.errors import RepoRejected
-from shared.mirror import ensure_local
-from shared.service import ServiceContext, subscribe
+from cppperf.services.builder.service import build_patch, head_sha, llm_dependency_proposer, validate_latest
+from cppperf.shared import messages as m
+from cppperf.shared.errors import RepoRejected
+from cppperf.shared.mirror import ensure_local
+from cppperf.shared.service import ServiceContext, subscribe
 
 
 async def process_candidate(ctx: ServiceContext, cand: m.RepoCandidate) -> None:

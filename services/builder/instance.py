@@ -14,24 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.builder.backend import SIDES, Backend, SideName
-from services.builder.cases import split as split_cases
-from services.builder.cmake import StepResult, TestCase
-from services.builder.protocol import Measurement, measure
-from services.builder.sandbox import Limits, RunResult
-from services.builder.stats import TestStats, compare_all, compare_test, verdict
-from shared.messages import CommitSelected, instance_id
-from shared.settings import BuilderSettings
+from cppperf.shared.engine.backend import SIDES, Backend, SideName
+from cppperf.shared.engine.cases import split as split_cases
+from cppperf.shared.engine.cmake import StepResult, TestCase, normalise
+from cppperf.shared.engine.protocol import Measurement, measure
+from cppperf.shared.engine.sandbox import Limits, RunResult
+from cppperf.shared.engine.stats import TestStats, compare_all, compare_test, verdict
+from cppperf.shared.messages import CommitSelected, instance_id
+from cppperf.shared.settings import BuilderSettings
 
 PhaseCallback = Callable[[str, int, int], None]  # phase, done, total
-
-
-def normalise(test: TestCase, res: RunResult) -> RunResult:
-    """A run whose `returncode` says what CTest would say (pass/fail regexes, WILL_FAIL, skip)."""
-    passed = test.passed(res.returncode, res.output, timed_out=res.timed_out)
-    if passed == (res.returncode == 0 and not res.timed_out):
-        return res
-    return RunResult(**{**res.__dict__, "returncode": 0 if passed else (res.returncode or 1)})
 
 
 @dataclass

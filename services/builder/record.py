@@ -14,10 +14,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from services.builder.cmake import BuildSpec, configure_argv
-from services.builder.instance import InstanceResult
-from shared.messages import CommitSelected
-from shared.settings import BuilderSettings
+from cppperf.services.builder.instance import InstanceResult
+from cppperf.shared.engine.cmake import BuildSpec, configure_argv
+from cppperf.shared.messages import CommitSelected
+from cppperf.shared.settings import BuilderSettings
 
 RECORD_VERSION = 1
 

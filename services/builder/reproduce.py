@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from services.builder.instance import PhaseCallback, prove
-from services.builder.service import make_backend
-from shared.messages import CommitSelected, FileChange
-from shared.settings import BuilderSettings
+from cppperf.services.builder.instance import PhaseCallback, prove
+from cppperf.shared.engine.backends import make_backend
+from cppperf.shared.messages import CommitSelected, FileChange
+from cppperf.shared.settings import BuilderSettings
 
 
 def reproduce_image(

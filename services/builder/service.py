@@ -13,101 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.builder.backend import Backend, LocalBackend
-from services.builder.cmake import BuildSpec
-from services.builder.deps import propose_with_llm
-from services.builder.instance import PhaseCallback, prove
-from services.builder.record import build_record
-from services.builder.sandbox import Limits, mount_namespace_available
-from shared.errors import ConfigError, InfraFailure, RepoRejected, ServiceUnavailable
-from shared.llm import ChatClient
-from shared.messages import CommitSelected, PatchBuilt, RepoCandidate, RepoFound, instance_id
-from shared.settings import BuilderSettings, Settings
-
-
-def build_spec(settings: BuilderSettings) -> BuildSpec:
-    return BuildSpec(
-        build_type=settings.build_type,
-        jobs=settings.jobs,
-        configure_timeout=settings.configure_timeout,
-        build_timeout=settings.build_timeout,
-    )
-
-
-def docker_client(settings: BuilderSettings) -> Any:
-    import docker
-
-    try:
-        client = (
-            docker.DockerClient(base_url=settings.docker_host) if settings.docker_host else docker.from_env()
-        )
-        client.ping()
-    except Exception as exc:  # docker.errors.DockerException: no engine reachable
-        raise InfraFailure(
-            f"no container engine reachable ({settings.docker_host or 'DOCKER_HOST'}): {exc}"
-        ) from exc
-    return client
-
-
-def base_image_for(client: Any, settings: BuilderSettings, commit_date: str, cmakelists: str) -> str:
-    from services.builder.images import ERAS, base_name, era_for, image_exists
-
-    if settings.base_release:
-        release = settings.base_release
-    else:
-        available = [e.release for e in ERAS if image_exists(client, base_name(e.release))]
-        if not available:
-            raise InfraFailure("no base image: run `cppperf images bootstrap --release bookworm` first")
-        release = era_for(commit_date, cmakelists, available=available).release
-    name = base_name(release)
-    if not image_exists(client, name):
-        raise InfraFailure(f"base image {name} missing: run `cppperf images bootstrap --release {release}`")
-    return name
-
-
-def make_backend(
-    settings: BuilderSettings,
-    workspace: Path,
-    *,
-    commit: CommitSelected | None = None,
-    repo_path: Path | None = None,
-    from_image: str | None = None,
-) -> Backend:
-    if settings.backend == "local":
-        return LocalBackend(
-            workspace,
-            build_spec(settings),
-            dict(settings.thread_env),
-            sandbox=settings.sandbox,
-            output_limit=settings.output_limit,
-            ccache_basedir=settings.ccache_basedir,
-            same_path=settings.same_path and mount_namespace_available(),
-        )
-    if settings.backend == "docker":
-        from services.builder.docker_backend import DockerBackend
-        from services.builder.images import cmake_texts
-
-        client = docker_client(settings)
-        base = ""
-        if from_image is None:
-            assert commit is not None and repo_path is not None
-            texts = cmake_texts(repo_path, commit.sha)
-            base = base_image_for(client, settings, commit.date, texts[0] if texts else "")
-        cpus = sorted(os.sched_getaffinity(0))
-        return DockerBackend(
-            client,
-            base,
-            build_spec(settings),
-            dict(settings.thread_env),
-            workspace / "logs",
-            memory_mb=settings.memory_limit_mb,
-            pids=settings.max_processes,
-            cpuset=settings.cpuset or str(cpus[-1]),
-            output_limit=settings.output_limit,
-            from_image=from_image,
-            ccache_basedir=settings.ccache_basedir,
-        )
-    raise ConfigError(f"builder.backend={settings.backend!r}: use 'local' or 'docker'")
+from cppperf.services.builder.instance import PhaseCallback, prove
+from cppperf.services.builder.record import build_record
+from cppperf.shared.engine.backend import Backend
+from cppperf.shared.engine.backends import make_backend
+from cppperf.shared.engine.deps import propose_with_llm
+from cppperf.shared.engine.sandbox import Limits
+from cppperf.shared.errors import RepoRejected, ServiceUnavailable
+from cppperf.shared.llm import ChatClient
+from cppperf.shared.messages import CommitSelected, PatchBuilt, RepoCandidate, RepoFound, instance_id
+from cppperf.shared.settings import BuilderSettings, Settings
 
 
 def write_instance(out_dir: Path, record: dict[str, Any]) -> Path:
@@ -121,7 +36,7 @@ def write_instance(out_dir: Path, record: dict[str, Any]) -> Path:
 
 def _commit_image(backend: Backend, settings: BuilderSettings, record: dict[str, Any]) -> str | None:
     """With the docker backend: commit the container as the instance image (and push it)."""
-    from services.builder.images import instance_image_name
+    from cppperf.shared.engine.images import instance_image_name
 
     if backend.name != "docker" or not settings.commit_images or record["cppperf"]["verdict"] == "rejected":
         return None
@@ -167,7 +82,7 @@ def build_patch(
     llm_propose: Callable[[str], list[str]] | None = None,
 ) -> BuiltPatch:
     iid = instance_id(commit.repo, commit.sha)
-    backend = make_backend(settings, work_dir / iid, commit=commit, repo_path=repo_path)
+    backend = make_backend(settings, work_dir / iid, source=(repo_path, commit.sha, commit.date))
     logs_dir = out_dir / "logs" / iid
     try:
         res = prove(commit, repo_path, backend, settings, on_phase=on_phase, llm_propose=llm_propose)
@@ -247,9 +162,8 @@ def validate_latest(
         text=True,
         check=False,
     ).stdout.strip()
-    head = CommitSelected(repo=candidate.repo, url=candidate.url, sha=sha, parent=sha, date=date, message="")
     backend = make_backend(
-        settings, work_dir / f"validate-{candidate.repo.replace('/', '__')}", commit=head, repo_path=repo_path
+        settings, work_dir / f"validate-{candidate.repo.replace('/', '__')}", source=(repo_path, sha, date)
     )
     try:
         backend.prepare(repo_path, {"old": sha, "new": sha})

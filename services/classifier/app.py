@@ -6,10 +6,10 @@ from typing import Any
 
 from faststream.nats import NatsBroker
 
-from services.classifier.service import Classifier
-from shared import messages as m
-from shared.service import ServiceContext, subscribe
-from shared.store import Store
+from cppperf.services.classifier.service import Classifier
+from cppperf.shared import messages as m
+from cppperf.shared.service import ServiceContext, subscribe
+from cppperf.shared.store import Store
 
 
 class StoreCache:

@@ -10,9 +10,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from services.classifier.prefilter import prefilter
-from services.classifier.service import Classifier
-from shared.messages import CommitSelected, LinkedText
+from cppperf.services.classifier.prefilter import prefilter
+from cppperf.services.classifier.service import Classifier
+from cppperf.shared.messages import CommitSelected, LinkedText
 
 
 @dataclass

@@ -12,14 +12,14 @@ from typing import Any, Protocol
 
 import msgspec
 
-from services.classifier import prompts
-from services.classifier.heuristic import score_commit
-from services.classifier.prefilter import prefilter
-from services.classifier.vote import Asker, two_phase
-from shared.errors import ConfigError
-from shared.llm import Answer, ChatClient
-from shared.messages import CommitClassified, CommitSelected
-from shared.settings import ClassifierSettings
+from cppperf.services.classifier import prompts
+from cppperf.services.classifier.heuristic import score_commit
+from cppperf.services.classifier.prefilter import prefilter
+from cppperf.services.classifier.vote import Asker, two_phase
+from cppperf.shared.errors import ConfigError
+from cppperf.shared.llm import Answer, ChatClient
+from cppperf.shared.messages import CommitClassified, CommitSelected
+from cppperf.shared.settings import ClassifierSettings
 
 
 class Cache(Protocol):

@@ -11,9 +11,9 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from services.classifier import prompts
-from shared.llm import Answer
-from shared.messages import Vote
+from cppperf.services.classifier import prompts
+from cppperf.shared.llm import Answer
+from cppperf.shared.messages import Vote
 
 
 class Asker(Protocol):

@@ -9,15 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.crawler.checks import check_repository
-from services.crawler.search import search_repositories
-from services.crawler.sources import candidate_for
-from shared import messages as m
-from shared.errors import CppPerfError
-from shared.github import GitHubClient
-from shared.logging import get_logger
-from shared.mirror import ensure_local
-from shared.service import ServiceContext
+from cppperf.services.crawler.checks import check_repository
+from cppperf.services.crawler.search import search_repositories
+from cppperf.services.crawler.sources import candidate_for
+from cppperf.shared import messages as m
+from cppperf.shared.errors import CppPerfError
+from cppperf.shared.github import GitHubClient
+from cppperf.shared.logging import get_logger
+from cppperf.shared.mirror import ensure_local
+from cppperf.shared.service import ServiceContext
 
 log = get_logger(__name__)
 

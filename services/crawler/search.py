@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from datetime import date, timedelta
 from typing import Any, Protocol
 
-from shared.github import SEARCH_CAP, GitHubClient
-from shared.logging import get_logger
+from cppperf.shared.github import SEARCH_CAP, GitHubClient
+from cppperf.shared.logging import get_logger
 
 log = get_logger(__name__)
 

@@ -7,7 +7,7 @@ import hashlib
 import re
 from pathlib import Path
 
-from shared.messages import RepoCandidate
+from cppperf.shared.messages import RepoCandidate
 
 _OWNER_NAME = re.compile(r"^[\w.-]+/[\w.-]+$")
 _URL_REPO = re.compile(r"[:/]([\w.-]+)/([\w.-]+?)(?:\.git)?/?$")

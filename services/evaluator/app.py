@@ -11,9 +11,9 @@ import socket
 
 from faststream.nats import NatsBroker
 
-from services.evaluator.evaluate import EvalRequest, evaluate
-from shared import messages as m
-from shared.service import ServiceContext, subscribe
+from cppperf.services.evaluator.evaluate import EvalRequest, evaluate
+from cppperf.shared import messages as m
+from cppperf.shared.service import ServiceContext, subscribe
 
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
 

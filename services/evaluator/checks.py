@@ -15,7 +15,7 @@ from pathlib import PurePosixPath
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
-from services.filter.rules import Rules
+from cppperf.services.filter.rules import Rules
 
 _MODE_SYMLINK = re.compile(r"^(new file mode|new mode|old mode|deleted file mode) 120000", re.MULTILINE)
 _BINARY = re.compile(r"^(GIT binary patch|Binary files .* differ)", re.MULTILINE)

@@ -29,21 +29,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.builder.backend import LocalBackend, export_tree
-from services.builder.cmake import TestCase
-from services.builder.images import git_archive
-from services.builder.instance import normalise
-from services.builder.protocol import measure
-from services.builder.sandbox import Limits, RunResult, mount_namespace_available, network_prefix
-from services.builder.service import build_spec, make_backend
-from services.evaluator.apply import apply_patch, init_tree
-from services.evaluator.checks import check_patch
-from services.evaluator.instances import EvalInstance, load_instance
-from services.evaluator.score import score
-from services.filter.rules import Rules
-from shared.messages import CommitSelected, evaluation_id
-from shared.mirror import ensure_local
-from shared.settings import Settings
+from cppperf.services.evaluator.apply import apply_patch, init_tree
+from cppperf.services.evaluator.checks import check_patch
+from cppperf.services.evaluator.instances import EvalInstance, load_instance
+from cppperf.services.evaluator.score import score
+from cppperf.services.filter.rules import Rules
+from cppperf.shared.engine.backend import LocalBackend, export_tree
+from cppperf.shared.engine.backends import build_spec, make_backend
+from cppperf.shared.engine.cmake import TestCase, normalise
+from cppperf.shared.engine.images import git_archive
+from cppperf.shared.engine.protocol import measure
+from cppperf.shared.engine.sandbox import Limits, RunResult, mount_namespace_available, network_prefix
+from cppperf.shared.messages import evaluation_id
+from cppperf.shared.mirror import ensure_local
+from cppperf.shared.settings import Settings
 
 Phase = Callable[[str, int, int], None]
 SIDES = ("old", "agent", "expert")
@@ -125,15 +124,7 @@ def _evaluate(req: EvalRequest, s: Settings, out: Path, phase: Phase) -> dict[st
     ws = s.work_dir() / "eval" / hashlib.sha256(req.id.encode()).hexdigest()[:16]
     backend: Any
     if s.builder.backend == "docker":  # containers: network none, memory/pids limits, one core
-        head = CommitSelected(
-            repo=inst.repo,
-            url=inst.url,
-            sha=inst.expert_sha,
-            parent=inst.base_sha,
-            date=inst.date,
-            message="",
-        )
-        backend = make_backend(s.builder, ws, commit=head, repo_path=repo_path)
+        backend = make_backend(s.builder, ws, source=(repo_path, inst.expert_sha, inst.date))
     else:
         backend = LocalBackend(
             ws,

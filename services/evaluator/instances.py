@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shared.errors import BadInput
+from cppperf.shared.errors import BadInput
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from services.builder.stats import compare_all, compare_test
+from cppperf.shared.engine.stats import compare_all, compare_test
 
 
 def geomean(xs: Sequence[float]) -> float:

@@ -9,13 +9,13 @@ from typing import Any
 
 from faststream.nats import NatsBroker
 
-from services.filter.links import GitHubLinkResolver, LinkResolver, Reference
-from services.filter.rules import Rules
-from services.filter.select import scan_repository
-from shared import messages as m
-from shared.github import GitHubClient
-from shared.mirror import ensure_local
-from shared.service import ServiceContext, call_soon_from_thread, subscribe
+from cppperf.services.filter.links import GitHubLinkResolver, LinkResolver, Reference
+from cppperf.services.filter.rules import Rules
+from cppperf.services.filter.select import scan_repository
+from cppperf.shared import messages as m
+from cppperf.shared.github import GitHubClient
+from cppperf.shared.mirror import ensure_local
+from cppperf.shared.service import ServiceContext, call_soon_from_thread, subscribe
 
 
 def _head(path: Path) -> str:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from shared.messages import LinkedText
+from cppperf.shared.messages import LinkedText
 
 _URL = re.compile(r"https?://github\.com/([\w.-]+/[\w.-]+)/(issues|pull)/(\d+)")
 _QUALIFIED = re.compile(r"(?<![\w/])([\w.-]+/[\w.-]+)#(\d+)\b")

@@ -18,7 +18,7 @@ from datetime import UTC, date, datetime
 from enum import StrEnum
 from pathlib import PurePosixPath
 
-from shared.settings import MiningSettings
+from cppperf.shared.settings import MiningSettings
 
 
 class Reason(StrEnum):

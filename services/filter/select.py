@@ -6,10 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.filter.links import LinkResolver, parse_references
-from services.filter.rules import Rules
-from services.filter.walk import CommitDetails, CommitHeader, commit_details, walk
-from shared.messages import CommitSelected
+from cppperf.services.filter.links import LinkResolver, parse_references
+from cppperf.services.filter.rules import Rules
+from cppperf.services.filter.walk import CommitDetails, CommitHeader, commit_details, walk
+from cppperf.shared.messages import CommitSelected
 
 
 @dataclass

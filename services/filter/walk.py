@@ -19,8 +19,8 @@ from pathlib import Path
 
 import git
 
-from services.filter.rules import Reason, Rules
-from shared.messages import FileChange
+from cppperf.services.filter.rules import Reason, Rules
+from cppperf.shared.messages import FileChange
 
 _RS = "\x1e"  # record separator: starts each commit
 _US = "\x1f"  # unit separator: between header fields

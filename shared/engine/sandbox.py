@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.builder.runner_script import OutputKeeper, supervise
+from cppperf.shared.engine.runner_script import OutputKeeper, supervise
 
 
 @dataclass(frozen=True)

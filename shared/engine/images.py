@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shared.errors import InfraFailure, ToolMissing
+from cppperf.shared.errors import InfraFailure, ToolMissing
 
 TOOLCHAIN = ["ca-certificates", "g++", "cmake", "ninja-build", "ccache", "make", "python3", "procps", "git"]
 

@@ -16,8 +16,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.builder.deps import MissingDeps, diagnose
-from services.builder.sandbox import Limits, RunResult, run
+from cppperf.shared.engine.deps import MissingDeps, diagnose
+from cppperf.shared.engine.sandbox import Limits, RunResult, run
 
 _TEST_OPTION = re.compile(
     r"option\s*\(\s*(\w*(?:BUILD_TESTS?|BUILD_TESTING|_TESTS?|_TESTING|_UNIT_TESTS|ENABLE_TESTS?|WITH_TESTS?))\b",
@@ -244,3 +244,11 @@ def parse_ctest_json(data: bytes | str, build_dir: str) -> list[TestCase]:
             )
         )
     return tests
+
+
+def normalise(test: TestCase, res: RunResult) -> RunResult:
+    """A run whose `returncode` says what CTest would say (pass/fail regexes, WILL_FAIL, skip)."""
+    passed = test.passed(res.returncode, res.output, timed_out=res.timed_out)
+    if passed == (res.returncode == 0 and not res.timed_out):
+        return res
+    return RunResult(**{**res.__dict__, "returncode": 0 if passed else (res.returncode or 1)})

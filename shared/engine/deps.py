@@ -34,7 +34,7 @@ _NOTFOUND = re.compile(
 
 @cache
 def package_table() -> dict[str, list[str]]:
-    text = resources.files("services.builder").joinpath("deps.toml").read_text()
+    text = resources.files("cppperf.shared.engine").joinpath("deps.toml").read_text()
     table: dict[str, list[str]] = tomllib.loads(text)["packages"]
     return {k.lower(): v for k, v in table.items()}
 

@@ -13,9 +13,9 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from services.builder.backend import SideName
-from services.builder.sandbox import RunResult
-from services.builder.stats import clearly_settled
+from cppperf.shared.engine.backend import SideName
+from cppperf.shared.engine.sandbox import RunResult
+from cppperf.shared.engine.stats import clearly_settled
 
 RunOne = Callable[[SideName, str], RunResult]
 Progress = Callable[[int, int], None]

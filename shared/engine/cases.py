@@ -12,8 +12,8 @@ import re
 from collections.abc import Callable
 from dataclasses import replace
 
-from services.builder.cmake import TestCase
-from services.builder.sandbox import RunResult
+from cppperf.shared.engine.cmake import TestCase
+from cppperf.shared.engine.sandbox import RunResult
 
 Runner = Callable[[TestCase], RunResult]
 _GTEST_SUITE = re.compile(r"^([A-Za-z_][\w/]*)\.\s*(#.*)?$")

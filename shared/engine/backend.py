@@ -25,9 +25,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from services.builder.cmake import BuildSpec, StepResult, TestCase, build, configure, discover_tests, tool_env
-from services.builder.sandbox import Limits, RunResult, run
-from shared.errors import BadInput, InfraFailure
+from cppperf.shared.engine.cmake import (
+    BuildSpec,
+    StepResult,
+    TestCase,
+    build,
+    configure,
+    discover_tests,
+    tool_env,
+)
+from cppperf.shared.engine.sandbox import Limits, RunResult, run
+from cppperf.shared.errors import BadInput, InfraFailure
 
 SideName = str  # "old"/"new" for the builder; the evaluator adds "agent" and "expert"
 SIDES: tuple[SideName, SideName] = ("old", "new")

@@ -20,8 +20,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from services.builder.backend import SideName
-from services.builder.cmake import (
+from cppperf.shared.engine.backend import SideName
+from cppperf.shared.engine.cmake import (
     BuildSpec,
     StepResult,
     TestCase,
@@ -29,10 +29,10 @@ from services.builder.cmake import (
     parse_ctest_json,
     test_options_from_text,
 )
-from services.builder.deps import diagnose
-from services.builder.images import cmake_texts, ensure_env_image, git_archive, tar_bytes
-from services.builder.sandbox import Limits, RunResult
-from shared.errors import InfraFailure
+from cppperf.shared.engine.deps import diagnose
+from cppperf.shared.engine.images import cmake_texts, ensure_env_image, git_archive, tar_bytes
+from cppperf.shared.engine.sandbox import Limits, RunResult
+from cppperf.shared.errors import InfraFailure
 
 RUNNER = "/opt/cppperf/runner.py"
 WORK = "/work"
@@ -41,7 +41,7 @@ HOME = "/work/home"  # a home inside the per-instance tree, never a shared temp 
 
 
 def runner_source() -> bytes:
-    return resources.files("services.builder").joinpath("runner_script.py").read_bytes()
+    return resources.files("cppperf.shared.engine").joinpath("runner_script.py").read_bytes()
 
 
 @dataclass

@@ -1,0 +1,103 @@
+"""Make a backend from settings: the local one, or the docker one on the image of a commit's era.
+
+`source` is `(repo_path, sha, commit_date)`: the docker backend picks its base image from the
+commit's date and CMake minimum; `from_image` reuses an instance image instead (reproduce).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from cppperf.shared.engine.backend import Backend, LocalBackend
+from cppperf.shared.engine.cmake import BuildSpec
+from cppperf.shared.engine.sandbox import mount_namespace_available
+from cppperf.shared.errors import ConfigError, InfraFailure
+from cppperf.shared.settings import BuilderSettings
+
+
+def build_spec(settings: BuilderSettings) -> BuildSpec:
+    return BuildSpec(
+        build_type=settings.build_type,
+        jobs=settings.jobs,
+        configure_timeout=settings.configure_timeout,
+        build_timeout=settings.build_timeout,
+    )
+
+
+def docker_client(settings: BuilderSettings) -> Any:
+    import docker
+
+    try:
+        client = (
+            docker.DockerClient(base_url=settings.docker_host) if settings.docker_host else docker.from_env()
+        )
+        client.ping()
+    except Exception as exc:  # docker.errors.DockerException: no engine reachable
+        raise InfraFailure(
+            f"no container engine reachable ({settings.docker_host or 'DOCKER_HOST'}): {exc}"
+        ) from exc
+    return client
+
+
+def base_image_for(client: Any, settings: BuilderSettings, commit_date: str, cmakelists: str) -> str:
+    from cppperf.shared.engine.images import ERAS, base_name, era_for, image_exists
+
+    if settings.base_release:
+        release = settings.base_release
+    else:
+        available = [e.release for e in ERAS if image_exists(client, base_name(e.release))]
+        if not available:
+            raise InfraFailure("no base image: run `cppperf images bootstrap --release bookworm` first")
+        release = era_for(commit_date, cmakelists, available=available).release
+    name = base_name(release)
+    if not image_exists(client, name):
+        raise InfraFailure(f"base image {name} missing: run `cppperf images bootstrap --release {release}`")
+    return name
+
+
+def make_backend(
+    settings: BuilderSettings,
+    workspace: Path,
+    *,
+    source: tuple[Path, str, str] | None = None,
+    from_image: str | None = None,
+) -> Backend:
+    if settings.backend == "local":
+        return LocalBackend(
+            workspace,
+            build_spec(settings),
+            dict(settings.thread_env),
+            sandbox=settings.sandbox,
+            output_limit=settings.output_limit,
+            ccache_basedir=settings.ccache_basedir,
+            same_path=settings.same_path and mount_namespace_available(),
+        )
+    if settings.backend == "docker":
+        from cppperf.shared.engine.docker_backend import DockerBackend
+        from cppperf.shared.engine.images import cmake_texts
+
+        client = docker_client(settings)
+        base = ""
+        if from_image is None:
+            if source is None:
+                raise ConfigError("the docker backend needs the source (repo, sha, date) or an image")
+            repo_path, sha, date = source
+            texts = cmake_texts(repo_path, sha)
+            base = base_image_for(client, settings, date, texts[0] if texts else "")
+        cpus = sorted(os.sched_getaffinity(0))
+        return DockerBackend(
+            client,
+            base,
+            build_spec(settings),
+            dict(settings.thread_env),
+            workspace / "logs",
+            memory_mb=settings.memory_limit_mb,
+            pids=settings.max_processes,
+            cpuset=settings.cpuset or str(cpus[-1]),
+            output_limit=settings.output_limit,
+            from_image=from_image,
+            ccache_basedir=settings.ccache_basedir,
+        )
+    raise ConfigError(f"builder.backend={settings.backend!r}: use 'local' or 'docker'")
