@@ -31,7 +31,7 @@ import statistics
 import sys
 import time
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -70,7 +70,9 @@ def load_or_make_repos(root: Path, n: int, seed: int) -> list[RepoTruth]:
         if root.exists():
             shutil.rmtree(root)
         have = make_repos(root, n, seed=seed)
-        truth_file.write_text(json.dumps([asdict(t) for t in have]))
+        truth_file.write_text(
+            json.dumps([{"path": t.path, "commits": t.commits, "outcomes": dict(t.outcomes)} for t in have])
+        )
         print(f"  {n} repos, {sum(t.commits for t in have)} commits in {time.monotonic() - t0:.0f} s")
     return have[:n]
 
@@ -146,7 +148,6 @@ async def read_last_per_subject(bus: Bus, stream: str, subjects: str) -> list[An
             if stream.startswith("KV_")
             else js_api.DeliverPolicy.ALL,
             inactive_threshold=60.0,
-            max_request_batch=4096,
         ),
     )
     out: list[Any] = []
@@ -164,16 +165,42 @@ async def read_last_per_subject(bus: Bus, stream: str, subjects: str) -> list[An
     return out
 
 
+async def drain_output(bus: Bus) -> list[Any]:
+    """Every `commit.classified` message, through the builder's durable consumer (a work-queue
+    stream admits no second reader); acked as read: the run is over and no builder runs."""
+    sub = await bus.js.pull_subscribe_bind("builder", stream="COMMIT_CLASSIFIED")
+    out: list[Any] = []
+    try:
+        while True:
+            try:
+                batch = await sub.fetch(256, timeout=2.0)
+            except (TimeoutError, nats.errors.TimeoutError):
+                break
+            out.extend(batch)
+            for msg in batch:
+                await msg.ack()
+    finally:
+        await sub.unsubscribe()
+    return out
+
+
 class _Classified(msgspec.Struct):
     label: bool
 
 
 async def check_funnel(bus: Bus, truth: list[RepoTruth]) -> dict[str, Any]:
     """Compare the store and the output stream with the generator's ground truth, exactly."""
-    repos = {decode_key(r.subject.removeprefix("$KV.repos.")): msgspec.json.decode(r.data) for r in
-             await read_last_per_subject(bus, "KV_repos", "$KV.repos.>") if r.data}
-    commits = [msgspec.json.decode(r.data) for r in await read_last_per_subject(bus, "KV_commits", "$KV.commits.>") if r.data]
-    out_msgs = await read_last_per_subject(bus, "COMMIT_CLASSIFIED", m.COMMIT_CLASSIFIED)
+    repos = {
+        decode_key(r.subject.removeprefix("$KV.repos.")): msgspec.json.decode(r.data)
+        for r in await read_last_per_subject(bus, "KV_repos", "$KV.repos.>")
+        if r.data
+    }
+    commits = [
+        msgspec.json.decode(r.data)
+        for r in await read_last_per_subject(bus, "KV_commits", "$KV.commits.>")
+        if r.data
+    ]
+    out_msgs = await drain_output(bus)
     ids = Counter((r.headers or {}).get("Nats-Msg-Id", "") for r in out_msgs)
     positives = sum(msgspec.json.decode(r.data, type=_Classified).label for r in out_msgs)
     dlq = (await bus.js.stream_info("DLQ")).state.messages
@@ -185,7 +212,12 @@ async def check_funnel(bus: Bus, truth: list[RepoTruth]) -> dict[str, Any]:
         repo_id = "local/" + Path(t.path).name
         rec = repos.get(repo_id, {})
         f = rec.get("filter") or {}
-        got = Counter({"selected": int(f.get("selected", 0)), **{k: int(v) for k, v in (f.get("rejected") or {}).items()}})
+        got = Counter(
+            {
+                "selected": int(f.get("selected", 0)),
+                **{k: int(v) for k, v in (f.get("rejected") or {}).items()},
+            }
+        )
         expected.update(t.outcomes)
         observed.update(got)
         if rec.get("stage") != "filtered" or int(f.get("scanned", -1)) != t.commits or +got != +t.outcomes:
@@ -194,7 +226,10 @@ async def check_funnel(bus: Bus, truth: list[RepoTruth]) -> dict[str, Any]:
     result = {
         "repos": len(truth),
         "commits": sum(t.commits for t in truth),
-        "scanned": sum(int((repos.get("local/" + Path(t.path).name, {}).get("filter") or {}).get("scanned", 0)) for t in truth),
+        "scanned": sum(
+            int((repos.get("local/" + Path(t.path).name, {}).get("filter") or {}).get("scanned", 0))
+            for t in truth
+        ),
         "expected": dict(expected),
         "observed": dict(observed),
         "mismatched_repos": mismatched_repos[:20],
@@ -275,9 +310,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         crawlers = []
         for r in range(args.replicas):
             conf = run_dir / f"crawler-{r + 1}.toml"
-            conf.write_text("[mining]\nrepos = " + json.dumps([t.path for t in truth[r :: args.replicas]]) + "\n")
+            conf.write_text(
+                "[mining]\nrepos = " + json.dumps([t.path for t in truth[r :: args.replicas]]) + "\n"
+            )
             crawlers.append(
-                start_service(f"crawler-{r + 1}", "crawler", {**env, "CPPPERF_CONFIG": str(conf)}, run_dir / "logs", python_bin=py)
+                start_service(
+                    f"crawler-{r + 1}",
+                    "crawler",
+                    {**env, "CPPPERF_CONFIG": str(conf)},
+                    run_dir / "logs",
+                    python_bin=py,
+                )
             )
         procs += crawlers
         every = [*cluster.nodes, *procs]
@@ -295,8 +338,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 pm, pb = peak[s]
                 peak[s] = (max(pm, msgs), max(pb, nbytes))
             timeline.append(
-                {"t": time.time() - crawl_start, "found": len(obs.found), "filtered": len(obs.filtered),
-                 "selected": len(obs.selected), "classified": len(obs.classified)}
+                {
+                    "t": time.time() - crawl_start,
+                    "found": len(obs.found),
+                    "filtered": len(obs.filtered),
+                    "selected": len(obs.selected),
+                    "classified": len(obs.classified),
+                }
             )
             if args.fault and fault_at is None and len(obs.filtered) >= 0.4 * len(truth):
                 fault_at = time.time() - crawl_start
@@ -312,8 +360,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 print("  timeout: the pipeline did not drain", flush=True)
                 break
             if len(timeline) % 10 == 0:
-                print(f"  t={timeline[-1]['t']:.0f}s found {len(obs.found)}/{len(truth)} filtered {len(obs.filtered)} "
-                      f"selected {len(obs.selected)}/{n_sel} classified {len(obs.classified)}", flush=True)
+                print(
+                    f"  t={timeline[-1]['t']:.0f}s found {len(obs.found)}/{len(truth)} filtered {len(obs.filtered)} "
+                    f"selected {len(obs.selected)}/{n_sel} classified {len(obs.classified)}",
+                    flush=True,
+                )
             await asyncio.sleep(1.0)
         wall = time.time() - crawl_start
         for p in every:
@@ -326,19 +377,29 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for p in procs:
             p.stop()
         cluster.stop()
-    disk = {n.name: sum(f.stat().st_size for f in (run_dir / "nats" / f"n{i + 1}").rglob("*") if f.is_file())
-            for i, n in enumerate(cluster.nodes)}
+    disk = {
+        n.name: sum(f.stat().st_size for f in (run_dir / "nats" / f"n{i + 1}").rglob("*") if f.is_file())
+        for i, n in enumerate(cluster.nodes)
+    }
 
-    def stage(name: str, start: dict[str, float], end: dict[str, float], items: int, unit: str,
-              logs: list[Path]) -> dict[str, Any]:
+    def stage(
+        name: str, start: dict[str, float], end: dict[str, float], items: int, unit: str, logs: list[Path]
+    ) -> dict[str, Any]:
         lat = [end[k] - start[k] for k in end if k in start]
         first = min(start.values(), default=crawl_start)
         last = max(end.values(), default=first)
         gaps = [g for log in logs for g in handled_gaps(log)]
-        return {"stage": name, "items": items, "unit": unit, "seconds": last - first,
-                "throughput": items / max(last - first, 1e-9),
-                "latency_p50": pct(lat, 0.5), "latency_p99": pct(lat, 0.99),
-                "service_p50": pct(gaps, 0.5), "service_p99": pct(gaps, 0.99)}
+        return {
+            "stage": name,
+            "items": items,
+            "unit": unit,
+            "seconds": last - first,
+            "throughput": items / max(last - first, 1e-9),
+            "latency_p50": pct(lat, 0.5),
+            "latency_p99": pct(lat, 0.99),
+            "service_p50": pct(gaps, 0.5),
+            "service_p99": pct(gaps, 0.99),
+        }
 
     # The crawler is a source: its latency is the gap between consecutive publishes of one replica.
     crawl_gaps = []
@@ -347,44 +408,78 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         crawl_gaps += [b - a for a, b in zip(ts, ts[1:], strict=False)]
     found_last = max(obs.found.values(), default=crawl_start)
     stages = [
-        {"stage": "crawler", "items": len(obs.found), "unit": "repos", "seconds": found_last - crawl_start,
-         "throughput": len(obs.found) / max(found_last - crawl_start, 1e-9),
-         "latency_p50": pct(crawl_gaps, 0.5), "latency_p99": pct(crawl_gaps, 0.99),
-         "service_p50": pct(crawl_gaps, 0.5), "service_p99": pct(crawl_gaps, 0.99)},
-        stage("filter", obs.found, obs.filtered, funnel["scanned"], "commits",
-              sorted((run_dir / "logs").glob("filter-*.log"))),
-        stage("classifier", obs.selected, obs.classified, funnel["classified_messages"], "commits",
-              sorted((run_dir / "logs").glob("classifier-*.log"))),
+        {
+            "stage": "crawler",
+            "items": len(obs.found),
+            "unit": "repos",
+            "seconds": found_last - crawl_start,
+            "throughput": len(obs.found) / max(found_last - crawl_start, 1e-9),
+            "latency_p50": pct(crawl_gaps, 0.5),
+            "latency_p99": pct(crawl_gaps, 0.99),
+            "service_p50": pct(crawl_gaps, 0.5),
+            "service_p99": pct(crawl_gaps, 0.99),
+        },
+        stage(
+            "filter",
+            obs.found,
+            obs.filtered,
+            funnel["scanned"],
+            "commits",
+            sorted((run_dir / "logs").glob("filter-*.log")),
+        ),
+        stage(
+            "classifier",
+            obs.selected,
+            obs.classified,
+            funnel["classified_messages"],
+            "commits",
+            sorted((run_dir / "logs").glob("classifier-*.log")),
+        ),
     ]
     rss: dict[str, int] = defaultdict(int)
     for p in every:
         key = p.name.rsplit("-", 1)[0]
         rss[key] = max(rss[key], p.peak_kib)
     result = {
-        "repos": args.repos, "fault": args.fault, "fault_at": fault_at, "wall_seconds": wall,
-        "replicas": args.replicas, "env": args.env, "stages": stages,
+        "repos": args.repos,
+        "fault": args.fault,
+        "fault_at": fault_at,
+        "wall_seconds": wall,
+        "replicas": args.replicas,
+        "env": args.env,
+        "stages": stages,
         "peak_rss_mib": {k: v / 1024 for k, v in rss.items()},
         "peak_rss_per_process_mib": {p.name: p.peak_kib / 1024 for p in every},
         "stream_peak": {s: {"messages": v[0], "bytes": v[1]} for s, v in peak.items()},
         "stream_final": {s: {"messages": v[0], "bytes": v[1]} for s, v in final_sizes.items()},
         "nats_disk_bytes": disk,
         "republished": dict(obs.republished),
-        "funnel": funnel, "timeline": timeline[:: max(1, len(timeline) // 300)],
+        "funnel": funnel,
+        "timeline": timeline[:: max(1, len(timeline) // 300)],
     }
     return result
 
 
 def print_summary(r: dict[str, Any]) -> None:
     f = r["funnel"]
-    print(f"\n{r['repos']} repos{' (fault run)' if r['fault'] else ''}: {f['commits']} commits, "
-          f"{f['selected_expected']} selected, {f['positives']} positive; wall {r['wall_seconds']:.1f} s; "
-          f"funnel exact: {f['exact']}")
+    print(
+        f"\n{r['repos']} repos{' (fault run)' if r['fault'] else ''}: {f['commits']} commits, "
+        f"{f['selected_expected']} selected, {f['positives']} positive; wall {r['wall_seconds']:.1f} s; "
+        f"funnel exact: {f['exact']}"
+    )
     for s in r["stages"]:
-        print(f"  {s['stage']:<10} {s['items']:>7} {s['unit']:<7} {s['throughput']:8.1f}/s  "
-              f"latency p50 {s['latency_p50']:.3f} s p99 {s['latency_p99']:.3f} s  "
-              f"service p50 {s['service_p50'] * 1000:.1f} ms p99 {s['service_p99'] * 1000:.1f} ms")
+        print(
+            f"  {s['stage']:<10} {s['items']:>7} {s['unit']:<7} {s['throughput']:8.1f}/s  "
+            f"latency p50 {s['latency_p50']:.3f} s p99 {s['latency_p99']:.3f} s  "
+            f"service p50 {s['service_p50'] * 1000:.1f} ms p99 {s['service_p99'] * 1000:.1f} ms"
+        )
     print("  peak RSS MiB: " + ", ".join(f"{k} {v:.0f}" for k, v in r["peak_rss_mib"].items()))
-    print("  stream peak: " + ", ".join(f"{k} {v['messages']} msgs/{v['bytes'] / 1e6:.1f} MB" for k, v in r["stream_peak"].items()))
+    print(
+        "  stream peak: "
+        + ", ".join(
+            f"{k} {v['messages']} msgs/{v['bytes'] / 1e6:.1f} MB" for k, v in r["stream_peak"].items()
+        )
+    )
     if not f["exact"]:
         print("  FUNNEL MISMATCH: " + json.dumps({k: v for k, v in f.items() if k != "mismatched_repos"}))
 
@@ -393,38 +488,59 @@ def print_summary(r: dict[str, Any]) -> None:
 def report(paths: list[Path], plot: Path | None) -> None:
     runs = [json.loads(p.read_text()) for p in paths]
     runs.sort(key=lambda r: (r["fault"], r["repos"]))
-    print("| run | repos | commits | selected → positive | stage | throughput | latency p50 / p99 | service p50 / p99 | peak RSS (MiB, max replica) | funnel exact |")
+    print(
+        "| run | repos | commits | selected → positive | stage | throughput | latency p50 / p99 | service p50 / p99 | peak RSS (MiB, max replica) | funnel exact |"
+    )
     print("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |")
     for r in runs:
         f = r["funnel"]
         label = f"{r['repos']}{' + faults' if r['fault'] else ''}"
         for i, s in enumerate(r["stages"]):
-            head = (f"| {label} | {r['repos']} | {f['commits']} | {f['selected_expected']} → {f['positives']} "
-                    if i == 0 else "| | | | ")
-            print(f"{head}| {s['stage']} | {s['throughput']:.0f} {s['unit']}/s | {s['latency_p50']:.2f} / {s['latency_p99']:.2f} s "
-                  f"| {s['service_p50'] * 1000:.0f} / {s['service_p99'] * 1000:.0f} ms | {r['peak_rss_mib'].get(s['stage'], 0):.0f} "
-                  f"| {'yes' if f['exact'] and i == 0 else ('' if i else 'NO')} |")
+            head = (
+                f"| {label} | {r['repos']} | {f['commits']} | {f['selected_expected']} → {f['positives']} "
+                if i == 0
+                else "| | | | "
+            )
+            print(
+                f"{head}| {s['stage']} | {s['throughput']:.0f} {s['unit']}/s | {s['latency_p50']:.2f} / {s['latency_p99']:.2f} s "
+                f"| {s['service_p50'] * 1000:.0f} / {s['service_p99'] * 1000:.0f} ms | {r['peak_rss_mib'].get(s['stage'], 0):.0f} "
+                f"| {'yes' if f['exact'] and i == 0 else ('' if i else 'NO')} |"
+            )
     print()
-    print("| run | wall s | NATS peak RSS MiB | COMMIT_SELECTED peak msgs / MB | COMMIT_CLASSIFIED msgs / MB | KV repos / commits / cache MB | NATS disk per node MB |")
+    print(
+        "| run | wall s | NATS peak RSS MiB | COMMIT_SELECTED peak msgs / MB | COMMIT_CLASSIFIED msgs / MB | KV repos / commits / cache MB | NATS disk per node MB |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in runs:
         sp, sf = r["stream_peak"], r["stream_final"]
         disk = max(r["nats_disk_bytes"].values()) / 1e6
-        print(f"| {r['repos']}{' + faults' if r['fault'] else ''} | {r['wall_seconds']:.0f} | {r['peak_rss_mib'].get('nats', 0):.0f} "
-              f"| {sp['COMMIT_SELECTED']['messages']} / {sp['COMMIT_SELECTED']['bytes'] / 1e6:.1f} "
-              f"| {sf['COMMIT_CLASSIFIED']['messages']} / {sf['COMMIT_CLASSIFIED']['bytes'] / 1e6:.1f} "
-              f"| {sf['KV_repos']['bytes'] / 1e6:.1f} / {sf['KV_commits']['bytes'] / 1e6:.1f} / {sf['KV_cache']['bytes'] / 1e6:.1f} "
-              f"| {disk:.0f} |")
+        print(
+            f"| {r['repos']}{' + faults' if r['fault'] else ''} | {r['wall_seconds']:.0f} | {r['peak_rss_mib'].get('nats', 0):.0f} "
+            f"| {sp['COMMIT_SELECTED']['messages']} / {sp['COMMIT_SELECTED']['bytes'] / 1e6:.1f} "
+            f"| {sf['COMMIT_CLASSIFIED']['messages']} / {sf['COMMIT_CLASSIFIED']['bytes'] / 1e6:.1f} "
+            f"| {sf['KV_repos']['bytes'] / 1e6:.1f} / {sf['KV_commits']['bytes'] / 1e6:.1f} / {sf['KV_cache']['bytes'] / 1e6:.1f} "
+            f"| {disk:.0f} |"
+        )
     base = [r for r in runs if not r["fault"]]
     if len(base) >= 2:
-        print("\ngrowth between sizes (ratio of commits → ratio of wall time, per-stage throughput, peak RSS):")
+        print(
+            "\ngrowth between sizes (ratio of commits → ratio of wall time, per-stage throughput, peak RSS):"
+        )
         for a, b in zip(base, base[1:], strict=False):
             cr = b["funnel"]["commits"] / a["funnel"]["commits"]
             wr = b["wall_seconds"] / a["wall_seconds"]
-            parts = [f"{s['stage']} ×{t['throughput'] / s['throughput']:.2f}" for s, t in zip(a["stages"], b["stages"], strict=False)]
-            rr = [f"{k} ×{b['peak_rss_mib'][k] / max(a['peak_rss_mib'][k], 1e-9):.2f}" for k in ("filter", "classifier", "crawler", "nats")]
-            print(f"  {a['repos']} → {b['repos']}: commits ×{cr:.1f}, wall ×{wr:.1f} (×{wr / cr:.2f} per commit); "
-                  f"throughput {', '.join(parts)}; RSS {', '.join(rr)}")
+            parts = [
+                f"{s['stage']} ×{t['throughput'] / s['throughput']:.2f}"
+                for s, t in zip(a["stages"], b["stages"], strict=False)
+            ]
+            rr = [
+                f"{k} ×{b['peak_rss_mib'][k] / max(a['peak_rss_mib'][k], 1e-9):.2f}"
+                for k in ("filter", "classifier", "crawler", "nats")
+            ]
+            print(
+                f"  {a['repos']} → {b['repos']}: commits ×{cr:.1f}, wall ×{wr:.1f} (×{wr / cr:.2f} per commit); "
+                f"throughput {', '.join(parts)}; RSS {', '.join(rr)}"
+            )
     if plot:
         make_plot(runs, plot)
         print(f"\nplot: {plot}")
@@ -451,7 +567,12 @@ def make_plot(runs: list[dict[str, Any]], out: Path) -> None:
     ax.legend()
     ax = axes[1]
     for stage in ("filter", "classifier"):
-        ax.plot(commits, [next(s["throughput"] for s in r["stages"] if s["stage"] == stage) for r in base], "o-", label=f"{stage} commits/s")
+        ax.plot(
+            commits,
+            [next(s["throughput"] for s in r["stages"] if s["stage"] == stage) for r in base],
+            "o-",
+            label=f"{stage} commits/s",
+        )
     ax.set_xscale("log")
     ax.set_xlabel("commits")
     ax.set_ylim(bottom=0)

@@ -93,7 +93,9 @@ class Cluster:
         routes = [free_port() for _ in range(3)]
         for i in range(3):
             conf = self.root / f"nats-{i + 1}.conf"
-            conf.write_text(_conf(f"n{i + 1}", self.client_ports[i], routes[i], routes, self.root / f"n{i + 1}"))
+            conf.write_text(
+                _conf(f"n{i + 1}", self.client_ports[i], routes[i], routes, self.root / f"n{i + 1}")
+            )
             log = self.root / f"nats-{i + 1}.log"
             with log.open("wb") as fh:
                 popen = subprocess.Popen(
@@ -121,9 +123,7 @@ class Cluster:
             n.stop()
 
 
-def start_service(
-    name: str, service: str, env: dict[str, str], log_dir: Path, *, python_bin: Path
-) -> Proc:
+def start_service(name: str, service: str, env: dict[str, str], log_dir: Path, *, python_bin: Path) -> Proc:
     log = log_dir / f"{name}.log"
     with log.open("wb") as fh:
         popen = subprocess.Popen(

@@ -111,7 +111,7 @@ def fast_import_stream(rng: random.Random, n_commits: int, truth: RepoTruth) -> 
             out.append(_blob(text))
         out.append(b"\n")
 
-    # Root commit: the whole layout (CMakeLists.txt is not C++ -> non-cpp-file; also a root commit).
+    # Root commit: the whole layout (52 files: too-many-files, checked before non-cpp-file).
     files = {"CMakeLists.txt": CMAKE, "README.md": "# synthetic\n", "tests/test_main.cpp": "int main() {}\n"}
     for i in range(N_SOURCES):
         files[f"src/mod{i}.cpp"] = _source(i, 0)
@@ -119,7 +119,7 @@ def fast_import_stream(rng: random.Random, n_commits: int, truth: RepoTruth) -> 
     files["third_party/lib/lib.cpp"] = "int lib() { return 0; }\n"
     commit("Initial import", when, files)
     truth.commits += 1
-    truth.outcomes["non-cpp-file"] += 1
+    truth.outcomes["too-many-files"] += 1
 
     for _ in range(n_commits - 1):
         when += timedelta(hours=rng.randint(1, 48))
@@ -140,7 +140,10 @@ def fast_import_stream(rng: random.Random, n_commits: int, truth: RepoTruth) -> 
             if kind == "old":
                 at = datetime(2018, 6, 1, tzinfo=UTC) + timedelta(hours=v)
         elif kind == "test":
-            files = {"tests/test_main.cpp": f"int main() {{ return {v} - {v}; }}\n", f"src/mod{i}.cpp": _source(i, v)}
+            files = {
+                "tests/test_main.cpp": f"int main() {{ return {v} - {v}; }}\n",
+                f"src/mod{i}.cpp": _source(i, v),
+            }
         elif kind == "docs":
             files = {"README.md": f"# synthetic\n\nrevision {v}\n"}
             msg = "Update the README"
@@ -153,8 +156,7 @@ def fast_import_stream(rng: random.Random, n_commits: int, truth: RepoTruth) -> 
         commit(msg, at, files)
         truth.commits += 1
         truth.outcomes[KINDS[kind][1]] += 1
-    # The root commit has no parent: the filter counts a selected root commit as "root-commit";
-    # ours is non-cpp-file already, so nothing moves.
+    # A root commit that passed the rules would count as "root-commit"; ours is rejected earlier.
     return b"".join(out)
 
 
