@@ -290,6 +290,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "XDG_DATA_HOME": str(run_dir / "xdg"),
             "CPPPERF_LOG_LEVEL": "info",
             "CPPPERF_CONFIG": str(run_dir / "none.toml"),
+            "PYTHONUNBUFFERED": "1",
             **dict(kv.split("=", 1) for kv in args.env),
         }
         py = Path(sys.executable)
@@ -299,13 +300,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         nc = await nats.connect(cluster.node_url(0), max_reconnect_attempts=-1)
         obs = Observer()
         await obs.attach(nc)
-        # wait until both consuming services pull
-        deadline = time.monotonic() + 120
-        for stream, durable in (("REPO_FOUND", "filter"), ("COMMIT_SELECTED", "classifier")):
-            while (await bus.js.consumer_info(stream, durable)).num_waiting < args.replicas:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{durable} replicas did not start: see {run_dir / 'logs'}")
-                await asyncio.sleep(0.5)
+        # wait until every consuming replica says it runs (`cppperf serve` prints "… running")
+        deadline = time.monotonic() + 180
+        while not all("running" in p.log.read_text(errors="replace") for p in procs):
+            if time.monotonic() > deadline or any(p.popen.poll() is not None for p in procs):
+                raise RuntimeError(f"services did not start: see {run_dir / 'logs'}")
+            await asyncio.sleep(0.5)
         crawl_start = time.time()
         crawlers = []
         for r in range(args.replicas):

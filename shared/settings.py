@@ -93,6 +93,7 @@ class MiningSettings(msgspec.Struct, kw_only=True):
     repos: list[str] = msgspec.field(default_factory=list)  # sources for `serve crawler`
     search: bool = False  # `serve crawler` also enumerates GitHub search results
     mirror_dir: str = ""  # default $XDG_DATA_HOME/cppperf/mirrors
+    publish_window: int = 64  # selected commits the filter ships concurrently (1 = one at a time)
 
 
 class ClassifierSettings(msgspec.Struct, kw_only=True):

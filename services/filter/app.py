@@ -12,6 +12,7 @@ from faststream.nats import NatsBroker
 from cppperf.services.filter.links import GitHubLinkResolver, LinkResolver, Reference
 from cppperf.services.filter.rules import Rules
 from cppperf.services.filter.select import scan_repository
+from cppperf.services.filter.sink import WindowedSink
 from cppperf.shared import messages as m
 from cppperf.shared.github import GitHubClient
 from cppperf.shared.mirror import ensure_local
@@ -44,15 +45,22 @@ async def process_repo(ctx: ServiceContext, found: m.RepoFound, resolver: LinkRe
         await ctx.bus.publish(m.COMMIT_SELECTED, c)
         await ctx.store.put("commits", c.id, {"stage": "selected", "repo": c.repo, "sha": c.sha})
 
-    summary = await asyncio.to_thread(
-        scan_repository,
-        path,
-        repo=found.repo,
-        url=found.url,
-        rules=Rules.from_settings(ctx.settings.mining),
-        resolver=resolver,
-        emit=lambda c: call_soon_from_thread(loop, publish(c)),
+    # Ship commits while the walk goes on, a bounded window at a time (services/filter/sink.py).
+    sink: WindowedSink[m.CommitSelected] = WindowedSink(
+        loop, publish, window=max(1, ctx.settings.mining.publish_window)
     )
+    try:
+        summary = await asyncio.to_thread(
+            scan_repository,
+            path,
+            repo=found.repo,
+            url=found.url,
+            rules=Rules.from_settings(ctx.settings.mining),
+            resolver=resolver,
+            emit=sink.submit,
+        )
+    finally:
+        await sink.drain()
     await ctx.store.update(
         "repos", found.repo, stage="filtered", url=found.url, filter={**summary.as_dict(), "head": head}
     )
