@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import shutil
-import statistics
 import sys
+import tempfile
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import msgspec
 import nats
 from nats.js import api as js_api
+from nats.js.errors import ServiceUnavailableError
 from scale_cluster import Cluster, Proc, start_service
 from scale_repos import RepoTruth, make_repos
 
@@ -129,7 +131,7 @@ def handled_gaps(log: Path) -> list[float]:
                 times.append(datetime.fromisoformat(json.loads(line)["timestamp"]).timestamp())
             except (ValueError, KeyError):
                 continue
-    return [b - a for a, b in zip(times, times[1:], strict=False)]
+    return [b - a for a, b in itertools.pairwise(times)]
 
 
 # ------------------------------------------------------------------------------------------ reading
@@ -150,38 +152,43 @@ async def read_last_per_subject(bus: Bus, stream: str, subjects: str) -> list[An
             inactive_threshold=60.0,
         ),
     )
-    out: list[Any] = []
     try:
-        while True:
-            try:
-                batch = await sub.fetch(4096, timeout=2.0)
-            except (TimeoutError, nats.errors.TimeoutError):
-                break
-            out.extend(batch)
-            if (await sub.consumer_info()).num_pending == 0:
-                break
+        return await fetch_all(sub, 4096)
     finally:
         await sub.unsubscribe()
-    return out
+
+
+async def fetch_all(sub: Any, batch_size: int, *, ack: bool = False) -> list[Any]:
+    """Fetch until the consumer has nothing pending; a busy cluster may answer a fetch with a
+    timeout or 503 (no consumer leader yet): retry those rather than stop short."""
+    out: list[Any] = []
+    failures = 0
+    while True:
+        try:
+            batch = await sub.fetch(batch_size, timeout=5.0)
+        except (TimeoutError, nats.errors.TimeoutError, ServiceUnavailableError):
+            batch = []
+            failures += 1
+        out.extend(batch)
+        for msg in batch if ack else []:
+            await msg.ack()
+        info = await sub.consumer_info()
+        if info.num_pending == 0 and (not ack or not info.num_ack_pending):
+            return out
+        if failures > 20:
+            raise RuntimeError(f"could not read the stream: {info.num_pending} messages left")
+        if not batch:
+            await asyncio.sleep(1.0)
 
 
 async def drain_output(bus: Bus) -> list[Any]:
     """Every `commit.classified` message, through the builder's durable consumer (a work-queue
     stream admits no second reader); acked as read: the run is over and no builder runs."""
     sub = await bus.js.pull_subscribe_bind("builder", stream="COMMIT_CLASSIFIED")
-    out: list[Any] = []
     try:
-        while True:
-            try:
-                batch = await sub.fetch(256, timeout=2.0)
-            except (TimeoutError, nats.errors.TimeoutError):
-                break
-            out.extend(batch)
-            for msg in batch:
-                await msg.ack()
+        return await fetch_all(sub, 256, ack=True)
     finally:
         await sub.unsubscribe()
-    return out
 
 
 class _Classified(msgspec.Struct):
@@ -266,108 +273,157 @@ async def stream_sizes(bus: Bus) -> dict[str, tuple[int, int]]:
     return sizes
 
 
+@dataclass
+class Watch:
+    """What the watch loop saw: per-stream peaks, a progress timeline, when the fault happened."""
+
+    peak: dict[str, tuple[int, int]] = field(default_factory=lambda: defaultdict(lambda: (0, 0)))
+    timeline: list[dict[str, float]] = field(default_factory=list)
+    fault_at: float | None = None
+
+
+async def watch(
+    args: argparse.Namespace,
+    bus: Bus,
+    obs: Observer,
+    cluster: Cluster,
+    procs: list[Proc],
+    t0: float,
+    n_repos: int,
+) -> Watch:
+    """Sample RSS/CPU and stream sizes every second until the crawl is over and both work queues
+    stay empty for 3 polls; inject the fault once 40 % of the repositories are filtered."""
+    w = Watch()
+    crawlers = [p for p in procs if p.name.startswith("crawler")]
+    quiet = 0
+    t_end = time.monotonic() + args.timeout
+    while quiet < 3:
+        for p in [*cluster.nodes, *procs]:
+            p.sample()
+        sizes = await stream_sizes(bus)
+        for s, (msgs, nbytes) in sizes.items():
+            w.peak[s] = (max(w.peak[s][0], msgs), max(w.peak[s][1], nbytes))
+        w.timeline.append(
+            {
+                "t": time.time() - t0,
+                "found": len(obs.found),
+                "filtered": len(obs.filtered),
+                "selected": len(obs.selected),
+                "classified": len(obs.classified),
+            }
+        )
+        if args.fault and w.fault_at is None and len(obs.filtered) >= 0.4 * n_repos:
+            w.fault_at = time.time() - t0
+            print(f"  fault at {w.fault_at:.1f} s: SIGKILL nats-3 and filter-2", flush=True)
+            cluster.nodes[2].kill()
+            next(p for p in procs if p.name == "filter-2").kill()
+        crawled = all(c.popen.poll() is not None for c in crawlers)
+        quiet = quiet + 1 if crawled and sizes["REPO_FOUND"][0] + sizes["COMMIT_SELECTED"][0] == 0 else 0
+        if time.monotonic() > t_end:
+            print("  timeout: the pipeline did not drain", flush=True)
+            break
+        if len(w.timeline) % 15 == 0:
+            print("  " + " ".join(f"{k} {v:.0f}" for k, v in w.timeline[-1].items()), flush=True)
+        await asyncio.sleep(1.0)
+    return w
+
+
+def stage_figures(
+    name: str, start: dict[str, float], end: dict[str, float], items: int, unit: str, gaps: list[float]
+) -> dict[str, Any]:
+    """Throughput over the stage's active span, latency from entering its queue to its output,
+    service time from the replicas' consecutive completions."""
+    lat = [end[k] - start[k] for k in end if k in start]
+    first = min(start.values(), default=0.0)
+    last = max(end.values(), default=first)
+    return {
+        "stage": name,
+        "items": items,
+        "unit": unit,
+        "seconds": last - first,
+        "throughput": items / max(last - first, 1e-9),
+        "latency_p50": pct(lat, 0.5),
+        "latency_p99": pct(lat, 0.99),
+        "service_p50": pct(gaps, 0.5),
+        "service_p99": pct(gaps, 0.99),
+    }
+
+
+def service_env(args: argparse.Namespace, run_dir: Path, url: str) -> dict[str, str]:
+    return {
+        "CPPPERF_BUS_REPLICAS": "3",
+        "CPPPERF_BUS_ACK_WAIT": str(args.ack_wait),
+        "CPPPERF_NATS_URL": url,
+        "CPPPERF_MINING_VALIDATE_LATEST": "false",  # the documented short-circuit: no builder
+        "CPPPERF_CLASSIFIER_BACKEND": "heuristic",
+        "CPPPERF_OUT_DIR": str(run_dir / "out"),
+        "CPPPERF_MINING_MIRROR_DIR": str(run_dir / "mirrors"),
+        "XDG_DATA_HOME": str(run_dir / "xdg"),
+        "CPPPERF_LOG_LEVEL": "info",
+        "CPPPERF_CONFIG": str(run_dir / "none.toml"),
+        "PYTHONUNBUFFERED": "1",
+        **dict(kv.split("=", 1) for kv in args.env),
+    }
+
+
+async def start_services(args: argparse.Namespace, run_dir: Path, env: dict[str, str]) -> list[Proc]:
+    """Filter and classifier replicas, once each says it runs (`cppperf serve` prints it)."""
+    py = Path(sys.executable)
+    procs = [
+        start_service(f"{service}-{r}", service, env, run_dir / "logs", python_bin=py)
+        for service in ("filter", "classifier")
+        for r in range(1, args.replicas + 1)
+    ]
+    deadline = time.monotonic() + 180
+    while not all("running" in p.log.read_text(errors="replace") for p in procs):
+        if time.monotonic() > deadline or any(p.popen.poll() is not None for p in procs):
+            raise RuntimeError(f"services did not start: see {run_dir / 'logs'}")
+        await asyncio.sleep(0.5)
+    return procs
+
+
+def start_crawlers(
+    args: argparse.Namespace, run_dir: Path, env: dict[str, str], truth: list[RepoTruth]
+) -> list[Proc]:
+    """Crawler replica r gets every r-th repository through its own cppperf.toml."""
+    crawlers = []
+    for r in range(args.replicas):
+        conf = run_dir / f"crawler-{r + 1}.toml"
+        conf.write_text("[mining]\nrepos = " + json.dumps([t.path for t in truth[r :: args.replicas]]) + "\n")
+        crawlers.append(
+            start_service(
+                f"crawler-{r + 1}",
+                "crawler",
+                {**env, "CPPPERF_CONFIG": str(conf)},
+                run_dir / "logs",
+                python_bin=Path(sys.executable),
+            )
+        )
+    return crawlers
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(args.work)
     truth = load_or_make_repos(work / "repos", max(args.repos, args.generate), args.seed)[: args.repos]
-    run_dir = work / f"run-{args.repos}{'-fault' if args.fault else ''}"
+    run_dir = work / f"run-{args.tag or args.repos}"
     if run_dir.exists():
         shutil.rmtree(run_dir)
     (run_dir / "logs").mkdir(parents=True)
-    bus_env = {"CPPPERF_BUS_REPLICAS": "3", "CPPPERF_BUS_ACK_WAIT": str(args.ack_wait)}
-    settings = load_settings(env=bus_env)
     cluster = Cluster(run_dir / "nats").start()
     procs: list[Proc] = []
     try:
-        bus = await cluster.ready(settings.bus)
+        bus = await cluster.ready(load_settings(env={"CPPPERF_BUS_REPLICAS": "3"}).bus)
         await Store.open(bus.js, replicas=3)
-        env = {
-            **bus_env,
-            "CPPPERF_NATS_URL": cluster.url,
-            "CPPPERF_MINING_VALIDATE_LATEST": "false",
-            "CPPPERF_CLASSIFIER_BACKEND": "heuristic",
-            "CPPPERF_OUT_DIR": str(run_dir / "out"),
-            "CPPPERF_MINING_MIRROR_DIR": str(run_dir / "mirrors"),
-            "XDG_DATA_HOME": str(run_dir / "xdg"),
-            "CPPPERF_LOG_LEVEL": "info",
-            "CPPPERF_CONFIG": str(run_dir / "none.toml"),
-            "PYTHONUNBUFFERED": "1",
-            **dict(kv.split("=", 1) for kv in args.env),
-        }
-        py = Path(sys.executable)
-        for service in ("filter", "classifier"):
-            for r in range(1, args.replicas + 1):
-                procs.append(start_service(f"{service}-{r}", service, env, run_dir / "logs", python_bin=py))
+        env = service_env(args, run_dir, cluster.url)
+        procs = await start_services(args, run_dir, env)
         nc = await nats.connect(cluster.node_url(0), max_reconnect_attempts=-1)
         obs = Observer()
         await obs.attach(nc)
-        # wait until every consuming replica says it runs (`cppperf serve` prints "… running")
-        deadline = time.monotonic() + 180
-        while not all("running" in p.log.read_text(errors="replace") for p in procs):
-            if time.monotonic() > deadline or any(p.popen.poll() is not None for p in procs):
-                raise RuntimeError(f"services did not start: see {run_dir / 'logs'}")
-            await asyncio.sleep(0.5)
-        crawl_start = time.time()
-        crawlers = []
-        for r in range(args.replicas):
-            conf = run_dir / f"crawler-{r + 1}.toml"
-            conf.write_text(
-                "[mining]\nrepos = " + json.dumps([t.path for t in truth[r :: args.replicas]]) + "\n"
-            )
-            crawlers.append(
-                start_service(
-                    f"crawler-{r + 1}",
-                    "crawler",
-                    {**env, "CPPPERF_CONFIG": str(conf)},
-                    run_dir / "logs",
-                    python_bin=py,
-                )
-            )
-        procs += crawlers
-        every = [*cluster.nodes, *procs]
-        peak: dict[str, tuple[int, int]] = defaultdict(lambda: (0, 0))
-        timeline: list[dict[str, float]] = []
-        fault_at: float | None = None
-        quiet = 0
-        n_sel = sum(t.selected for t in truth)
-        t_end = time.monotonic() + args.timeout
-        while True:
-            for p in every:
-                p.sample()
-            sizes = await stream_sizes(bus)
-            for s, (msgs, nbytes) in sizes.items():
-                pm, pb = peak[s]
-                peak[s] = (max(pm, msgs), max(pb, nbytes))
-            timeline.append(
-                {
-                    "t": time.time() - crawl_start,
-                    "found": len(obs.found),
-                    "filtered": len(obs.filtered),
-                    "selected": len(obs.selected),
-                    "classified": len(obs.classified),
-                }
-            )
-            if args.fault and fault_at is None and len(obs.filtered) >= 0.4 * len(truth):
-                fault_at = time.time() - crawl_start
-                print(f"  fault at {fault_at:.1f} s: SIGKILL nats-3 and filter-2", flush=True)
-                cluster.nodes[2].kill()
-                next(p for p in procs if p.name == "filter-2").kill()
-            crawled = all(c.popen.poll() is not None for c in crawlers)
-            busy = sizes["REPO_FOUND"][0] + sizes["COMMIT_SELECTED"][0]
-            quiet = quiet + 1 if crawled and busy == 0 else 0
-            if quiet >= 3:
-                break
-            if time.monotonic() > t_end:
-                print("  timeout: the pipeline did not drain", flush=True)
-                break
-            if len(timeline) % 10 == 0:
-                print(
-                    f"  t={timeline[-1]['t']:.0f}s found {len(obs.found)}/{len(truth)} filtered {len(obs.filtered)} "
-                    f"selected {len(obs.selected)}/{n_sel} classified {len(obs.classified)}",
-                    flush=True,
-                )
-            await asyncio.sleep(1.0)
-        wall = time.time() - crawl_start
-        for p in every:
+        t0 = time.time()
+        procs += start_crawlers(args, run_dir, env, truth)
+        w = await watch(args, bus, obs, cluster, procs, t0, len(truth))
+        wall = time.time() - t0
+        for p in [*cluster.nodes, *procs]:
             p.sample()
         final_sizes = await stream_sizes(bus)
         funnel = await check_funnel(bus, truth)
@@ -377,87 +433,73 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for p in procs:
             p.stop()
         cluster.stop()
+    every = [*cluster.nodes, *procs]
     disk = {
         n.name: sum(f.stat().st_size for f in (run_dir / "nats" / f"n{i + 1}").rglob("*") if f.is_file())
         for i, n in enumerate(cluster.nodes)
     }
-
-    def stage(
-        name: str, start: dict[str, float], end: dict[str, float], items: int, unit: str, logs: list[Path]
-    ) -> dict[str, Any]:
-        lat = [end[k] - start[k] for k in end if k in start]
-        first = min(start.values(), default=crawl_start)
-        last = max(end.values(), default=first)
-        gaps = [g for log in logs for g in handled_gaps(log)]
-        return {
-            "stage": name,
-            "items": items,
-            "unit": unit,
-            "seconds": last - first,
-            "throughput": items / max(last - first, 1e-9),
-            "latency_p50": pct(lat, 0.5),
-            "latency_p99": pct(lat, 0.99),
-            "service_p50": pct(gaps, 0.5),
-            "service_p99": pct(gaps, 0.99),
-        }
-
-    # The crawler is a source: its latency is the gap between consecutive publishes of one replica.
+    logs = run_dir / "logs"
+    # The crawler is a source: its service time is the gap between one replica's consecutive publishes.
     crawl_gaps = []
     for r in range(args.replicas):
-        ts = sorted(obs.found.get("local/" + Path(t.path).name, 0) for t in truth[r :: args.replicas])
-        crawl_gaps += [b - a for a, b in zip(ts, ts[1:], strict=False)]
-    found_last = max(obs.found.values(), default=crawl_start)
+        ts = sorted(obs.found.get("local/" + Path(t.path).name, t0) for t in truth[r :: args.replicas])
+        crawl_gaps += [b - a for a, b in itertools.pairwise(ts)]
+    crawl = stage_figures("crawler", {}, {}, len(obs.found), "repos", crawl_gaps)
+    found_last = max(obs.found.values(), default=t0)
+    crawl.update(
+        seconds=found_last - t0,
+        throughput=len(obs.found) / max(found_last - t0, 1e-9),
+        latency_p50=crawl["service_p50"],
+        latency_p99=crawl["service_p99"],
+    )
     stages = [
-        {
-            "stage": "crawler",
-            "items": len(obs.found),
-            "unit": "repos",
-            "seconds": found_last - crawl_start,
-            "throughput": len(obs.found) / max(found_last - crawl_start, 1e-9),
-            "latency_p50": pct(crawl_gaps, 0.5),
-            "latency_p99": pct(crawl_gaps, 0.99),
-            "service_p50": pct(crawl_gaps, 0.5),
-            "service_p99": pct(crawl_gaps, 0.99),
-        },
-        stage(
+        crawl,
+        stage_figures(
             "filter",
             obs.found,
             obs.filtered,
             funnel["scanned"],
             "commits",
-            sorted((run_dir / "logs").glob("filter-*.log")),
+            [g for log in sorted(logs.glob("filter-*.log")) for g in handled_gaps(log)],
         ),
-        stage(
+        stage_figures(
             "classifier",
             obs.selected,
             obs.classified,
             funnel["classified_messages"],
             "commits",
-            sorted((run_dir / "logs").glob("classifier-*.log")),
+            [g for log in sorted(logs.glob("classifier-*.log")) for g in handled_gaps(log)],
         ),
     ]
     rss: dict[str, int] = defaultdict(int)
+    cpu: dict[str, float] = defaultdict(float)
     for p in every:
         key = p.name.rsplit("-", 1)[0]
         rss[key] = max(rss[key], p.peak_kib)
-    result = {
+        cpu[key] += p.cpu_seconds
+    for s in stages:  # CPU per item: robust to a busy shared machine, unlike wall-clock rates
+        s["cpu_seconds"] = cpu[s["stage"]]
+        s["cpu_ms_per_item"] = 1000 * cpu[s["stage"]] / max(s["items"], 1)
+    return {
         "repos": args.repos,
+        "tag": args.tag,
         "fault": args.fault,
-        "fault_at": fault_at,
+        "fault_at": w.fault_at,
         "wall_seconds": wall,
         "replicas": args.replicas,
         "env": args.env,
         "stages": stages,
         "peak_rss_mib": {k: v / 1024 for k, v in rss.items()},
         "peak_rss_per_process_mib": {p.name: p.peak_kib / 1024 for p in every},
-        "stream_peak": {s: {"messages": v[0], "bytes": v[1]} for s, v in peak.items()},
+        "cpu_seconds": dict(cpu),
+        "nats_cpu_ms_per_commit": 1000 * cpu["nats"] / max(funnel["commits"], 1),
+        "stream_peak": {s: {"messages": v[0], "bytes": v[1]} for s, v in w.peak.items()},
         "stream_final": {s: {"messages": v[0], "bytes": v[1]} for s, v in final_sizes.items()},
         "nats_disk_bytes": disk,
         "republished": dict(obs.republished),
         "funnel": funnel,
-        "timeline": timeline[:: max(1, len(timeline) // 300)],
+        "timeline": w.timeline[:: max(1, len(w.timeline) // 300)],
     }
-    return result
 
 
 def print_summary(r: dict[str, Any]) -> None:
@@ -526,7 +568,7 @@ def report(paths: list[Path], plot: Path | None) -> None:
         print(
             "\ngrowth between sizes (ratio of commits → ratio of wall time, per-stage throughput, peak RSS):"
         )
-        for a, b in zip(base, base[1:], strict=False):
+        for a, b in itertools.pairwise(base):
             cr = b["funnel"]["commits"] / a["funnel"]["commits"]
             wr = b["wall_seconds"] / a["wall_seconds"]
             parts = [
@@ -598,12 +640,16 @@ def main() -> None:
     r.add_argument("--repos", type=int, default=100)
     r.add_argument("--generate", type=int, default=0, help="generate this many repos (reused by later runs)")
     r.add_argument("--fault", action="store_true")
+    r.add_argument("--tag", default="", help="names the run dir and result (default: the size)")
     r.add_argument("--replicas", type=int, default=2)
     r.add_argument("--ack-wait", type=float, default=20.0)
     r.add_argument("--timeout", type=float, default=3600.0)
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--env", action="append", default=[], help="extra KEY=VALUE for the services")
-    r.add_argument("--work", default=os.environ.get("CPPPERF_SCALE_WORK", "/tmp/cppperf-scale"))
+    r.add_argument(
+        "--work",
+        default=os.environ.get("CPPPERF_SCALE_WORK", str(Path(tempfile.gettempdir()) / "cppperf-scale")),
+    )
     r.add_argument("--out", default="")
     p = sub.add_parser("report")
     p.add_argument("results", nargs="+", type=Path)
@@ -613,7 +659,7 @@ def main() -> None:
         report(args.results, args.plot)
         return
     result = asyncio.run(run(args))
-    out = Path(args.out or Path(args.work) / f"result-{args.repos}{'-fault' if args.fault else ''}.json")
+    out = Path(args.out or Path(args.work) / f"result-{args.tag or args.repos}.json")
     out.write_text(json.dumps(result, indent=1, default=str))
     print_summary(result)
     print(f"result: {out}")

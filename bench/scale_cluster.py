@@ -45,17 +45,29 @@ def read_kib(pid: int, key: str) -> int:
     return 0
 
 
+def read_cpu_seconds(pid: int) -> float:
+    """User + system CPU of a live process and of its waited-for children (git, for the filter)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
+    return (utime + stime + cutime + cstime) / os.sysconf("SC_CLK_TCK")
+
+
 @dataclass
 class Proc:
     name: str  # e.g. "filter-1", "nats-2"
     popen: subprocess.Popen[bytes]
     log: Path
     peak_kib: int = 0
+    cpu_seconds: float = 0.0
     killed: bool = False
 
     def sample(self) -> None:
         if self.popen.poll() is None:
             self.peak_kib = max(self.peak_kib, read_kib(self.popen.pid, "VmHWM"))
+            self.cpu_seconds = max(self.cpu_seconds, read_cpu_seconds(self.popen.pid))
 
     def kill(self) -> None:
         self.sample()
@@ -104,7 +116,7 @@ class Cluster:
             self.nodes.append(Proc(f"nats-{i + 1}", popen, log))
         return self
 
-    async def ready(self, settings: BusSettings, timeout: float = 60.0) -> Bus:  # noqa: ASYNC109
+    async def ready(self, settings: BusSettings, timeout: float = 60.0) -> Bus:
         """A connected bus once the cluster has a JetStream meta leader and provisioning works."""
         deadline = time.monotonic() + timeout
         while True:

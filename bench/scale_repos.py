@@ -91,6 +91,37 @@ add_test(NAME unit COMMAND unit)
 """
 
 
+def _change(rng: random.Random, kind: str, v: int, when: datetime) -> tuple[dict[str, str], str, datetime]:
+    """Files, message and date of one commit of `kind` (see KINDS) at revision `v`."""
+    i = rng.randrange(N_SOURCES)
+    f = f"mod{i}"
+    msg = rng.choice(PLAIN_MESSAGES).format(f=f)
+    if kind in ("selected", "perf", "old"):
+        picks = rng.sample(range(N_SOURCES), rng.randint(1, 3))
+        files = {f"src/mod{j}.cpp": _source(j, v) for j in picks}
+        if rng.random() < 0.3:
+            files[f"include/mod{picks[0]}.h"] = _header(picks[0], v)
+        if kind == "perf":
+            msg = rng.choice(PERF_MESSAGES).format(f=f)
+        if kind == "old":
+            when = datetime(2018, 6, 1, tzinfo=UTC) + timedelta(hours=v)
+        return files, msg, when
+    if kind == "test":
+        return (
+            {
+                "tests/test_main.cpp": f"int main() {{ return {v} - {v}; }}\n",
+                f"src/mod{i}.cpp": _source(i, v),
+            },
+            msg,
+            when,
+        )
+    if kind == "docs":
+        return {"README.md": f"# synthetic\n\nrevision {v}\n"}, "Update the README", when
+    if kind == "vendor":
+        return {"third_party/lib/lib.cpp": f"int lib() {{ return {v}; }}\n"}, "Bump vendored lib", when
+    return {f"src/mod{j}.cpp": _source(j, v) for j in range(N_SOURCES)}, "Reformat every module", when  # big
+
+
 def fast_import_stream(rng: random.Random, n_commits: int, truth: RepoTruth) -> bytes:
     """The fast-import stream for one repository; fills `truth` with each commit's outcome."""
     out: list[bytes] = []
@@ -124,35 +155,7 @@ def fast_import_stream(rng: random.Random, n_commits: int, truth: RepoTruth) -> 
     for _ in range(n_commits - 1):
         when += timedelta(hours=rng.randint(1, 48))
         kind = rng.choices(kinds, weights)[0]
-        i = rng.randrange(N_SOURCES)
-        f = f"mod{i}"
-        msg = rng.choice(PLAIN_MESSAGES).format(f=f)
-        at = when
-        v = version + 1
-        if kind in ("selected", "perf", "old"):
-            n = rng.randint(1, 3)
-            picks = rng.sample(range(N_SOURCES), n)
-            files = {f"src/mod{j}.cpp": _source(j, v) for j in picks}
-            if rng.random() < 0.3:
-                files[f"include/mod{picks[0]}.h"] = _header(picks[0], v)
-            if kind == "perf":
-                msg = rng.choice(PERF_MESSAGES).format(f=f)
-            if kind == "old":
-                at = datetime(2018, 6, 1, tzinfo=UTC) + timedelta(hours=v)
-        elif kind == "test":
-            files = {
-                "tests/test_main.cpp": f"int main() {{ return {v} - {v}; }}\n",
-                f"src/mod{i}.cpp": _source(i, v),
-            }
-        elif kind == "docs":
-            files = {"README.md": f"# synthetic\n\nrevision {v}\n"}
-            msg = "Update the README"
-        elif kind == "vendor":
-            files = {"third_party/lib/lib.cpp": f"int lib() {{ return {v}; }}\n"}
-            msg = "Bump vendored lib"
-        else:  # big
-            files = {f"src/mod{j}.cpp": _source(j, v) for j in range(N_SOURCES)}
-            msg = "Reformat every module"
+        files, msg, at = _change(rng, kind, version + 1, when)
         commit(msg, at, files)
         truth.commits += 1
         truth.outcomes[KINDS[kind][1]] += 1
