@@ -502,18 +502,22 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def label(r: dict[str, Any]) -> str:
+    return str(r.get("tag") or r["repos"])
+
+
 def print_summary(r: dict[str, Any]) -> None:
     f = r["funnel"]
     print(
-        f"\n{r['repos']} repos{' (fault run)' if r['fault'] else ''}: {f['commits']} commits, "
-        f"{f['selected_expected']} selected, {f['positives']} positive; wall {r['wall_seconds']:.1f} s; "
-        f"funnel exact: {f['exact']}"
+        f"\n{label(r)}: {r['repos']} repos, {f['commits']} commits, {f['selected_expected']} selected, "
+        f"{f['positives']} positive; wall {r['wall_seconds']:.1f} s; funnel exact: {f['exact']}"
     )
     for s in r["stages"]:
         print(
             f"  {s['stage']:<10} {s['items']:>7} {s['unit']:<7} {s['throughput']:8.1f}/s  "
             f"latency p50 {s['latency_p50']:.3f} s p99 {s['latency_p99']:.3f} s  "
-            f"service p50 {s['service_p50'] * 1000:.1f} ms p99 {s['service_p99'] * 1000:.1f} ms"
+            f"service p50 {s['service_p50'] * 1000:.1f} ms p99 {s['service_p99'] * 1000:.1f} ms  "
+            f"CPU {s.get('cpu_ms_per_item', 0):.2f} ms/{s['unit'][:-1]}"
         )
     print("  peak RSS MiB: " + ", ".join(f"{k} {v:.0f}" for k, v in r["peak_rss_mib"].items()))
     print(
@@ -522,112 +526,118 @@ def print_summary(r: dict[str, Any]) -> None:
             f"{k} {v['messages']} msgs/{v['bytes'] / 1e6:.1f} MB" for k, v in r["stream_peak"].items()
         )
     )
+    if r.get("republished"):
+        print(f"  re-published (dropped by dedup): {r['republished']}")
     if not f["exact"]:
         print("  FUNNEL MISMATCH: " + json.dumps({k: v for k, v in f.items() if k != "mismatched_repos"}))
 
 
-# ------------------------------------------------------------------------------------------ report
 def report(paths: list[Path], plot: Path | None) -> None:
     runs = [json.loads(p.read_text()) for p in paths]
-    runs.sort(key=lambda r: (r["fault"], r["repos"]))
+    runs.sort(key=lambda r: (r["fault"], "before" not in label(r), r["repos"]))
     print(
-        "| run | repos | commits | selected → positive | stage | throughput | latency p50 / p99 | service p50 / p99 | peak RSS (MiB, max replica) | funnel exact |"
+        "| run | commits (selected → positive) | stage | throughput | latency p50 / p99 | service p50 / p99 "
+        "| CPU per item | peak RSS MiB | funnel exact |"
     )
-    print("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in runs:
         f = r["funnel"]
-        label = f"{r['repos']}{' + faults' if r['fault'] else ''}"
         for i, s in enumerate(r["stages"]):
             head = (
-                f"| {label} | {r['repos']} | {f['commits']} | {f['selected_expected']} → {f['positives']} "
+                f"| {label(r)} | {f['commits']} ({f['selected_expected']} → {f['positives']}) "
                 if i == 0
-                else "| | | | "
+                else "| | "
             )
+            exact = ("yes" if f["exact"] else "**NO**") if i == 0 else ""
             print(
-                f"{head}| {s['stage']} | {s['throughput']:.0f} {s['unit']}/s | {s['latency_p50']:.2f} / {s['latency_p99']:.2f} s "
-                f"| {s['service_p50'] * 1000:.0f} / {s['service_p99'] * 1000:.0f} ms | {r['peak_rss_mib'].get(s['stage'], 0):.0f} "
-                f"| {'yes' if f['exact'] and i == 0 else ('' if i else 'NO')} |"
+                f"{head}| {s['stage']} | {s['throughput']:.1f} {s['unit']}/s "
+                f"| {s['latency_p50']:.2f} / {s['latency_p99']:.2f} s "
+                f"| {s['service_p50'] * 1000:.0f} / {s['service_p99'] * 1000:.0f} ms "
+                f"| {s.get('cpu_ms_per_item', 0):.2f} ms | {r['peak_rss_mib'].get(s['stage'], 0):.0f} | {exact} |"
             )
     print()
     print(
-        "| run | wall s | NATS peak RSS MiB | COMMIT_SELECTED peak msgs / MB | COMMIT_CLASSIFIED msgs / MB | KV repos / commits / cache MB | NATS disk per node MB |"
+        "| run | wall s | NATS: peak RSS MiB, CPU ms/commit | COMMIT_SELECTED peak msgs / MB "
+        "| COMMIT_CLASSIFIED msgs / MB | KV repos / commits / cache MB | disk per NATS node MB | re-published |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in runs:
         sp, sf = r["stream_peak"], r["stream_final"]
         disk = max(r["nats_disk_bytes"].values()) / 1e6
         print(
-            f"| {r['repos']}{' + faults' if r['fault'] else ''} | {r['wall_seconds']:.0f} | {r['peak_rss_mib'].get('nats', 0):.0f} "
+            f"| {label(r)} | {r['wall_seconds']:.0f} "
+            f"| {r['peak_rss_mib'].get('nats', 0):.0f}, {r.get('nats_cpu_ms_per_commit', 0):.2f} "
             f"| {sp['COMMIT_SELECTED']['messages']} / {sp['COMMIT_SELECTED']['bytes'] / 1e6:.1f} "
             f"| {sf['COMMIT_CLASSIFIED']['messages']} / {sf['COMMIT_CLASSIFIED']['bytes'] / 1e6:.1f} "
             f"| {sf['KV_repos']['bytes'] / 1e6:.1f} / {sf['KV_commits']['bytes'] / 1e6:.1f} / {sf['KV_cache']['bytes'] / 1e6:.1f} "
-            f"| {disk:.0f} |"
+            f"| {disk:.0f} | {sum(r.get('republished', {}).values())} |"
         )
-    base = [r for r in runs if not r["fault"]]
+    base = sizes_only(runs)
     if len(base) >= 2:
-        print(
-            "\ngrowth between sizes (ratio of commits → ratio of wall time, per-stage throughput, peak RSS):"
-        )
+        print("\ngrowth between sizes (×commits → ×CPU per stage, ×peak RSS per service):")
         for a, b in itertools.pairwise(base):
             cr = b["funnel"]["commits"] / a["funnel"]["commits"]
-            wr = b["wall_seconds"] / a["wall_seconds"]
-            parts = [
-                f"{s['stage']} ×{t['throughput'] / s['throughput']:.2f}"
-                for s, t in zip(a["stages"], b["stages"], strict=False)
+            cpu = [
+                f"{k} ×{b['cpu_seconds'][k] / max(a['cpu_seconds'][k], 1e-9):.1f}"
+                for k in ("filter", "classifier", "nats")
             ]
-            rr = [
+            rss = [
                 f"{k} ×{b['peak_rss_mib'][k] / max(a['peak_rss_mib'][k], 1e-9):.2f}"
                 for k in ("filter", "classifier", "crawler", "nats")
             ]
-            print(
-                f"  {a['repos']} → {b['repos']}: commits ×{cr:.1f}, wall ×{wr:.1f} (×{wr / cr:.2f} per commit); "
-                f"throughput {', '.join(parts)}; RSS {', '.join(rr)}"
-            )
+            print(f"  {label(a)} → {label(b)}: commits ×{cr:.1f}; CPU {', '.join(cpu)}; RSS {', '.join(rss)}")
     if plot:
-        make_plot(runs, plot)
+        make_plot(base, plot)
         print(f"\nplot: {plot}")
 
 
-def make_plot(runs: list[dict[str, Any]], out: Path) -> None:
+def sizes_only(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The plain runs of each size (no fault, no before-the-fix baseline), smallest first."""
+    return sorted((r for r in runs if not r["fault"] and "before" not in label(r)), key=lambda r: r["repos"])
+
+
+def make_plot(base: list[dict[str, Any]], out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    base = [r for r in runs if not r["fault"]]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     commits = [r["funnel"]["commits"] for r in base]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     ax = axes[0]
-    ax.plot(commits, [r["wall_seconds"] for r in base], "o-", label="wall time (s)")
-    if len(base) >= 1:
-        k = base[0]["wall_seconds"] / commits[0]
-        ax.plot(commits, [k * c for c in commits], "--", color="grey", label="linear from the smallest run")
+    for svc in ("filter", "classifier", "nats", "crawler"):
+        ax.plot(commits, [r["cpu_seconds"].get(svc, 0) for r in base], "o-", label=f"{svc} CPU s")
+    ax.plot(commits, [r["wall_seconds"] for r in base], "s--", color="black", label="wall s (shared machine)")
+    lo, hi = commits[0], commits[-1]
+    ref = base[0]["cpu_seconds"]["nats"]
+    ax.plot([lo, hi], [ref, ref * hi / lo], ":", color="grey", label="linear")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("commits")
-    ax.set_title("wall time vs commits")
-    ax.legend()
+    ax.set_title("cost vs work (all replicas)")
+    ax.legend(fontsize=8)
     ax = axes[1]
     for stage in ("filter", "classifier"):
         ax.plot(
             commits,
-            [next(s["throughput"] for s in r["stages"] if s["stage"] == stage) for r in base],
+            [next(s["cpu_ms_per_item"] for s in r["stages"] if s["stage"] == stage) for r in base],
             "o-",
-            label=f"{stage} commits/s",
+            label=f"{stage} (per {'scanned' if stage == 'filter' else 'selected'} commit)",
         )
+    ax.plot(commits, [r["nats_cpu_ms_per_commit"] for r in base], "o-", label="NATS ×3 (per commit)")
     ax.set_xscale("log")
-    ax.set_xlabel("commits")
     ax.set_ylim(bottom=0)
-    ax.set_title("throughput per stage (2 replicas)")
-    ax.legend()
+    ax.set_xlabel("commits")
+    ax.set_title("CPU ms per commit (flat = linear cost)")
+    ax.legend(fontsize=8)
     ax = axes[2]
     for svc in ("crawler", "filter", "classifier", "nats"):
         ax.plot(commits, [r["peak_rss_mib"].get(svc, 0) for r in base], "o-", label=svc)
     ax.set_xscale("log")
-    ax.set_xlabel("commits")
     ax.set_ylim(bottom=0)
-    ax.set_title("peak RSS per process (MiB)")
-    ax.legend()
+    ax.set_xlabel("commits")
+    ax.set_title("peak RSS per process, MiB (flat = bounded)")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=90)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -119,6 +120,14 @@ class Cluster:
     async def ready(self, settings: BusSettings, timeout: float = 60.0) -> Bus:
         """A connected bus once the cluster has a JetStream meta leader and provisioning works."""
         deadline = time.monotonic() + timeout
+        while True:  # the port first: nats-py prints a traceback for every refused connection
+            try:
+                socket.create_connection(("127.0.0.1", self.client_ports[0]), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
         while True:
             bus = await Bus.connect(self.node_url(0), settings)
             try:
