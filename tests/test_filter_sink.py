@@ -1,15 +1,22 @@
-"""The filter's windowed sink: commits found by the walking thread are shipped on the event loop
-with at most `window` in flight (back-pressure blocks the walker), every item exactly once, and
-the first failure stops the walk and is raised to the handler."""
+"""The filter's hot path under load: the windowed sink ships commits found by the walking thread on
+the event loop with at most `window` in flight (back-pressure blocks the walker), every item
+exactly once, the first failure stopping the walk and raised to the handler; and a label the
+classifier records before the filter's own record survives it."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Any
 
 import pytest
 
+from cppperf.demo import DemoRepo
+from cppperf.services.filter.app import process_repo
+from cppperf.services.filter.links import LinkResolver
 from cppperf.services.filter.sink import WindowedSink
+from cppperf.shared import messages as m
+from cppperf.shared.service import ServiceContext
 
 
 async def test_ships_every_item_once_with_bounded_concurrency() -> None:
@@ -83,3 +90,26 @@ async def test_first_failure_stops_the_walk_and_is_raised() -> None:
 async def test_window_must_be_positive() -> None:
     with pytest.raises(ValueError, match="window"):
         WindowedSink(asyncio.get_running_loop(), lambda _: asyncio.sleep(0), window=0)
+
+
+@pytest.mark.nats
+async def test_a_fast_classifier_label_is_not_overwritten_by_the_filter(
+    ctx: ServiceContext, demo_repo: DemoRepo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The classifier may record a label between the filter's publish and its own record (seen
+    in bench/scale.py on a busy cluster): the filter's 'selected' record must not replace it."""
+    publish = ctx.bus.publish
+
+    async def publish_then_classify(subject: str, msg: Any, **kw: Any) -> bool:
+        fresh = await publish(subject, msg, **kw)
+        if subject == m.COMMIT_SELECTED:
+            await ctx.store.update(
+                "commits", msg.id, repo=msg.repo, sha=msg.sha, stage="classified", label=True
+            )
+        return fresh
+
+    monkeypatch.setattr(ctx.bus, "publish", publish_then_classify)
+    await process_repo(ctx, m.RepoFound(repo="local/demo", url=str(demo_repo.path)), LinkResolver())
+    records = await ctx.store.all("commits")
+    assert len(records) == 8
+    assert all(r.get("label") is True and r["stage"] == "classified" for r in records)

@@ -29,6 +29,8 @@ async def process_commit(ctx: ServiceContext, classifier: Classifier, commit: m.
     await ctx.store.update(
         "commits",
         commit.id,
+        repo=commit.repo,  # complete even when this record is written before the filter's
+        sha=commit.sha,
         stage="classified",
         label=result.label,
         backend=result.backend,

@@ -43,7 +43,9 @@ async def process_repo(ctx: ServiceContext, found: m.RepoFound, resolver: LinkRe
         if await ctx.store.get("commits", c.id) is not None:
             return  # selected by an earlier walk (e.g. before the branch moved on)
         await ctx.bus.publish(m.COMMIT_SELECTED, c)
-        await ctx.store.put("commits", c.id, {"stage": "selected", "repo": c.repo, "sha": c.sha})
+        # Only if absent: a classifier may already have taken the message and recorded its label
+        # (bench/scale.py found a plain put overwriting it on a busy cluster).
+        await ctx.store.create("commits", c.id, {"stage": "selected", "repo": c.repo, "sha": c.sha})
 
     # Ship commits while the walk goes on, a bounded window at a time (services/filter/sink.py).
     sink: WindowedSink[m.CommitSelected] = WindowedSink(
