@@ -160,7 +160,8 @@ def _from_cache(sub: Submodule, sources: Sources, tried: list[str]) -> Path | No
     try:
         got = ensure_local(sub.url, cache_key(sub.url), sources.cache_dir, timeout=sources.timeout)
     except (TransientError, BadInput) as exc:
-        tried.append(f"fetching {sub.url}: {str(exc).strip()[-200:]}")
+        last = [ln for ln in str(exc).splitlines() if ln.strip()][-1:] or ["failed"]
+        tried.append(f"fetching {sub.url}: {last[0].strip()[:200]}")
         return None
     if _has_commit(got, sub.sha):
         return got
