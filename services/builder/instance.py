@@ -70,6 +70,7 @@ class InstanceResult:
             "failure_lines": self.failure_lines,
             "failure_detail": self.failure_detail[:600],
             "tried": list(self.tried),
+            "build_steps": list(self.build_steps),
         }
 
 
