@@ -8,6 +8,7 @@ import io
 import subprocess
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -116,3 +117,25 @@ def test_urls() -> None:
     assert normalise_url("git@github.com:google/benchmark.git") == "ssh://git@github.com/google/benchmark"
     assert normalise_url("https://github.com/google/benchmark.git/") == "https://github.com/google/benchmark"
     assert cache_key("https://github.com/google/benchmark.git") == "google/benchmark"
+
+
+@pytest.mark.docker
+def test_docker_backend_trees_carry_submodules(family: dict[str, object], tmp_path: Path) -> None:
+    from cppperf.shared.engine.backends import make_backend
+    from tests.conftest import make_settings
+    from tests.test_docker import _engine
+
+    if _engine() is None:
+        pytest.skip("no container engine reachable: set DOCKER_HOST")
+    top = family["top"]
+    assert isinstance(top, Path)
+    sha = str(family["top_v1"])
+    builder = {"backend": "docker", "base_release": "bookworm", "submodule_cache": str(tmp_path / "c")}
+    s = make_settings(tmp_path, builder=builder)
+    backend: Any = make_backend(s.builder, tmp_path / "w", source=(top, sha, "2024-01-01"))
+    try:
+        backend.prepare(top, {"old": sha, "new": sha})  # mid from the clone, leaf fetched (nested)
+        code, out = backend.container.exec_run(["cat", "/work/new/src/third_party/mid/deps/leaf/leaf.h"])
+        assert code == 0 and out.decode() == "int leaf = 1;\n", out
+    finally:
+        backend.cleanup()
