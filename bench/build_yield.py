@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -69,6 +70,8 @@ def prove_one(
             "submodule_cache": str(args.out / "submodules"),
             "build_timeout": args.build_timeout,
             "test_timeout": args.test_timeout,
+            "pin_cpu": False,  # no timing claim here: let tests use any core
+            "cpuset": args.cpuset,
         },
     )
     commit = _commit_from_repo(clone, entry["new_sha"], None)
@@ -111,6 +114,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--backend", choices=["local", "docker", "both"], default="local")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--cpuset", default=",".join(map(str, sorted(os.sched_getaffinity(0)))))
     ap.add_argument("--build-timeout", type=float, default=1800.0)
     ap.add_argument("--test-timeout", type=float, default=600.0)
     ap.add_argument("--submodule-mirror", action="append", default=[], help="URL=GIT_DIR")
