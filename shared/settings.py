@@ -44,6 +44,11 @@ def _xdg_data_home() -> Path:
     return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
 
 
+def default_mirror_dir() -> Path:
+    """Where repository (and submodule) mirrors live unless `mining.mirror_dir` says otherwise."""
+    return _xdg_data_home() / "cppperf" / "mirrors"
+
+
 class BusSettings(msgspec.Struct, kw_only=True):
     data_dir: str = ""  # embedded NATS store; default $XDG_DATA_HOME/cppperf/nats
     ack_wait: float = 60.0  # seconds before an un-acked, silent message is redelivered
@@ -152,6 +157,14 @@ class BuilderSettings(msgspec.Struct, kw_only=True):
     commit_images: bool = True
     llm_deps: bool = False  # ask the classifier's OpenAI-compatible server for missing packages
     llm_deps_attempts: int = 2
+    # Submodules of exported trees: the clone's own first, then these local mirrors (URL -> git
+    # directory; env `url=path,url2=path2`), then the shared mirror cache, fetched when allowed.
+    submodule_mirrors: dict[str, str] = msgspec.field(default_factory=dict)
+    submodule_fetch: bool = True
+    submodule_cache: str = ""  # empty: $XDG_DATA_HOME/cppperf/mirrors (repository mirrors' default)
+    # When a test fails on both sides under build_type, build and run once more in this build
+    # type (the paper built in Debug) before rejecting; empty: no second attempt.
+    fallback_build_type: str = "Debug"
 
 
 class EvaluatorSettings(msgspec.Struct, kw_only=True):

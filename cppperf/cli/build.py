@@ -91,6 +91,12 @@ def _print_instance(record: dict[str, Any]) -> None:
     out.print(t)
     if c["failure_category"]:
         out.print(f"[red]rejected ({c['failure_category']})[/red]: {c['failure_detail'][:1500]}")
+        if c.get("failure_step"):
+            out.print(f"failed step: {c['failure_step']}")
+        for line in c.get("failure_lines", []):
+            out.print(f"  | {line}", markup=False, highlight=False)
+        for what in c.get("tried", []):
+            out.print(f"tried: {what}", markup=False, highlight=False)
     if c["missing_packages"]:
         out.print(f"missing Debian packages: {' '.join(c['missing_packages'])}")
     if c.get("rounds_saved_by_early_stop"):

@@ -1,8 +1,16 @@
 """Prove (or refute) one patch: build both sides, compare binaries, time tests, decide.
 
 Verdicts: `improved`, `not-improved`, `regressed`, `unchanged-binaries`, `rejected` (with a
-failure category: configure, dependency, compile, test-failure, timeout, infra, no-tests).
+failure category: configure, dependency, compile, test-failure, test-failure-both-sides,
+test-failure-parent-only, test-flaky, timeout, resource-limit, infra, no-tests).
 A rejected instance is a verdict about the patch or its build, never an exception.
+
+Whose fault a failing test is: the failing run is repeated on its own side and run on the other
+side once. Failing on the new side only is `test-failure` (the commit broke it); failing on both
+sides is `test-failure-both-sides` (the project or the build profile, not the commit), and then,
+when the build type is not already `builder.fallback_build_type` (Debug, as the paper built), both
+sides are rebuilt and proved once more in that build type. Every attempt is recorded
+(`attempts`), with the failing step, the log lines that matter and what cppperf tried.
 """
 
 from __future__ import annotations
@@ -10,16 +18,20 @@ from __future__ import annotations
 import os
 import platform
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from cppperf.shared.engine.backend import SIDES, Backend, SideName
 from cppperf.shared.engine.cases import split as split_cases
 from cppperf.shared.engine.cmake import StepResult, TestCase, normalise
-from cppperf.shared.engine.protocol import Measurement, measure
+from cppperf.shared.engine.errorlines import first_error_lines
+from cppperf.shared.engine.protocol import Measurement, RunFailure, measure
 from cppperf.shared.engine.sandbox import Limits, RunResult
 from cppperf.shared.engine.stats import TestStats, compare_all, compare_test, verdict
+from cppperf.shared.engine.submodules import MissingSubmodule
 from cppperf.shared.messages import CommitSelected, instance_id
 from cppperf.shared.settings import BuilderSettings
 
@@ -44,6 +56,22 @@ class InstanceResult:
     missing_packages: list[str] = field(default_factory=list)
     llm_proposed_packages: list[str] = field(default_factory=list)
     environment: dict[str, Any] = field(default_factory=dict)
+    failure_step: str = ""  # checkout | configure | build | tests | test
+    failure_lines: list[str] = field(default_factory=list)  # the log lines that matter
+    tried: list[str] = field(default_factory=list)  # what cppperf did about the failure
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # one per build type tried
+
+    def attempt_summary(self, build_type: str) -> dict[str, Any]:
+        return {
+            "build_type": build_type,
+            "verdict": self.verdict,
+            "failure_category": self.failure_category,
+            "failure_step": self.failure_step,
+            "failure_lines": self.failure_lines,
+            "failure_detail": self.failure_detail[:600],
+            "tried": list(self.tried),
+            "build_steps": list(self.build_steps),
+        }
 
 
 def environment_facts(settings: BuilderSettings) -> dict[str, Any]:
@@ -93,7 +121,8 @@ def _build_both(
     phase: PhaseCallback,
     llm_propose: Callable[[str], list[str]] | None,
 ) -> tuple[str, str] | None:
-    """Configure and build both sides; the (category, detail) of the first failure, if any."""
+    """Configure and build both sides; the (category, detail) of the first failure, if any (its
+    step, log lines and what was tried go into `result`)."""
     for i, side in enumerate(SIDES):
         phase(f"build {side}", i, 2)
         steps = backend.build(side)
@@ -103,6 +132,10 @@ def _build_both(
             continue
         if last.missing is not None:
             result.missing_packages = last.missing.debian
+        result.failure_step = last.step
+        result.failure_lines = first_error_lines(last.result.output)
+        if sum(1 for st in steps if st.step == "configure") > 1:
+            result.tried.append(f"configured again with {' '.join(result.missing_packages)} installed")
         if (
             llm_propose is not None
             and last.step == "configure"
@@ -113,6 +146,7 @@ def _build_both(
                 result.missing_packages += proposed
                 result.llm_proposed_packages = proposed
                 last.category = "dependency"
+                result.tried.append(f"asked the model for packages: {' '.join(proposed)}")
         detail = last.missing.describe() if last.missing else last.result.output[-1500:]
         if result.llm_proposed_packages:
             detail += f"; model proposes: {' '.join(result.llm_proposed_packages)}"
@@ -130,7 +164,42 @@ def prove(
     seed: int | None = None,
     llm_propose: Callable[[str], list[str]] | None = None,
 ) -> InstanceResult:
-    """Run the whole protocol for one commit against its parent."""
+    """Run the whole protocol for one commit against its parent; when a test fails on both sides,
+    once more in `settings.fallback_build_type` (both attempts recorded)."""
+    first = _prove_once(commit, repo_path, backend, settings, on_phase, seed, llm_propose)
+    first.attempts = [first.attempt_summary(settings.build_type)]
+    fallback = settings.fallback_build_type
+    if first.failure_category != "test-failure-both-sides" or not fallback or fallback == settings.build_type:
+        return first
+    backend.cleanup()
+    backend.spec = replace(backend.spec, build_type=fallback)
+    second = _prove_once(
+        commit, repo_path, backend, replace_settings(settings, fallback), on_phase, seed, llm_propose
+    )
+    second.attempts = [*first.attempts, second.attempt_summary(fallback)]
+    second.tried = [*first.tried, f"rebuilt both sides in {fallback}", *second.tried]
+    if second.verdict == "rejected":
+        second.failure_detail = (
+            f"{first.failure_detail}; in {fallback} then: {second.failure_category}: {second.failure_detail}"
+        )
+        second.failure_category, second.failure_step = first.failure_category, first.failure_step
+        second.failure_lines = first.failure_lines
+    return second
+
+
+def replace_settings(settings: BuilderSettings, build_type: str) -> BuilderSettings:
+    return msgspec.structs.replace(settings, build_type=build_type)
+
+
+def _prove_once(
+    commit: CommitSelected,
+    repo_path: Path,
+    backend: Backend,
+    settings: BuilderSettings,
+    on_phase: PhaseCallback | None,
+    seed: int | None,
+    llm_propose: Callable[[str], list[str]] | None,
+) -> InstanceResult:
     phase = on_phase or (lambda _p, _d, _t: None)
     iid = instance_id(commit.repo, commit.sha)
     result = InstanceResult(instance_id=iid, verdict="rejected", environment=environment_facts(settings))
@@ -141,7 +210,13 @@ def prove(
         return result
 
     phase("checkout", 0, 1)
-    backend.prepare(repo_path, {"old": commit.parent, "new": commit.sha})
+    try:
+        backend.prepare(repo_path, {"old": commit.parent, "new": commit.sha})
+    except MissingSubmodule as exc:
+        result.failure_step = "checkout"
+        result.failure_lines = [str(exc)]
+        result.tried = list(exc.tried)
+        return reject("dependency", str(exc))
     phase("checkout", 1, 1)
     failure = _build_both(backend, result, phase, llm_propose)
     if failure is not None:
@@ -155,6 +230,8 @@ def prove(
     result.added_tests = sorted(set(tests_by_side["new"]) - set(tests_by_side["old"]))
     result.removed_tests = sorted(set(tests_by_side["old"]) - set(tests_by_side["new"]))
     if not common:
+        result.failure_step = "tests"
+        result.tried.append("enabled BUILD_TESTING and the project's own test options")
         return reject("no-tests", "no CTest test exists on both sides")
     if backend.binaries_identical(common):
         result.verdict = result.verdict_paper = "unchanged-binaries"
@@ -191,17 +268,7 @@ def prove(
     )
     result.measurement = meas
     if meas.failure is not None:
-        f = meas.failure
-        killed = f.returncode in (-9, 137) and not f.timed_out  # the kernel's OOM killer or the pids wall
-        why = (
-            "timed out"
-            if f.timed_out
-            else ("killed (resource limit)" if killed else f"exit code {f.returncode}")
-        )
-        return reject(
-            "timeout" if f.timed_out else ("resource-limit" if killed else "test-failure"),
-            f"test {f.test} failed on the {f.side} side in round {f.round} ({why}): {f.output_tail[-800:]}",
-        )
+        return _reject_failure(meas.failure, run_one, settings, result, reject, phase)
     decided = compare_all(
         {n: (s.old, s.new) for n, s in meas.samples.items()},
         alpha=settings.alpha,
@@ -219,6 +286,52 @@ def prove(
     result.improved_tests = [t.name for t in decided if getattr(t, imp)]
     result.regressed_tests = [t.name for t in decided if getattr(t, reg)]
     return result
+
+
+def _reject_failure(
+    f: RunFailure,
+    run_one: Callable[[SideName, str], RunResult],
+    settings: BuilderSettings,
+    result: InstanceResult,
+    reject: Callable[[str, str], InstanceResult],
+    phase: PhaseCallback,
+) -> InstanceResult:
+    """The rejection for a failed run, saying whose fault a failing test is."""
+    result.failure_step = "test"
+    result.failure_lines = first_error_lines(f.output_tail)
+    killed = f.returncode in (-9, 137) and not f.timed_out  # the kernel's OOM killer or the pids wall
+    if f.timed_out or killed:
+        why = "timed out" if f.timed_out else "killed (resource limit)"
+        return reject(
+            "timeout" if f.timed_out else "resource-limit",
+            f"test {f.test} failed on the {f.side} side in round {f.round} ({why}): {f.output_tail[-800:]}",
+        )
+    other: SideName = "old" if f.side == "new" else "new"
+    phase("recheck", 0, 2)
+    same = run_one(f.side, f.test)
+    phase("recheck", 1, 2)
+    there = run_one(other, f.test)
+    phase("recheck", 2, 2)
+
+    def said(r: RunResult) -> str:
+        return "passed" if r.ok else ("timed out" if r.timed_out else f"failed (exit {r.returncode})")
+
+    result.tried.append(f"ran {f.test} again on the {f.side} side: {said(same)}")
+    result.tried.append(f"ran {f.test} on the {other} side: {said(there)}")
+    bt = settings.build_type
+    head = f"test {f.test} failed on the {f.side} side in round {f.round} (exit code {f.returncode})"
+    tail = f.output_tail[-600:]
+    if same.ok:
+        return reject("test-flaky", f"{head} and passed when re-run there: {tail}")
+    if not there.ok:
+        why = "the project or the build profile, not the commit"
+        return reject("test-failure-both-sides", f"{head}; it fails on both sides in {bt} ({why}): {tail}")
+    if f.side == "new":
+        return reject("test-failure", f"{head}; it fails on the new side only (the commit broke it): {tail}")
+    why = "the commit fixes it, nothing to time"
+    return reject(
+        "test-failure-parent-only", f"{head}; it fails on the old side (the parent) only ({why}): {tail}"
+    )
 
 
 def _split_cases(

@@ -94,7 +94,7 @@ def build_record(
         }
         for f in commit.files
     ]
-    spec = BuildSpec(build_type=settings.build_type)
+    spec = BuildSpec(build_type=str(res.environment.get("build_type") or settings.build_type))
     build_cmd = " ".join(configure_argv(Path("src"), Path("build"), spec))
     return {
         "metadata": {
@@ -146,7 +146,7 @@ def build_record(
         },
         "logs": {
             "build_success": not any(not s["ok"] for s in res.build_steps),
-            "test_success": res.failure_category not in ("test-failure", "timeout"),
+            "test_success": not (res.failure_category or "").startswith(("test-", "timeout")),
             "build_logs": [s["log"] for s in res.build_steps if s.get("log")],
         },
         "raw_timing_data": {
@@ -162,6 +162,10 @@ def build_record(
             "verdict_paper_rule": res.verdict_paper,
             "failure_category": res.failure_category,
             "failure_detail": res.failure_detail,
+            "failure_step": res.failure_step,
+            "failure_lines": res.failure_lines,
+            "tried": res.tried,
+            "attempts": res.attempts,
             "builder": settings.backend,
             "environment": res.environment,
             "seed": meas.seed if meas else None,

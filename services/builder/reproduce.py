@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from cppperf.services.builder.instance import PhaseCallback, prove
 from cppperf.shared.engine.backends import make_backend
 from cppperf.shared.messages import CommitSelected, FileChange
@@ -15,6 +17,7 @@ from cppperf.shared.settings import BuilderSettings
 def reproduce_image(
     image: str, settings: BuilderSettings, *, work_dir: Path, on_phase: PhaseCallback | None = None
 ) -> dict[str, Any]:
+    settings = msgspec.structs.replace(settings, fallback_build_type="")  # the image holds one build
     backend: Any = make_backend(settings, work_dir / "reproduce", from_image=image)
     try:
         backend.prepare(Path("/nonexistent"), {})

@@ -35,7 +35,7 @@ from cppperf.services.evaluator.instances import EvalInstance, load_instance
 from cppperf.services.evaluator.score import score
 from cppperf.services.filter.rules import Rules
 from cppperf.shared.engine.backend import LocalBackend, export_tree
-from cppperf.shared.engine.backends import build_spec, make_backend
+from cppperf.shared.engine.backends import build_spec, make_backend, submodule_sources
 from cppperf.shared.engine.cmake import TestCase, normalise
 from cppperf.shared.engine.images import git_archive
 from cppperf.shared.engine.protocol import measure
@@ -133,6 +133,7 @@ def _evaluate(req: EvalRequest, s: Settings, out: Path, phase: Phase) -> dict[st
             sandbox=True,
             output_limit=s.builder.output_limit,
             same_path=s.builder.same_path and mount_namespace_available(),
+            submodules=submodule_sources(s.builder),
         )
     try:
         return {**base, **_run(req, inst, s, backend, repo_path, out, phase, ws)}
@@ -155,7 +156,8 @@ def _prepare(req: EvalRequest, inst: EvalInstance, backend: Any, repo: Path, out
     (ws / "logs").mkdir(parents=True)
     (ws / "current").mkdir()
     agent_src = ws / "agent" / "src"
-    export_tree(repo, inst.base_sha, agent_src)
+    subs = getattr(backend, "submodules", None)  # where submodule histories come from
+    export_tree(repo, inst.base_sha, agent_src, subs)
     init_tree(agent_src)
     patch_file = ws / "agent.patch"
     patch_file.write_text(req.patch)
@@ -164,14 +166,14 @@ def _prepare(req: EvalRequest, inst: EvalInstance, backend: Any, repo: Path, out
     if applied.ok:
         if getattr(backend, "name", "") == "docker":
             sources = {
-                "old": git_archive(repo, inst.base_sha),
-                "expert": git_archive(repo, inst.expert_sha),
+                "old": git_archive(repo, inst.base_sha, subs),
+                "expert": git_archive(repo, inst.expert_sha, subs),
                 "agent": _tar_tree(agent_src),
             }
             backend.prepare_sources(sources, repo, inst.expert_sha)
         else:
-            export_tree(repo, inst.base_sha, ws / "old" / "src")
-            export_tree(repo, inst.expert_sha, ws / "expert" / "src")
+            export_tree(repo, inst.base_sha, ws / "old" / "src", subs)
+            export_tree(repo, inst.expert_sha, ws / "expert" / "src", subs)
     _write(out / "build.log", applied.log + "\n")
     if not applied.ok:
         raise _Stop(

@@ -19,9 +19,8 @@ import hashlib
 import io
 import os
 import shutil
-import subprocess
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,7 +34,8 @@ from cppperf.shared.engine.cmake import (
     tool_env,
 )
 from cppperf.shared.engine.sandbox import Limits, RunResult, run
-from cppperf.shared.errors import BadInput, InfraFailure
+from cppperf.shared.engine.submodules import Sources, archive
+from cppperf.shared.errors import InfraFailure
 
 SideName = str  # "old"/"new" for the builder; the evaluator adds "agent" and "expert"
 SIDES: tuple[SideName, SideName] = ("old", "new")
@@ -43,6 +43,7 @@ SIDES: tuple[SideName, SideName] = ("old", "new")
 
 class Backend(Protocol):
     name: str
+    spec: BuildSpec  # replaced (and the trees prepared again) to build in another build type
 
     def prepare(self, repo_path: Path, shas: dict[SideName, str]) -> None: ...
     def build(self, side: SideName) -> list[StepResult]: ...
@@ -53,15 +54,12 @@ class Backend(Protocol):
     def commit(self, image: str, record: dict[str, Any]) -> str: ...
 
 
-def export_tree(repo_path: Path, sha: str, dest: Path) -> None:
-    """Write the tree of `sha` into `dest` (git archive: works on bare and blobless mirrors)."""
+def export_tree(repo_path: Path, sha: str, dest: Path, submodules: Sources | None = None) -> None:
+    """Write the tree of `sha` into `dest` with its submodules at their recorded revisions (git
+    archive: works on bare and blobless mirrors; see `submodules` for where they come from)."""
     dest.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(
-        ["git", "-C", str(repo_path), "archive", "--format=tar", sha], capture_output=True, check=False
-    )
-    if proc.returncode != 0:
-        raise BadInput(f"cannot export {sha[:12]}: {proc.stderr.decode(errors='replace').strip()[-300:]}")
-    with tarfile.open(fileobj=io.BytesIO(proc.stdout)) as tar:
+    data = archive(repo_path, sha, submodules)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         tar.extractall(dest, filter="data")
 
 
@@ -74,6 +72,7 @@ class LocalBackend:
     output_limit: int = 64 * 1024
     ccache_basedir: bool = False
     same_path: bool = False  # every side built and run at <workspace>/current (mount namespace)
+    submodules: Sources = field(default_factory=Sources)
     name: str = "local"
 
     def side_dir(self, side: SideName) -> Path:
@@ -100,7 +99,7 @@ class LocalBackend:
         self.logs.mkdir(parents=True)
         self.current.mkdir()
         for side in SIDES:
-            export_tree(repo_path, shas[side], self.side_dir(side) / "src")
+            export_tree(repo_path, shas[side], self.side_dir(side) / "src", self.submodules)
 
     def _env(self) -> dict[str, str]:
         return tool_env(self.workspace / "ccache", self.workspace if self.ccache_basedir else None)

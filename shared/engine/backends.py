@@ -13,8 +13,9 @@ from typing import Any
 from cppperf.shared.engine.backend import Backend, LocalBackend
 from cppperf.shared.engine.cmake import BuildSpec
 from cppperf.shared.engine.sandbox import mount_namespace_available
+from cppperf.shared.engine.submodules import Sources
 from cppperf.shared.errors import ConfigError, InfraFailure
-from cppperf.shared.settings import BuilderSettings
+from cppperf.shared.settings import BuilderSettings, default_mirror_dir
 
 
 def build_spec(settings: BuilderSettings) -> BuildSpec:
@@ -24,6 +25,11 @@ def build_spec(settings: BuilderSettings) -> BuildSpec:
         configure_timeout=settings.configure_timeout,
         build_timeout=settings.build_timeout,
     )
+
+
+def submodule_sources(settings: BuilderSettings) -> Sources:
+    cache = Path(settings.submodule_cache) if settings.submodule_cache else default_mirror_dir()
+    return Sources(mirrors=dict(settings.submodule_mirrors), cache_dir=cache, fetch=settings.submodule_fetch)
 
 
 def docker_client(settings: BuilderSettings) -> Any:
@@ -73,6 +79,7 @@ def make_backend(
             output_limit=settings.output_limit,
             ccache_basedir=settings.ccache_basedir,
             same_path=settings.same_path and mount_namespace_available(),
+            submodules=submodule_sources(settings),
         )
     if settings.backend == "docker":
         from cppperf.shared.engine.docker_backend import DockerBackend
@@ -99,5 +106,6 @@ def make_backend(
             output_limit=settings.output_limit,
             from_image=from_image,
             ccache_basedir=settings.ccache_basedir,
+            submodules=submodule_sources(settings),
         )
     raise ConfigError(f"builder.backend={settings.backend!r}: use 'local' or 'docker'")

@@ -32,6 +32,7 @@ from cppperf.shared.engine.cmake import (
 from cppperf.shared.engine.deps import diagnose
 from cppperf.shared.engine.images import cmake_texts, ensure_env_image, git_archive, tar_bytes
 from cppperf.shared.engine.sandbox import Limits, RunResult
+from cppperf.shared.engine.submodules import Sources
 from cppperf.shared.errors import InfraFailure
 
 RUNNER = "/opt/cppperf/runner.py"
@@ -58,6 +59,7 @@ class DockerBackend:
     packages: list[str] = field(default_factory=list)
     from_image: str | None = None
     ccache_basedir: bool = False
+    submodules: Sources = field(default_factory=Sources)
     name: str = "docker"
     container: Any = None
     installed: list[str] = field(default_factory=list)
@@ -101,7 +103,7 @@ class DockerBackend:
         if self.from_image is not None:
             self._start(self.from_image)
             return
-        self._sources = {side: git_archive(repo_path, sha) for side, sha in shas.items()}
+        self._sources = {side: git_archive(repo_path, sha, self.submodules) for side, sha in shas.items()}
         self._test_options = test_options_from_text(cmake_texts(repo_path, shas["new"]))
         self._start(ensure_env_image(self.client, self.base_image, self.packages))
         self._load_sources()

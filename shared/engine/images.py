@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cppperf.shared.engine.submodules import Sources, archive
 from cppperf.shared.errors import InfraFailure, ToolMissing
 
 TOOLCHAIN = ["ca-certificates", "g++", "cmake", "ninja-build", "ccache", "make", "python3", "procps", "git"]
@@ -158,13 +159,9 @@ def tar_bytes(files: dict[str, bytes], *, mode: int = 0o644) -> bytes:
     return buf.getvalue()
 
 
-def git_archive(repo: Path, sha: str) -> bytes:
-    proc = subprocess.run(
-        ["git", "-C", str(repo), "archive", "--format=tar", sha], capture_output=True, check=False
-    )
-    if proc.returncode != 0:
-        raise InfraFailure(f"git archive {sha[:12]} failed: {proc.stderr.decode(errors='replace')[-300:]}")
-    return proc.stdout
+def git_archive(repo: Path, sha: str, submodules: Sources | None = None) -> bytes:
+    """`sha`'s tree as a tar, submodules included at their recorded revisions."""
+    return archive(repo, sha, submodules)
 
 
 def cmake_texts(repo: Path, sha: str) -> list[str]:

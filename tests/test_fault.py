@@ -1,0 +1,126 @@
+"""Whose fault a rejection is, and what the user can do about it, on real generated CMake projects:
+a test the commit breaks (`test-failure`, the parent passes); a test failing on both sides in
+Release that passes in Debug (measured in Debug, both attempts recorded); one failing everywhere
+(`test-failure-both-sides`, "fails on both sides in Release"); a project whose code is in a
+submodule (built) and one whose submodule nobody has (`dependency`, named, at the checkout step)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cppperf.services.builder.service import build_patch
+from tests.conftest import make_settings
+from tests.gitrepo import commit_files
+from tests.test_builder import commit_for
+
+pytestmark = pytest.mark.build
+
+CMAKE = """cmake_minimum_required(VERSION 3.16)
+project(f CXX)
+enable_testing()
+add_executable(t t.cpp)
+add_test(NAME t COMMAND t)
+"""
+
+
+def program(k: int, release_fails: bool, always_fails: bool = False) -> str:
+    body = "return 1;" if always_fails else ("return k > 0 ? 0 : 1;")
+    guard = "#ifdef NDEBUG\n    return 1;\n#endif\n" if release_fails else ""
+    return f"volatile int k = {k};\nint main() {{\n{guard}    {body}\n}}\n"
+
+
+def prove(tmp_path: Path, repo: Path, sha: str, **builder: Any) -> dict[str, Any]:
+    settings = make_settings(tmp_path, builder={"runs": 3, "confirm": False, **builder})
+    built = build_patch(
+        commit_for(repo, sha), repo, settings.builder, work_dir=tmp_path / "work", out_dir=tmp_path / "out"
+    )
+    c: dict[str, Any] = built.record["cppperf"]
+    return c
+
+
+def test_the_commit_broke_it(tmp_path: Path) -> None:
+    repo = tmp_path / "r"
+    commit_files(repo, {"CMakeLists.txt": CMAKE, "t.cpp": program(1, False)}, "one")
+    head = commit_files(repo, {"t.cpp": program(0, False)}, "two")  # k = 0: the test fails
+    c = prove(tmp_path, repo, head)
+    assert (c["verdict"], c["failure_category"], c["failure_step"]) == ("rejected", "test-failure", "test")
+    assert "new side only (the commit broke it)" in c["failure_detail"]
+    assert any("on the old side: passed" in t for t in c["tried"]), c["tried"]
+    assert [a["build_type"] for a in c["attempts"]] == ["Release"]  # not the profile's fault: no retry
+
+
+def test_fails_in_release_on_both_sides_then_measured_in_debug(tmp_path: Path) -> None:
+    repo = tmp_path / "r"
+    commit_files(repo, {"CMakeLists.txt": CMAKE, "t.cpp": program(1, True)}, "one")
+    head = commit_files(repo, {"t.cpp": program(2, True)}, "two")
+    c = prove(tmp_path, repo, head)
+    assert c["verdict"] != "rejected", c["failure_detail"]
+    assert [a["build_type"] for a in c["attempts"]] == ["Release", "Debug"]
+    assert c["attempts"][0]["failure_category"] == "test-failure-both-sides"
+    assert c["environment"]["build_type"] == "Debug"
+    assert any("rebuilt both sides in Debug" in t for t in c["tried"])
+
+
+def test_fails_everywhere_is_not_the_commits_fault(tmp_path: Path) -> None:
+    repo = tmp_path / "r"
+    commit_files(repo, {"CMakeLists.txt": CMAKE, "t.cpp": program(1, False, always_fails=True)}, "one")
+    head = commit_files(repo, {"t.cpp": program(2, False, always_fails=True)}, "two")
+    c = prove(tmp_path, repo, head)
+    assert (c["verdict"], c["failure_category"]) == ("rejected", "test-failure-both-sides")
+    assert "fails on both sides in Release" in c["failure_detail"]
+    assert [a["build_type"] for a in c["attempts"]] == ["Release", "Debug"]
+    # without a fallback build type: one attempt
+    c = prove(tmp_path, repo, head, fallback_build_type="")
+    assert [a["build_type"] for a in c["attempts"]] == ["Release"]
+
+
+def _with_submodule(tmp_path: Path) -> tuple[Path, Path, str]:
+    lib = tmp_path / "lib"
+    commit_files(
+        lib,
+        {"CMakeLists.txt": "add_library(lib STATIC lib.cpp)\n", "lib.cpp": "int lib() { return 0; }\n"},
+        "lib",
+    )
+    repo = tmp_path / "r"
+    cmake = CMAKE.replace(
+        "add_executable(t t.cpp)", "add_subdirectory(third_party/lib)\nadd_executable(t t.cpp)"
+    )
+    cmake += "target_link_libraries(t lib)\n"
+    main = "int lib();\nvolatile int k = {k};\nint main() {{ return lib() + (k > 0 ? 0 : 1); }}\n"
+    commit_files(repo, {"CMakeLists.txt": cmake, "t.cpp": main.format(k=1)}, "one")
+    git = [
+        "git",
+        "-c",
+        "protocol.file.allow=always",
+        "-c",
+        "user.name=a",
+        "-c",
+        "user.email=a@b",
+        "-C",
+        str(repo),
+    ]
+    subprocess.run([*git, "submodule", "add", "-q", f"file://{lib}", "third_party/lib"], check=True)
+    subprocess.run([*git, "commit", "-qm", "submodule"], check=True)
+    head = commit_files(repo, {"t.cpp": main.format(k=2)}, "two")
+    return lib, repo, head
+
+
+def test_a_project_in_a_submodule_builds(tmp_path: Path) -> None:
+    _, repo, head = _with_submodule(tmp_path)
+    c = prove(tmp_path, repo, head)
+    assert c["verdict"] != "rejected", c["failure_detail"]
+
+
+def test_a_submodule_nobody_has_is_a_named_dependency(tmp_path: Path) -> None:
+    lib, repo, head = _with_submodule(tmp_path)
+    bare = tmp_path / "bare.git"  # a mirror: no .git/modules; the submodule's origin is gone
+    subprocess.run(["git", "clone", "-q", "--bare", str(repo), str(bare)], check=True)
+    subprocess.run(["rm", "-rf", str(lib)], check=True)
+    c = prove(tmp_path, bare, head)
+    assert (c["verdict"], c["failure_category"], c["failure_step"]) == ("rejected", "dependency", "checkout")
+    assert "third_party/lib" in c["failure_detail"]
+    assert c["tried"], c
