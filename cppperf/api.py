@@ -75,7 +75,7 @@ def commit_from_repo(
         raise ValueError(f"cannot read commit {sha}")
     if parent is None and len(header.parents) > 1:
         raise ValueError(
-            f"{sha} is a merge commit ({len(header.parents)} parents): give a parent to compare with"
+            f"{sha} is a merge commit ({len(header.parents)} parents): give the parent to compare with (--parent)"
         )
     if parent is not None:
         p = _git(path, "rev-parse", "--verify", "--quiet", f"{parent}^{{commit}}")

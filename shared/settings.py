@@ -47,7 +47,7 @@ def _xdg_data_home() -> Path:
 
 
 class BusSettings(msgspec.Struct, kw_only=True):
-    data_dir: str = ""  # embedded NATS store; default $XDG_DATA_HOME/cppperf/nats
+    data_dir: str = ""  # embedded NATS store; default <out_dir>/.state/nats
     ack_wait: float = 60.0  # seconds before an un-acked, silent message is redelivered
     max_deliver: int = 5  # deliveries before a message is dead-lettered
     max_ack_pending: int = 256
@@ -177,8 +177,12 @@ class Settings(msgspec.Struct, kw_only=True):
     evaluator: EvaluatorSettings = msgspec.field(default_factory=EvaluatorSettings)
 
     # Derived paths -------------------------------------------------------------------------
+    def state_dir(self) -> Path:
+        """The project's state, beside its outputs: two output folders never share a pipeline."""
+        return Path(self.out_dir) / ".state"
+
     def nats_data_dir(self) -> Path:
-        return Path(self.bus.data_dir) if self.bus.data_dir else _xdg_data_home() / "cppperf" / "nats"
+        return Path(self.bus.data_dir) if self.bus.data_dir else self.state_dir() / "nats"
 
     def mirror_dir(self) -> Path:
         return (

@@ -65,7 +65,8 @@ def _test_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
                 "ci": (1 / t["ci_high"], 1 / t["ci_low"])
                 if t["ci_low"] > 0 and t["ci_high"] < float("inf")
                 else None,
-                "p": t["p_improve_adj"],
+                # the p of the side that was decided: a regression shows its own (small) p
+                "p": t["p_regress_adj"] if t["regressed"] or t["median_change"] < 0 else t["p_improve_adj"],
                 "improved": t["improved"],
                 "regressed": t["regressed"],
             }
