@@ -141,7 +141,7 @@ def test_unreachable_nats_fails_fast_naming_the_url(verb: list[str]) -> None:
     url = f"nats://127.0.0.1:{free_port()}"
     t0 = time.monotonic()
     res = cli(*verb, "--nats-url", url)
-    assert time.monotonic() - t0 < 15  # noqa: PLR2004 - seconds, not a hang
+    assert time.monotonic() - t0 < 15
     assert res.exit_code == FAILURES
     assert f"cannot reach NATS at {url}" in error_text(res)
 
@@ -415,7 +415,7 @@ def test_instance_page_shows_regressions_with_their_p(tmp_path: Path) -> None:
 
     rec = to_record(published("o/n", [timed("slow", 0.010, 0.020)], improved=0), "x.json")
     (row,) = _test_rows(rec)
-    assert row["regressed"] and row["p"] < 0.05  # noqa: PLR2004 - the regression side's p
+    assert row["regressed"] and row["p"] < 0.05
     assert row["ci"] is not None
 
 
@@ -442,7 +442,7 @@ def test_python_api_scan_and_commit(git_repo: Path) -> None:
     import cppperf
 
     found = cppperf.scan(git_repo)
-    assert found.scanned == 2  # noqa: PLR2004
+    assert found.scanned == 2
     commit = cppperf.commit_from_repo(git_repo, "HEAD", name="o/n")
     assert commit.repo == "o/n"
     with pytest.raises(ValueError, match="not a git repository"):

@@ -62,9 +62,7 @@ def recompute_tests(published: dict[str, Any]) -> list[dict[str, Any]]:
     by_name = {
         str(t["test_name"]): (t["old_times"], t["new_times"])
         for t in (published.get("tests") or {}).get("tests") or []
-        if isinstance(t, dict)
-        and len(t.get("old_times") or []) >= 2  # noqa: PLR2004 - a rank test needs two samples a side
-        and len(t.get("new_times") or []) >= 2  # noqa: PLR2004
+        if isinstance(t, dict) and len(t.get("old_times") or []) >= 2 and len(t.get("new_times") or []) >= 2
     }
     samples = [(name, *by_name[name]) for name in sorted(by_name)]
     first = decide(compare_batch(by_name), alpha=alpha, min_improvement=threshold)
