@@ -449,3 +449,16 @@ def test_python_api_scan_and_commit(git_repo: Path) -> None:
         cppperf.scan(git_repo / "nope")
     with pytest.raises(ValueError, match="unknown instance"):
         cppperf.evaluate("a__b-123456789abc", "", out_dir=git_repo / "out")
+
+
+def test_overview_has_distributions_and_links(tmp_path: Path) -> None:
+    out_dir = _store_with(tmp_path)
+    dest = tmp_path / "site" / "overview.html"
+    res = cli("dataset", "report", "--all", str(dest), "--pages", "--out", str(out_dir))
+    assert res.exit_code == 0, res.output
+    page = dest.read_text()
+    assert 'id="verdicts"' in page and 'id="speedups"' in page
+    iid = "someowner__a-rather-long-repository-name-" + "b" * 12
+    assert f'href="overview_instances/{iid}.html"' in page
+    assert (tmp_path / "site" / "overview_instances" / f"{iid}.html").is_file()
+    assert cli("dataset", "report", "x", "--pages").exit_code == USAGE

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.progress import Progress
 from rich.table import Table
 
 from cppperf.cli.common import (
@@ -95,8 +96,6 @@ def dataset_import(
 
     Example: cppperf dataset import /path/to/cppperf-db/entries
     """
-    from rich.progress import Progress
-
     from cppperf.dataset.records import import_files
 
     s = _settings(config, out_dir=str(out_dir) if out_dir else None)
@@ -284,20 +283,34 @@ def dataset_report(
     target: Annotated[Path, typer.Argument(help="instance id, or OUT.html with --all")],
     output: Annotated[Path | None, typer.Argument(help="OUT.html (with an instance id)")] = None,
     all_: Annotated[bool, typer.Option("--all", help="the dataset overview")] = False,
+    pages: Annotated[
+        bool, typer.Option("--pages", help="with --all: also every instance's page, linked (OUT_instances/)")
+    ] = False,
     out_dir: OutDir = None,
     config: Config = None,
 ) -> None:
     """Static HTML report with inline SVG plots (no network needed to view it).
 
-    Examples: cppperf dataset report --all overview.html; cppperf dataset report ID report.html
+    Examples: cppperf dataset report --all overview.html --pages; cppperf dataset report ID report.html
     """
     from cppperf.dataset.records import RecordError, iter_records, load_record
     from cppperf.dataset.report import instance_section, overview_section, page
 
+    if pages and not all_:
+        raise typer.BadParameter("--pages goes with --all", param_hint="--pages")
     s = _settings(config, out_dir=str(out_dir) if out_dir else None)
+    written: list[tuple[Path, str]] = []
     if all_:
-        html_text = page("cppperf dataset", overview_section(list(iter_records(Path(s.out_dir)))))
         dest = output or target
+        records = list(iter_records(Path(s.out_dir)))
+        folder = dest.with_name(dest.stem + "_instances")
+        link = (lambda iid: f"{folder.name}/{iid}.html") if pages else None
+        written.append((dest, page("cppperf dataset", overview_section(records, link))))
+        if pages:
+            with Progress(console=console, transient=True) as progress:
+                for r in progress.track(records, description="instance pages"):
+                    iid = r["cppperf"]["instance_id"]
+                    written.append((folder / f"{iid}.html", page(iid, instance_section(r))))
     else:
         if output is None:
             raise typer.BadParameter("give the output file: cppperf dataset report ID OUT.html")
@@ -305,12 +318,19 @@ def dataset_report(
             html_text = page(str(target), instance_section(load_record(Path(s.out_dir), str(target))))
         except RecordError as exc:
             raise _fail(exc) from exc
-        dest = output
+        written.append((output, html_text))
     try:
-        write_atomic(dest, html_text)
+        for path, text in written:
+            write_atomic(path, text)
     except OSError as exc:
-        raise _fail(f"cannot write {dest}: {exc.strerror or exc}") from exc
-    out.print(f"wrote {dest} ({len(html_text) // 1024} KiB)")
+        raise _fail(f"cannot write {path}: {exc.strerror or exc}") from exc
+    dest, text = written[0]
+    more = (
+        f" and {len(written) - 1} instance page(s) in {dest.with_name(dest.stem + '_instances')}"
+        if len(written) > 1
+        else ""
+    )
+    out.print(f"wrote {dest} ({len(text) // 1024} KiB){more}")
 
 
 @dataset_app.command("stats")
