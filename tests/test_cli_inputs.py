@@ -462,3 +462,33 @@ def test_overview_has_distributions_and_links(tmp_path: Path) -> None:
     assert f'href="overview_instances/{iid}.html"' in page
     assert (tmp_path / "site" / "overview_instances" / f"{iid}.html").is_file()
     assert cli("dataset", "report", "x", "--pages").exit_code == USAGE
+
+
+def _readme_block(heading: str) -> str:
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text[text.index(heading) :]
+    start = section.index("```python\n") + len("```python\n")
+    return section[start : section.index("\n```", start)]
+
+
+def test_readme_demo_instance_id_is_real(tmp_path: Path) -> None:
+    from cppperf.demo import create_demo_repo
+
+    repo = create_demo_repo(tmp_path / "demo")
+    assert repo.shas["perf"].startswith("4bda4860cd0d")
+    assert "local__demo-4bda4860cd0d" in _readme_block("### Python API")
+
+
+@pytest.mark.build
+@pytest.mark.slow
+def test_readme_python_api_example(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from cppperf.demo import create_demo_repo
+
+    demo = create_demo_repo(tmp_path / "demo")
+    code = _readme_block("### Python API").replace("/tmp/demo", str(demo.path))
+    code = code.replace('"results"', repr(str(tmp_path / "results")))
+    os.environ["CPPPERF_BUILDER_WORK_DIR"] = str(tmp_path / "work")
+    os.environ["CPPPERF_EVALUATOR_RUNS_DIR"] = str(tmp_path / "runs")
+    exec(compile(code, "README.md", "exec"), {})  # noqa: S102 - the README's own example
+    printed = capsys.readouterr().out
+    assert "local__demo-4bda4860cd0d improved" in printed

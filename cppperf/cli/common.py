@@ -43,7 +43,7 @@ Examples:
   cppperf classify eval --labels dev.jsonl    # classifier quality on labelled commits
   cppperf status                              # per stage: pending, in flight, done, dead-lettered
   cppperf evaluate --predictions preds.jsonl --run-id demo
-  cppperf dataset import ../shared/data/cppperf-db/entries
+  cppperf dataset import /path/to/cppperf-db/entries --out results
 
 \b
 Every verb writes to and reads from one output folder (--out, default cppperf-out); the

@@ -179,7 +179,7 @@ def evaluate(  # noqa: PLR0912, PLR0915 - one verb, its input checks and its two
     instance is unknown.
 
     Examples:
-      cppperf evaluate --instance local__demo-1a2b3c4d5e6f --patch fix.diff --model my-agent
+      cppperf evaluate --instance local__demo-4bda4860cd0d --patch fix.diff --model my-agent
       cppperf evaluate --predictions preds.jsonl --run-id demo --instance-ids a__b-123456789abc
       cppperf evaluate --predictions preds.jsonl --run-id demo --nats-url nats://bus:4222
     """
