@@ -492,3 +492,42 @@ def test_readme_python_api_example(tmp_path: Path, capsys: pytest.CaptureFixture
     exec(compile(code, "README.md", "exec"), {})  # noqa: S102 - the README's own example
     printed = capsys.readouterr().out
     assert "local__demo-4bda4860cd0d improved" in printed
+
+
+@pytest.mark.nats
+def test_status_keeps_its_state_in_the_output_folder(tmp_path: Path) -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "cppperf", "status", "--json", "--out", str(tmp_path / "proj")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (tmp_path / "proj" / ".state" / "nats" / "jetstream").is_dir()
+    assert json.loads(res.stdout)["funnel"]["scanned"] == 0
+
+
+@pytest.mark.nats
+def test_ctrl_c_says_stopping_at_once(tmp_path: Path) -> None:
+    import signal
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cppperf", "serve", "filter", "--out", str(tmp_path / "o")],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stderr is not None
+    try:
+        for line in proc.stderr:
+            if "filter running" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=120)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "stopping… waiting for filter to hand back in-flight messages" in rest
+    assert proc.returncode == 130
+    assert "Traceback" not in rest
