@@ -531,3 +531,17 @@ def test_ctrl_c_says_stopping_at_once(tmp_path: Path) -> None:
     assert "stopping… waiting for filter to hand back in-flight messages" in rest
     assert proc.returncode == 130
     assert "Traceback" not in rest
+
+
+def test_usage_error_is_one_line_from_the_console_script(tmp_path: Path) -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "cppperf", "mine", "--repo", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert res.returncode == USAGE
+    assert res.stderr.strip().count("\n") == 0
+    assert res.stderr.startswith("error: ") and "no such directory" in res.stderr
+    assert "cppperf mine --help" in res.stderr
