@@ -545,3 +545,23 @@ def test_usage_error_is_one_line_from_the_console_script(tmp_path: Path) -> None
     assert res.stderr.strip().count("\n") == 0
     assert res.stderr.startswith("error: ") and "no such directory" in res.stderr
     assert "cppperf mine --help" in res.stderr
+
+
+def test_compare_batch_matches_compare_test() -> None:
+    import math
+
+    from cppperf.shared.engine.stats import compare_batch, compare_test
+
+    samples = {
+        "a": ([0.010 + 0.0001 * (i % 7) for i in range(30)], [0.006 + 0.0001 * (i % 5) for i in range(30)]),
+        "b": ([0.010] * 5, [0.010] * 5),  # identical: p = 1 both ways
+        "c": ([0.01, 0.012, 0.011], [0.02, 0.021, 0.019]),  # small: scipy's exact path
+    }
+    for x, y in zip(
+        compare_batch(samples),
+        [compare_test(k, *samples[k], resamples=0) for k in sorted(samples)],
+        strict=True,
+    ):
+        for f, u in x.as_dict().items():
+            v = getattr(y, f)
+            assert u == v or (isinstance(u, float) and math.isclose(u, v, rel_tol=1e-12)), (x.name, f, u, v)
