@@ -11,7 +11,7 @@ import logging
 import re
 import sys
 from collections.abc import MutableMapping
-from typing import Any
+from typing import IO, Any
 
 import structlog
 
@@ -54,8 +54,9 @@ class _CurrentStderr:
         sys.stderr.flush()
 
 
-def configure_logging(level: str = "info", *, json: bool | None = None) -> None:
-    """Configure structlog once for the process (safe to call again)."""
+def configure_logging(level: str = "info", *, json: bool | None = None, file: IO[str] | None = None) -> None:
+    """Configure structlog once for the process (safe to call again). `file`: log there instead
+    of stderr (the CLI does while a live view owns the terminal)."""
     use_json = (not sys.stderr.isatty()) if json is None else json
     renderer: Any = (
         structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer(colors=True)
@@ -70,7 +71,7 @@ def configure_logging(level: str = "info", *, json: bool | None = None) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
+        logger_factory=structlog.PrintLoggerFactory(file=file or _CurrentStderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
 

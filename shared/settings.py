@@ -8,11 +8,13 @@ An invalid value raises `ConfigError` with a one-line message naming the key.
 
 from __future__ import annotations
 
+import datetime
 import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -50,7 +52,7 @@ def default_mirror_dir() -> Path:
 
 
 class BusSettings(msgspec.Struct, kw_only=True):
-    data_dir: str = ""  # embedded NATS store; default $XDG_DATA_HOME/cppperf/nats
+    data_dir: str = ""  # embedded NATS store; default <out_dir>/.state/nats
     ack_wait: float = 60.0  # seconds before an un-acked, silent message is redelivered
     max_deliver: int = 5  # deliveries before a message is dead-lettered
     max_ack_pending: int = 256
@@ -189,8 +191,12 @@ class Settings(msgspec.Struct, kw_only=True):
     evaluator: EvaluatorSettings = msgspec.field(default_factory=EvaluatorSettings)
 
     # Derived paths -------------------------------------------------------------------------
+    def state_dir(self) -> Path:
+        """The project's state, beside its outputs: two output folders never share a pipeline."""
+        return Path(self.out_dir) / ".state"
+
     def nats_data_dir(self) -> Path:
-        return Path(self.bus.data_dir) if self.bus.data_dir else _xdg_data_home() / "cppperf" / "nats"
+        return Path(self.bus.data_dir) if self.bus.data_dir else self.state_dir() / "nats"
 
     def mirror_dir(self) -> Path:
         return (
@@ -274,15 +280,120 @@ def load_settings(
     """Load settings: defaults < TOML file < environment < explicit overrides (CLI flags)."""
     env = os.environ if env is None else env
     raw: dict[str, Any] = {}
-    path = Path(toml_path) if toml_path else Path(env.get("CPPPERF_CONFIG", "cppperf.toml"))
+    explicit = toml_path or env.get("CPPPERF_CONFIG")
+    path = Path(explicit) if explicit else Path("cppperf.toml")
+    if explicit and not path.is_file():
+        raise ConfigError(f"config file {path} not found")
     if path.is_file():
         try:
             raw = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as exc:
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+        _check_known_keys(raw, path)
     raw = _merge(raw, _env_overrides(env))
     raw = _merge(raw, overrides)
     try:
-        return msgspec.convert(raw, Settings, strict=False)
+        settings = msgspec.convert(raw, Settings, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid setting {_key_from_error(exc)}: {exc}") from exc
+    validate(settings)
+    return settings
+
+
+# Validation beyond types: ranges, dates, URLs -------------------------------------------------
+def _env_name(key: str) -> str:
+    return "CPPPERF_" + key.upper().replace(".", "_")
+
+
+def _bad(key: str, why: str) -> ConfigError:
+    return ConfigError(f"invalid setting {key} ({_env_name(key)}): {why}")
+
+
+def _check_known_keys(raw: Mapping[str, Any], path: Path) -> None:
+    """A misspelt TOML key or section is an error, not silently ignored."""
+    top = set(Settings.__struct_fields__)
+    for key, value in raw.items():
+        if key not in top:
+            raise ConfigError(f"{path}: unknown setting {key!r} (known: {', '.join(sorted(top))})")
+        if key in _SECTION_TYPES:
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{path}: [{key}] must be a table")
+            known = set(_SECTION_TYPES[key].__struct_fields__)
+            for sub in value:
+                if sub not in known:
+                    raise ConfigError(f"{path}: unknown setting {key}.{sub} in [{key}]")
+
+
+def parse_date(value: str) -> datetime.date:
+    """`YYYY-MM-DD` (what `--since`/`--until` and the mining settings take) or ValueError."""
+    text = value.strip()
+    if len(text) != 10:
+        raise ValueError(f"{value!r} is not a date (YYYY-MM-DD)")
+    try:
+        return datetime.date.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a date (YYYY-MM-DD)") from None
+
+
+def check_nats_url(url: str) -> None:
+    """Each server of `nats://host:port[,nats://host:port…]` must parse; ValueError otherwise."""
+    for server in [u.strip() for u in url.split(",") if u.strip()] or [url]:
+        parts = urlsplit(server)
+        if parts.scheme not in ("nats", "tls", "ws", "wss") or not parts.hostname:
+            raise ValueError(f"{server!r} is not a NATS URL (nats://host:port)")
+        try:
+            _ = parts.port
+        except ValueError:
+            raise ValueError(f"{server!r} has an invalid port") from None
+
+
+MIN_MEASURED_ROUNDS = 3  # fewer timed rounds per side leave the statistics nothing to test
+
+
+def validate(s: Settings) -> None:
+    """Ranges, dates and URLs that msgspec's types cannot express; one-line ConfigError naming the key."""
+    for key, value in (("mining.since", s.mining.since), ("mining.until", s.mining.until)):
+        try:
+            parse_date(value)
+        except ValueError as exc:
+            raise _bad(key, str(exc)) from None
+    if s.mining.since > s.mining.until:
+        raise _bad("mining.since", f"{s.mining.since} is after mining.until {s.mining.until}")
+    if s.nats_url:
+        try:
+            check_nats_url(s.nats_url)
+        except ValueError as exc:
+            raise _bad("nats_url", str(exc)) from None
+    if s.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise _bad("log_level", f"{s.log_level!r} is not one of debug, info, warning, error, critical")
+    _validate_ranges(s)
+
+
+def _validate_ranges(s: Settings) -> None:
+    if s.builder.warmup < 0:
+        raise _bad("builder.warmup", "must be >= 0")
+    least = s.builder.warmup + MIN_MEASURED_ROUNDS
+    if s.builder.runs < least:
+        raise _bad(
+            "builder.runs", f"{s.builder.runs} rounds; need >= {least} (warmup + {MIN_MEASURED_ROUNDS})"
+        )
+    if s.evaluator.runs < 1 + MIN_MEASURED_ROUNDS:
+        raise _bad(
+            "evaluator.runs",
+            f"{s.evaluator.runs} rounds; need >= {1 + MIN_MEASURED_ROUNDS} (first discarded)",
+        )
+    for key, n in (
+        ("mining.max_files", s.mining.max_files),
+        ("bus.max_deliver", s.bus.max_deliver),
+        ("evaluator.max_patch_bytes", s.evaluator.max_patch_bytes),
+    ):
+        if n < 1:
+            raise _bad(key, f"{n}; must be >= 1")
+    for key, x in (("mining.min_stars", s.mining.min_stars), ("builder.jobs", s.builder.jobs)):
+        if x < 0:
+            raise _bad(key, f"{x}; must be >= 0")
+    for key, f in (("builder.alpha", s.builder.alpha), ("evaluator.opt_fraction", s.evaluator.opt_fraction)):
+        if not 0.0 < f <= 1.0:
+            raise _bad(key, f"{f}; must be in (0, 1]")
+    if s.builder.min_improvement < 0:
+        raise _bad("builder.min_improvement", "must be >= 0")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,37 +10,21 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cppperf.cli.common import Config, _fail, _settings, app, console, out
+from cppperf.cli.common import Config, OutDir, Runs, _fail, _settings, app, console, out, print_json
+from cppperf.cli.repos import check_name, git_repo
 from cppperf.shared.errors import CppPerfError
 
 
 # ------------------------------------------------------------------------------------------ build / calibrate
-def _commit_from_repo(repo: Path, sha: str, parent: str | None) -> Any:
-    from cppperf.services.filter.links import LinkResolver
-    from cppperf.services.filter.select import to_message
-    from cppperf.services.filter.walk import CommitHeader, commit_details, iter_commits
+def _commit_from_repo(repo: Path, sha: str, parent: str | None, name: str | None = None) -> Any:
+    """The commit as a `CommitSelected`; bad input is a usage error (exit 2)."""
+    from cppperf.api import commit_from_repo
 
-    full = subprocess.run(
-        ["git", "-C", str(repo), "rev-parse", sha], capture_output=True, text=True, check=False
-    )
-    if full.returncode != 0:
-        raise typer.BadParameter(f"unknown commit {sha}", param_hint="--sha")
-    full_sha = full.stdout.strip()
-    header = next(iter_commits(repo, f"{full_sha}^!" if parent is None else full_sha), None)
-    if header is None or header.sha != full_sha:
-        raise typer.BadParameter(f"cannot read commit {sha}", param_hint="--sha")
-    if parent is not None:
-        p = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", parent], capture_output=True, text=True, check=False
-        )
-        header = CommitHeader(
-            header.sha, (p.stdout.strip(),), header.date, header.author, header.message, header.changes
-        )
-    if not header.parents:
-        raise typer.BadParameter(f"{sha} is a root commit: give --parent", param_hint="--parent")
-    details = next(commit_details(repo, [header]))
-    resolved = repo.resolve()
-    return to_message(f"local/{resolved.name}", str(resolved), header, details, LinkResolver())
+    git_repo(repo)
+    try:
+        return commit_from_repo(repo, sha, parent=parent, name=name)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--sha") from None
 
 
 def _phase_progress() -> tuple[Progress, Any]:
@@ -106,8 +88,8 @@ def _print_instance(record: dict[str, Any]) -> None:
 @app.command()
 def reproduce(
     image: Annotated[str, typer.Argument(help="instance image, e.g. cppperf/owner__name:<sha12>")],
-    runs: Annotated[int | None, typer.Option("--runs")] = None,
-    out_dir: Annotated[Path | None, typer.Option("--out")] = None,
+    runs: Runs = None,
+    out_dir: OutDir = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     config: Config = None,
 ) -> None:
@@ -127,7 +109,7 @@ def reproduce(
     except CppPerfError as exc:
         raise _fail(exc) from exc
     if as_json:
-        out.print_json(json.dumps(result, default=str))
+        print_json(result)
     else:
         out.print(
             f"{image}: recorded verdict {result['recorded_verdict']}, reproduced {result['verdict']} "
@@ -140,12 +122,15 @@ def build(
     repo: Annotated[Path, typer.Option("--repo", help="local git repository")],
     sha: Annotated[str, typer.Option("--sha", help="the commit to prove")],
     parent: Annotated[
-        str | None, typer.Option("--parent", help="compare against this instead of SHA^")
+        str | None, typer.Option("--parent", help="compare against this instead of SHA^ (needed for merges)")
     ] = None,
-    runs: Annotated[int | None, typer.Option("--runs")] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="owner/name (default: the GitHub origin remote)")
+    ] = None,
+    runs: Runs = None,
     builder: Annotated[str | None, typer.Option("--builder", help="local|docker")] = None,
     keep: Annotated[bool, typer.Option("--keep", help="keep the workspace")] = False,
-    out_dir: Annotated[Path | None, typer.Option("--out")] = None,
+    out_dir: OutDir = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     config: Config = None,
 ) -> None:
@@ -156,6 +141,7 @@ def build(
     """
     from cppperf.services.builder.service import build_patch
 
+    commit = _commit_from_repo(repo, sha, parent, check_name(name))
     s = _settings(
         config,
         out_dir=str(out_dir) if out_dir else None,
@@ -163,7 +149,6 @@ def build(
         builder__backend=builder,
         builder__keep=keep or None,
     )
-    commit = _commit_from_repo(repo, sha, parent)
     progress, on_phase = _phase_progress()
     try:
         with progress:
@@ -178,7 +163,7 @@ def build(
     except CppPerfError as exc:
         raise _fail(exc) from exc
     if as_json:
-        out.print_json(json.dumps(built.record["cppperf"], default=str))
+        print_json(built.record["cppperf"])
     else:
         _print_instance(built.record)
         out.print(f"record: {built.path}")
@@ -188,7 +173,7 @@ def build(
 def calibrate(
     repo: Annotated[Path, typer.Option("--repo")],
     sha: Annotated[str, typer.Option("--sha")],
-    runs: Annotated[int | None, typer.Option("--runs")] = None,
+    runs: Runs = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     config: Config = None,
 ) -> None:
@@ -197,8 +182,8 @@ def calibrate(
     from cppperf.shared.engine.backend import LocalBackend
     from cppperf.shared.engine.backends import build_spec
 
-    s = _settings(config, builder__runs=runs)
     commit = _commit_from_repo(repo, sha, sha)
+    s = _settings(config, builder__runs=runs)
     settings = msgspec.structs.replace(s.builder, confirm=False)
     backend = LocalBackend(
         s.work_dir() / "calibrate",
@@ -217,6 +202,8 @@ def calibrate(
     try:
         with progress:
             res = prove(commit, repo.resolve(), backend, settings, on_phase=on_phase)
+    except CppPerfError as exc:
+        raise _fail(exc) from exc
     finally:
         backend.cleanup()
     flagged_ours = [t.name for t in res.tests if t.improved or t.regressed]
@@ -229,7 +216,7 @@ def calibrate(
         "failure": res.failure_detail,
     }
     if as_json:
-        out.print_json(json.dumps(result))
+        print_json(result)
     else:
         out.print(
             f"A/A on {sha}: {len(res.tests)} tests; flagged by our rule: {flagged_ours or 'none'}; "
@@ -274,11 +261,16 @@ def images_prune(config: Config = None) -> None:
     from cppperf.shared.engine.backends import docker_client
 
     s = _settings(config)
-    client = docker_client(s.builder)
-    removed = 0
-    for c in client.containers.list(all=True, filters={"status": "exited"}):
-        if str(c.image.tags[:1]).find("cppperf/") >= 0:
-            c.remove(force=True)
-            removed += 1
-    res = client.images.prune(filters={"dangling": True})
+    try:
+        client = docker_client(s.builder)
+        removed = 0
+        for c in client.containers.list(all=True, filters={"status": "exited"}):
+            if str(c.image.tags[:1]).find("cppperf/") >= 0:
+                c.remove(force=True)
+                removed += 1
+        res = client.images.prune(filters={"dangling": True})
+    except CppPerfError as exc:
+        raise _fail(exc) from exc
+    except Exception as exc:  # docker.errors.DockerException and requests' errors: the engine failed
+        raise _fail(f"container engine: {exc}") from exc
     out.print(f"removed {removed} container(s), {len(res.get('ImagesDeleted') or [])} dangling image(s)")

@@ -1,16 +1,36 @@
-"""What every command module shares: the Typer app, consoles, common options, settings loading."""
+"""What every command module shares: the Typer app, consoles, common options, settings loading,
+the exit codes, and the CLI's fail-fast paths (NATS reachability, Ctrl-C).
+
+Exit codes: 0 done; 1 finished with failures (dead letters, unknown instances, an unreachable
+server, an engine error); 2 usage error (a bad flag, path, date, URL or setting).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+import tempfile
+from collections.abc import Coroutine, Iterator
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
+from urllib.parse import urlsplit
 
 import typer
 from rich.console import Console
 
 from cppperf.shared.errors import ConfigError
 from cppperf.shared.logging import configure_logging
-from cppperf.shared.settings import Settings, load_settings
+from cppperf.shared.settings import Settings, check_nats_url, load_settings, parse_date
+
+EXIT_OK = 0
+EXIT_FAILURES = 1
+EXIT_USAGE = 2
 
 HELP = """Mine, prove, package and score performance-improving C++ commits.
 
@@ -23,8 +43,27 @@ Examples:
   cppperf classify eval --labels dev.jsonl    # classifier quality on labelled commits
   cppperf status                              # per stage: pending, in flight, done, dead-lettered
   cppperf evaluate --predictions preds.jsonl --run-id demo
-  cppperf dataset import ../shared/data/cppperf-db/entries
+  cppperf dataset import /path/to/cppperf-db/entries --out results
+
+\b
+Every verb writes to and reads from one output folder (--out, default cppperf-out); the
+pipeline's state (the embedded NATS store) lives in OUT/.state/.
+Exit codes: 0 done; 1 finished with failures; 2 usage error.
 """
+
+
+def _version() -> str:
+    try:
+        return version("cppperf")
+    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "unknown"
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"cppperf {_version()}\n")
+        raise typer.Exit(EXIT_OK)
+
 
 app = typer.Typer(
     help=HELP,
@@ -33,18 +72,80 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+
+@app.callback()
+def _root(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_version_callback, help="print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    """Mine, prove, package and score performance-improving C++ commits."""
+
+
 console = Console(stderr=True)
-out = Console()
+# Piped output is never cut or wrapped: off a terminal, tables and lines take the width they need.
+out = Console(width=None if sys.stdout.isatty() else 100_000, soft_wrap=not sys.stdout.isatty())
+
+
+# ------------------------------------------------------------------------------------------ options
+def _check_nats_url(value: str | None) -> str | None:
+    if value:
+        try:
+            check_nats_url(value)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+    return value
+
+
+def _check_date(value: str | None) -> str | None:
+    if value is not None:
+        try:
+            parse_date(value)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+    return value
+
+
+def _check_runs(value: int | None) -> int | None:
+    if value is not None and value < 4:
+        raise typer.BadParameter(f"{value}: need at least 4 rounds (the first is discarded)")
+    return value
+
 
 NatsUrl = Annotated[
     str | None,
     typer.Option(
-        "--nats-url", envvar="CPPPERF_NATS_URL", help="NATS server; embedded nats-server when absent"
+        "--nats-url",
+        envvar="CPPPERF_NATS_URL",
+        help="NATS server; embedded nats-server (state in OUT/.state) when absent",
+        callback=_check_nats_url,
     ),
 ]
-Config = Annotated[Path | None, typer.Option("--config", envvar="CPPPERF_CONFIG", help="cppperf.toml path")]
+Config = Annotated[
+    Path | None,
+    typer.Option("--config", envvar="CPPPERF_CONFIG", help="cppperf.toml path", exists=True, dir_okay=False),
+]
+OutDir = Annotated[
+    Path | None,
+    typer.Option("--out", envvar="CPPPERF_OUT_DIR", help="output folder (default cppperf-out)"),
+]
+Since = Annotated[
+    str | None, typer.Option("--since", help="commit date from (YYYY-MM-DD)", callback=_check_date)
+]
+Until = Annotated[
+    str | None, typer.Option("--until", help="commit date until (YYYY-MM-DD)", callback=_check_date)
+]
+Runs = Annotated[
+    int | None,
+    typer.Option("--runs", help="timing rounds per side (first discarded; >= 4)", callback=_check_runs),
+]
 
 
+# ------------------------------------------------------------------------------------------ settings
 def _settings(config: Path | None, **overrides: Any) -> Settings:
     clean: dict[str, Any] = {}
     for key, value in overrides.items():
@@ -58,12 +159,104 @@ def _settings(config: Path | None, **overrides: Any) -> Settings:
     try:
         s = load_settings(config, **clean)
     except ConfigError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from exc
+        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE) from exc
     configure_logging(s.log_level)
     return s
 
 
-def _fail(exc: BaseException) -> typer.Exit:
-    console.print(f"[red]error:[/red] {exc}")
-    return typer.Exit(1)
+def _fail(exc: BaseException | str, code: int = EXIT_FAILURES) -> typer.Exit:
+    console.print(f"[red]error:[/red] {exc}", soft_wrap=True, markup=True, highlight=False)
+    return typer.Exit(code)
+
+
+def print_json(data: Any) -> None:
+    """One JSON document on stdout, never wrapped."""
+    sys.stdout.write(json.dumps(data, default=str, indent=1) + "\n")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `path` whole or not at all (a temporary file in the same folder, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# ------------------------------------------------------------------------------------------ NATS
+NATS_PROBE_TIMEOUT = 3.0
+
+
+def probe_nats(url: str, timeout: float = NATS_PROBE_TIMEOUT) -> None:
+    """Raise ConnectionError naming the URL unless some server of `url` answers with NATS' INFO
+    line within `timeout` seconds. CLI verbs fail fast with this; services keep retrying."""
+    errors = []
+    for server in [u.strip() for u in url.split(",") if u.strip()]:
+        parts = urlsplit(server)
+        if parts.scheme in ("ws", "wss"):
+            return  # websocket servers greet differently; let the client try
+        host, port = parts.hostname or "localhost", parts.port or 4222
+        try:
+            with socket.create_connection((host, port), timeout=timeout) as sock:
+                sock.settimeout(timeout)
+                if sock.recv(4).upper() == b"INFO":
+                    return
+                errors.append(f"{server} is not a NATS server")
+        except OSError as exc:
+            errors.append(f"{server}: {exc.strerror or exc}")
+    raise ConnectionError(f"cannot reach NATS at {url} ({'; '.join(errors)})")
+
+
+@contextlib.contextmanager
+def cli_nats(s: Settings) -> Iterator[str]:
+    """The bus URL for a CLI verb: the configured server (checked within a few seconds: one error
+    line and exit 1 when it does not answer) or an embedded nats-server with its store in OUT/.state."""
+    from cppperf.runtime import nats_endpoint
+    from cppperf.shared.errors import CppPerfError
+
+    if s.nats_url:
+        try:
+            probe_nats(s.nats_url)
+        except ConnectionError as exc:
+            raise _fail(exc) from None
+    with contextlib.ExitStack() as stack:
+        try:
+            url = stack.enter_context(nats_endpoint(s))
+        except CppPerfError as exc:
+            raise _fail(exc) from exc
+        yield url
+
+
+T = TypeVar("T")
+
+
+def run_async(coro: Coroutine[Any, Any, T], *, waiting_for: str = "the services to stop") -> T:
+    """Run `coro`; on Ctrl-C print "stopping…" and what we wait for at once, then cancel it
+    cleanly (second Ctrl-C: the default, immediate interrupt). Exit 130 after a Ctrl-C."""
+
+    async def main() -> T:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+
+        def on_sigint() -> None:
+            console.print(f"stopping… waiting for {waiting_for} (Ctrl-C again to force)")
+            loop.remove_signal_handler(signal.SIGINT)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            task.cancel()
+
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signal.SIGINT, on_sigint)
+        return await coro
+
+    try:
+        return asyncio.run(main())
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        console.print("stopped")
+        raise typer.Exit(130) from None

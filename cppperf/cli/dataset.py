@@ -2,33 +2,41 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.progress import Progress
 from rich.table import Table
 
-from cppperf.cli.common import Config, NatsUrl, _fail, _settings, app, console, out
-from cppperf.cli.pipeline import _funnel_table
-from cppperf.funnel import Funnel, compute_funnel
+from cppperf.cli.common import (
+    EXIT_FAILURES,
+    Config,
+    OutDir,
+    Since,
+    Until,
+    _fail,
+    _settings,
+    app,
+    console,
+    out,
+    print_json,
+    write_atomic,
+)
 
 dataset_app = typer.Typer(
     help="Instances on disk (OUT/instances): import, export, inspect, list, report, stats."
 )
 app.add_typer(dataset_app, name="dataset")
-OutDir = Annotated[
-    Path | None, typer.Option("--out", help="the instance store directory (default settings.out_dir)")
-]
 RepoFilter = Annotated[str | None, typer.Option("--repo", help="only this owner/name")]
 SignificantOnly = Annotated[
     bool, typer.Option("--significant-only", help="only instances with a faster test")
 ]
-SinceFilter = Annotated[str | None, typer.Option("--since", help="commit date from (YYYY-MM-DD)")]
-UntilFilter = Annotated[str | None, typer.Option("--until", help="commit date until (YYYY-MM-DD)")]
 MultiFile = Annotated[bool, typer.Option("--multi-file", help="only patches touching several files")]
 SingleFile = Annotated[bool, typer.Option("--single-file", help="only single-file patches")]
+AsJson = Annotated[bool, typer.Option("--json", help="machine-readable output on stdout")]
 
 
 def _filters(
@@ -43,6 +51,8 @@ def _filters(
 
     if multi_file and single_file:
         raise typer.BadParameter("--multi-file and --single-file exclude each other")
+    if since and until and since > until:
+        raise typer.BadParameter(f"--since {since} is after --until {until}")
     return Filters(
         repo=repo,
         significant_only=significant_only,
@@ -52,26 +62,64 @@ def _filters(
     )
 
 
+def _summary(r: dict[str, Any]) -> dict[str, Any]:
+    from cppperf.dataset.records import is_significant
+
+    ci, ours = r["commit_info"], r.get("cppperf") or {}
+    return {
+        "instance_id": ours.get("instance_id"),
+        "repo": r["metadata"]["repository_name"],
+        "date": str(ci.get("commit_date", ""))[:10],
+        "files": len(ci.get("files_changed") or []),
+        "lines_added": ci.get("lines_added", 0),
+        "lines_removed": ci.get("lines_removed", 0),
+        "verdict": ours.get("verdict"),
+        "significant": is_significant(r),
+        "improved_tests": len(ours.get("improved_tests") or [])
+        if "improved_tests" in ours
+        else int((r.get("tests") or {}).get("significant_improvements") or 0),
+    }
+
+
 @dataset_app.command("import")
 def dataset_import(
-    sources: Annotated[list[Path], typer.Argument(help="CppPerf-DB JSON files or directories of them")],
+    sources: Annotated[
+        list[Path],
+        typer.Argument(help="CppPerf-DB JSON files or directories of them", exists=True, readable=True),
+    ],
     out_dir: OutDir = None,
+    as_json: AsJson = False,
     config: Config = None,
 ) -> None:
-    """Import published CppPerf-DB files unchanged (bad files reported and skipped; idempotent).
+    """Import published CppPerf-DB files unchanged; our verdicts are recomputed from the published
+    raw timings (bad files reported and skipped, exit 1; idempotent).
 
-    Example: cppperf dataset import ../shared/data/cppperf-db/entries
+    Example: cppperf dataset import /path/to/cppperf-db/entries
     """
     from cppperf.dataset.records import import_files
 
     s = _settings(config, out_dir=str(out_dir) if out_dir else None)
-    rep = import_files(sources, Path(s.out_dir))
+    with Progress(console=console, disable=as_json, transient=True) as progress:
+        task = progress.add_task("import", total=None)
+        try:
+            rep = import_files(
+                sources, Path(s.out_dir), lambda d, t: progress.update(task, completed=d, total=t)
+            )
+        except OSError as exc:
+            raise _fail(exc) from exc
     for path, why in rep.errors.items():
-        console.print(f"[yellow]skipped[/yellow] {path}: {why}")
-    out.print(
-        f"imported {len(rep.imported)}, unchanged {len(rep.unchanged)}, skipped {len(rep.errors)} "
-        f"→ {Path(s.out_dir) / 'instances'}"
-    )
+        console.print(f"[yellow]skipped[/yellow] {path}: {why}", soft_wrap=True)
+    store = Path(s.out_dir) / "instances"
+    if as_json:
+        print_json(
+            {"imported": rep.imported, "unchanged": rep.unchanged, "errors": rep.errors, "store": str(store)}
+        )
+    else:
+        out.print(
+            f"imported {len(rep.imported)}, unchanged {len(rep.unchanged)}, skipped {len(rep.errors)} → {store}"
+        )
+    if rep.errors or not (rep.imported or rep.unchanged):
+        raise typer.Exit(EXIT_FAILURES)
 
 
 @dataset_app.command("export")
@@ -80,32 +128,41 @@ def dataset_export(
     fmt: Annotated[str, typer.Option("--format", help="jsonl | cppperf-db")] = "jsonl",
     repo: RepoFilter = None,
     significant_only: SignificantOnly = False,
-    since: SinceFilter = None,
-    until: UntilFilter = None,
+    since: Since = None,
+    until: Until = None,
     multi_file: MultiFile = False,
     single_file: SingleFile = False,
     out_dir: OutDir = None,
     config: Config = None,
 ) -> None:
     """Export instances: SWE-bench-like JSONL for agents, or files in the published format.
+    Files are written whole or not at all.
 
     Example: cppperf dataset export --format jsonl --significant-only tasks.jsonl
     """
     from cppperf.dataset.records import iter_records, swebench_row, to_published
 
     if fmt not in ("jsonl", "cppperf-db"):
-        raise typer.BadParameter("--format is jsonl or cppperf-db")
+        raise typer.BadParameter("--format is jsonl or cppperf-db", param_hint="--format")
+    if fmt == "jsonl" and target.is_dir():
+        raise typer.BadParameter(f"{target} is a directory (jsonl writes a file)", param_hint="TARGET")
+    if fmt == "cppperf-db" and target.exists() and not target.is_dir():
+        raise typer.BadParameter(f"{target} is a file (cppperf-db writes a directory)", param_hint="TARGET")
     s = _settings(config, out_dir=str(out_dir) if out_dir else None)
     flt = _filters(repo, significant_only, since, until, multi_file, single_file)
     records = [r for r in iter_records(Path(s.out_dir)) if flt.match(r)]
-    if fmt == "jsonl":
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text("".join(json.dumps(swebench_row(r)) + "\n" for r in records))
-    else:
-        target.mkdir(parents=True, exist_ok=True)
-        for r in records:
-            name = f"{r['metadata']['repository_name'].replace('/', '_')}_{r['commit_info']['new_sha']}.json"
-            (target / name).write_text(json.dumps(to_published(r), indent=2))
+    try:
+        if fmt == "jsonl":
+            write_atomic(target, "".join(json.dumps(swebench_row(r)) + "\n" for r in records))
+        else:
+            target.mkdir(parents=True, exist_ok=True)
+            for r in records:
+                name = (
+                    f"{r['metadata']['repository_name'].replace('/', '_')}_{r['commit_info']['new_sha']}.json"
+                )
+                write_atomic(target / name, json.dumps(to_published(r), indent=2))
+    except OSError as exc:
+        raise _fail(f"cannot write {target}: {exc.strerror or exc}") from exc
     out.print(f"exported {len(records)} instance(s) to {target}")
 
 
@@ -113,42 +170,45 @@ def dataset_export(
 def dataset_list(
     repo: RepoFilter = None,
     significant_only: SignificantOnly = False,
-    since: SinceFilter = None,
-    until: UntilFilter = None,
+    since: Since = None,
+    until: Until = None,
     multi_file: MultiFile = False,
     single_file: SingleFile = False,
     out_dir: OutDir = None,
+    as_json: AsJson = False,
     config: Config = None,
 ) -> None:
-    """A table of instances (filters as for export)."""
-    from cppperf.dataset.records import is_significant, iter_records
+    """A table of instances (filters as for export); --json: one JSON array."""
+    from cppperf.dataset.records import iter_records
 
     s = _settings(config, out_dir=str(out_dir) if out_dir else None)
     flt = _filters(repo, significant_only, since, until, multi_file, single_file)
+    rows = [_summary(r) for r in iter_records(Path(s.out_dir)) if flt.match(r)]
+    if as_json:
+        print_json(rows)
+        return
     t = Table(title="instances")
     for c in ("instance", "date", "files", "+/-", "verdict", "improved tests"):
-        t.add_column(c)
-    n = 0
-    for r in iter_records(Path(s.out_dir)):
-        if not flt.match(r):
-            continue
-        n += 1
-        ci = r["commit_info"]
+        t.add_column(c, no_wrap=True)
+    for x in rows:
         t.add_row(
-            r["cppperf"]["instance_id"],
-            str(ci.get("commit_date", ""))[:10],
-            str(len(ci["files_changed"])),
-            f"+{ci.get('lines_added', 0)}/-{ci.get('lines_removed', 0)}",
-            "[green]improved[/green]" if is_significant(r) else str(r["cppperf"].get("verdict")),
-            str((r.get("tests") or {}).get("significant_improvements", 0)),
+            x["instance_id"],
+            x["date"],
+            str(x["files"]),
+            f"+{x['lines_added']}/-{x['lines_removed']}",
+            f"[green]{x['verdict']}[/green]" if x["significant"] else str(x["verdict"]),
+            str(x["improved_tests"]),
         )
     out.print(t)
-    out.print(f"{n} instance(s)")
+    out.print(f"{len(rows)} instance(s)")
 
 
 @dataset_app.command("inspect")
 def dataset_inspect(
-    instance: Annotated[str, typer.Argument()], out_dir: OutDir = None, config: Config = None
+    instance: Annotated[str, typer.Argument()],
+    out_dir: OutDir = None,
+    as_json: AsJson = False,
+    config: Config = None,
 ) -> None:
     """Commit, files, verdict, the improved/regressed tests with change and CI, build facts."""
     from cppperf.dataset.records import RecordError, load_record
@@ -160,6 +220,25 @@ def dataset_inspect(
     except RecordError as exc:
         raise _fail(exc) from exc
     ci, ours = r["commit_info"], r["cppperf"]
+    changed = [row for row in _test_rows(r) if row["improved"] or row["regressed"]]
+    if as_json:
+        print_json(
+            {
+                **_summary(r),
+                "old_sha": ci["old_sha"],
+                "new_sha": ci["new_sha"],
+                "verdict_paper_rule": ours.get("verdict_paper_rule"),
+                "failure_category": ours.get("failure_category"),
+                "failure_detail": ours.get("failure_detail"),
+                "message": "\n".join(ci.get("commit_message") or []),
+                "files_changed": [
+                    {k: f.get(k) for k in ("filename", "status", "additions", "deletions")}
+                    for f in ci.get("files_changed") or []
+                ],
+                "changed_tests": changed,
+            }
+        )
+        return
     out.print(
         f"[bold]{ours['instance_id']}[/bold]  {r['metadata']['repository_name']} {ci['old_sha'][:12]} → "
         f"{ci['new_sha'][:12]}  ({str(ci.get('commit_date', ''))[:10]})"
@@ -180,16 +259,15 @@ def dataset_inspect(
     t = Table(title="changed tests")
     for c in ("test", "change", "speed-up 95% CI", "p", "result"):
         t.add_column(c)
-    for row in _test_rows(r):
-        if row["improved"] or row["regressed"]:
-            ci_txt = f"[{row['ci'][0]:.3f}, {row['ci'][1]:.3f}]" if row["ci"] else "-"
-            t.add_row(
-                row["name"],
-                f"{(row['change'] or 0) * 100:+.1f}%",
-                ci_txt,
-                f"{row['p']:.2g}" if isinstance(row["p"], (int, float)) else "-",
-                "improved" if row["improved"] else "regressed",
-            )
+    for row in changed:
+        ci_txt = f"[{row['ci'][0]:.3f}, {row['ci'][1]:.3f}]" if row["ci"] else "-"
+        t.add_row(
+            row["name"],
+            f"{(row['change'] or 0) * 100:+.1f}%",
+            ci_txt,
+            f"{row['p']:.2g}" if isinstance(row["p"], (int, float)) else "-",
+            "improved" if row["improved"] else "regressed",
+        )
     out.print(t)
     bi = r.get("build_info") or {}
     out.print(f"build: {bi.get('build_system', '')}; {' && '.join(bi.get('new_build_script') or [])[:300]}")
@@ -205,20 +283,34 @@ def dataset_report(
     target: Annotated[Path, typer.Argument(help="instance id, or OUT.html with --all")],
     output: Annotated[Path | None, typer.Argument(help="OUT.html (with an instance id)")] = None,
     all_: Annotated[bool, typer.Option("--all", help="the dataset overview")] = False,
+    pages: Annotated[
+        bool, typer.Option("--pages", help="with --all: also every instance's page, linked (OUT_instances/)")
+    ] = False,
     out_dir: OutDir = None,
     config: Config = None,
 ) -> None:
     """Static HTML report with inline SVG plots (no network needed to view it).
 
-    Examples: cppperf dataset report --all overview.html; cppperf dataset report ID report.html
+    Examples: cppperf dataset report --all overview.html --pages; cppperf dataset report ID report.html
     """
     from cppperf.dataset.records import RecordError, iter_records, load_record
     from cppperf.dataset.report import instance_section, overview_section, page
 
+    if pages and not all_:
+        raise typer.BadParameter("--pages goes with --all", param_hint="--pages")
     s = _settings(config, out_dir=str(out_dir) if out_dir else None)
+    written: list[tuple[Path, str]] = []
     if all_:
-        html_text = page("cppperf dataset", overview_section(list(iter_records(Path(s.out_dir)))))
         dest = output or target
+        records = list(iter_records(Path(s.out_dir)))
+        folder = dest.with_name(dest.stem + "_instances")
+        link = (lambda iid: f"{folder.name}/{iid}.html") if pages else None
+        written.append((dest, page("cppperf dataset", overview_section(records, link))))
+        if pages:
+            with Progress(console=console, transient=True) as progress:
+                for r in progress.track(records, description="instance pages"):
+                    iid = r["cppperf"]["instance_id"]
+                    written.append((folder / f"{iid}.html", page(iid, instance_section(r))))
     else:
         if output is None:
             raise typer.BadParameter("give the output file: cppperf dataset report ID OUT.html")
@@ -226,31 +318,60 @@ def dataset_report(
             html_text = page(str(target), instance_section(load_record(Path(s.out_dir), str(target))))
         except RecordError as exc:
             raise _fail(exc) from exc
-        dest = output
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(html_text)
-    out.print(f"wrote {dest} ({len(html_text) // 1024} KiB)")
+        written.append((output, html_text))
+    try:
+        for path, text in written:
+            write_atomic(path, text)
+    except OSError as exc:
+        raise _fail(f"cannot write {path}: {exc.strerror or exc}") from exc
+    dest, text = written[0]
+    more = (
+        f" and {len(written) - 1} instance page(s) in {dest.with_name(dest.stem + '_instances')}"
+        if len(written) > 1
+        else ""
+    )
+    out.print(f"wrote {dest} ({len(text) // 1024} KiB){more}")
 
 
 @dataset_app.command("stats")
-def dataset_stats(
-    as_json: Annotated[bool, typer.Option("--json")] = False, nats_url: NatsUrl = None, config: Config = None
-) -> None:
-    """The pipeline funnel (scanned → structural → classified positive → built → improved) from the store."""
-    from cppperf.runtime import connect, nats_endpoint
+def dataset_stats(out_dir: OutDir = None, as_json: AsJson = False, config: Config = None) -> None:
+    """The instance store (OUT/instances): instances and repositories, verdicts, single- vs
+    multi-file, where they came from. The mining funnel is `cppperf status`."""
+    from cppperf.dataset.records import is_significant, iter_records
 
-    s = _settings(config, nats_url=nats_url)
-
-    async def main(url: str) -> tuple[Funnel, dict[str, Funnel]]:
-        async with connect(s, url) as ctx:
-            total, per, _ = await compute_funnel(ctx.store)
-            return total, per
-
-    with nats_endpoint(s) as url:
-        total, per = asyncio.run(main(url))
+    s = _settings(config, out_dir=str(out_dir) if out_dir else None)
+    store = Path(s.out_dir) / "instances"
+    verdicts: Counter[str] = Counter()
+    origin: Counter[str] = Counter()
+    repos: Counter[str] = Counter()
+    n = significant = single = 0
+    for r in iter_records(Path(s.out_dir)):
+        ours = r.get("cppperf") or {}
+        n += 1
+        verdicts[str(ours.get("verdict"))] += 1
+        origin["imported" if ours.get("imported_from") else "built here"] += 1
+        repos[r["metadata"]["repository_name"]] += 1
+        significant += is_significant(r)
+        single += len(r["commit_info"].get("files_changed") or []) == 1
+    result = {
+        "store": str(store),
+        "instances": n,
+        "repositories": len(repos),
+        "significant": significant,
+        "single_file": single,
+        "multi_file": n - single,
+        "verdicts": dict(verdicts.most_common()),
+        "origin": dict(origin.most_common()),
+        "per_repo": dict(repos.most_common()),
+    }
     if as_json:
-        out.print_json(
-            json.dumps({"total": total.as_dict(), "per_repo": {k: v.as_dict() for k, v in per.items()}})
-        )
-    else:
-        out.print(_funnel_table(total, per))
+        print_json(result)
+        return
+    out.print(f"{store}: {n} instance(s) from {len(repos)} repositories ({dict(origin.most_common())})")
+    out.print(f"significant: {significant}; single-file {single}, multi-file {n - single}")
+    t = Table(title="verdicts")
+    t.add_column("verdict")
+    t.add_column("instances", justify="right")
+    for v, k in verdicts.most_common():
+        t.add_row(v, str(k))
+    out.print(t)

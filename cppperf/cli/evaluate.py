@@ -11,23 +11,79 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cppperf.cli.common import Config, _settings, app, console, out
+from cppperf.cli.common import (
+    EXIT_FAILURES,
+    EXIT_OK,
+    Config,
+    OutDir,
+    Runs,
+    _check_nats_url,
+    _fail,
+    _settings,
+    app,
+    cli_nats,
+    console,
+    out,
+    print_json,
+    run_async,
+    write_atomic,
+)
+from cppperf.shared.errors import CppPerfError
 from cppperf.shared.settings import Settings
 
+FIELDS = ("instance_id", "model_name_or_path", "model_patch")
 
-def _load_predictions(path: Path) -> list[dict[str, str]]:
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+
+def _prediction_rows(path: Path) -> list[tuple[str, Any]]:
+    """(where, row) for JSONL, a JSON array, or a JSON object keyed by instance id (as SWE-bench)."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise typer.BadParameter(f"{path}: {exc}", param_hint="--predictions") from None
+    if text.lstrip().startswith(("[", "{")):
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError:
+            doc = None  # JSONL whose first line is an object
+        if isinstance(doc, list):
+            return [(f"{path}[{i}]", row) for i, row in enumerate(doc)]
+        if isinstance(doc, dict) and not (set(FIELDS) & set(doc)):
+            return [(f"{path}[{k!r}]", row) for k, row in doc.items()]
+    rows: list[tuple[str, Any]] = []
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            rows.append((f"{path}:{n}", json.loads(line)))
         except json.JSONDecodeError as exc:
-            raise typer.BadParameter(f"{path}:{n}: not JSON: {exc}") from exc
-        missing = {"instance_id", "model_name_or_path", "model_patch"} - set(row)
+            raise typer.BadParameter(f"{path}:{n}: not JSON: {exc}", param_hint="--predictions") from None
+    return rows
+
+
+def _load_predictions(path: Path) -> list[dict[str, str]]:
+    """SWE-bench predictions: each row has instance_id, model_name_or_path, model_patch; one
+    prediction per (model, instance) -- a second one is an error naming both places."""
+    rows: list[dict[str, str]] = []
+    seen: dict[tuple[str, str], str] = {}
+    for where, row in _prediction_rows(path):
+        if not isinstance(row, dict):
+            raise typer.BadParameter(f"{where}: not a JSON object", param_hint="--predictions")
+        missing = set(FIELDS) - set(row)
         if missing:
-            raise typer.BadParameter(f"{path}:{n}: missing {', '.join(sorted(missing))}")
-        rows.append({k: str(row[k] or "") for k in ("instance_id", "model_name_or_path", "model_patch")})
+            raise typer.BadParameter(
+                f"{where}: missing {', '.join(sorted(missing))}", param_hint="--predictions"
+            )
+        clean = {k: str(row[k] or "") for k in FIELDS}
+        key = (clean["model_name_or_path"], clean["instance_id"])
+        if key in seen:
+            raise typer.BadParameter(
+                f"{where}: a second prediction of {key[1]} by {key[0]} (first at {seen[key]})",
+                param_hint="--predictions",
+            )
+        seen[key] = where
+        rows.append(clean)
+    if not rows:
+        raise typer.BadParameter(f"{path}: no predictions", param_hint="--predictions")
     return rows
 
 
@@ -68,49 +124,75 @@ async def _evaluate_over_bus(
         return list(results.values())
 
 
+def _split_ids(value: str | None) -> set[str] | None:
+    return {x.strip() for x in value.replace(",", " ").split() if x.strip()} if value else None
+
+
 @app.command()
-def evaluate(
+def evaluate(  # noqa: PLR0912, PLR0915 - one verb, its input checks and its two ways of running
     instance: Annotated[
         str | None, typer.Option("--instance", help="instance id, e.g. owner__name-<sha12>")
     ] = None,
-    patch: Annotated[Path | None, typer.Option("--patch", help="the agent's unified diff")] = None,
+    patch: Annotated[
+        Path | None,
+        typer.Option("--patch", help="the agent's unified diff", exists=True, dir_okay=False, readable=True),
+    ] = None,
     predictions: Annotated[
-        Path | None, typer.Option("--predictions", help="SWE-bench predictions JSONL")
+        Path | None,
+        typer.Option(
+            "--predictions",
+            help="SWE-bench predictions: JSONL or a JSON array",
+            exists=True,
+            dir_okay=False,
+            readable=True,
+        ),
+    ] = None,
+    instance_ids: Annotated[
+        str | None,
+        typer.Option(
+            "--instance-ids", help="only these instances of --predictions (comma or space separated)"
+        ),
     ] = None,
     model: Annotated[str, typer.Option("--model")] = "manual",
     run_id: Annotated[str, typer.Option("--run-id")] = "default",
-    max_workers: Annotated[int, typer.Option("--max-workers", help="local parallel evaluations")] = 1,
-    runs: Annotated[int | None, typer.Option("--runs", help="timing rounds")] = None,
+    max_workers: Annotated[int, typer.Option("--max-workers", min=1, help="local parallel evaluations")] = 1,
+    runs: Runs = None,
     force: Annotated[bool, typer.Option("--force", help="recompute finished reports")] = False,
     trust_patches: Annotated[
         bool, typer.Option("--trust-patches", help="run without network isolation")
     ] = False,
-    out_dir: Annotated[
-        Path | None, typer.Option("--out", help="where the instances are (OUT/instances)")
-    ] = None,
+    out_dir: OutDir = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     nats_url: Annotated[
         str | None,
         typer.Option(
-            "--nats-url", envvar="CPPPERF_NATS_URL", help="send requests to evaluator services on this bus"
+            "--nats-url",
+            envvar="CPPPERF_NATS_URL",
+            help="send requests to evaluator services on this bus",
+            callback=_check_nats_url,
         ),
     ] = None,
     config: Config = None,
 ) -> None:
     """Score agents' patches: applied, builds, tests pass, speed-up vs original and vs the expert, `opt`.
+    Finished reports are not recomputed (a notice says so; --force redoes them). Exit 1 when an
+    instance is unknown.
 
     Examples:
-      cppperf evaluate --instance local__demo-1a2b3c4d5e6f --patch fix.diff --model my-agent
-      cppperf evaluate --predictions preds.jsonl --run-id demo
+      cppperf evaluate --instance local__demo-4bda4860cd0d --patch fix.diff --model my-agent
+      cppperf evaluate --predictions preds.jsonl --run-id demo --instance-ids a__b-123456789abc
       cppperf evaluate --predictions preds.jsonl --run-id demo --nats-url nats://bus:4222
     """
-    from cppperf.services.evaluator.evaluate import EvalRequest, summarize
+    from cppperf.dataset.records import instance_path
+    from cppperf.services.evaluator.evaluate import EvalRequest, run_dir, summarize
     from cppperf.services.evaluator.evaluate import evaluate as evaluate_one
 
     if (predictions is None) == (instance is None):
         raise typer.BadParameter("give either --instance with --patch, or --predictions")
     if instance is not None and patch is None:
         raise typer.BadParameter("--instance needs --patch", param_hint="--patch")
+    if instance_ids is not None and predictions is None:
+        raise typer.BadParameter("--instance-ids filters --predictions", param_hint="--instance-ids")
     s = _settings(
         config,
         nats_url=nats_url,
@@ -120,9 +202,43 @@ def evaluate(
     )
     if predictions is not None:
         rows = _load_predictions(predictions)
+        wanted_ids = _split_ids(instance_ids)
+        if wanted_ids is not None:
+            absent = wanted_ids - {r["instance_id"] for r in rows}
+            if absent:
+                raise typer.BadParameter(
+                    f"not in {predictions}: {', '.join(sorted(absent))}", param_hint="--instance-ids"
+                )
+            rows = [r for r in rows if r["instance_id"] in wanted_ids]
     else:
         assert instance is not None and patch is not None
-        rows = [{"instance_id": instance, "model_name_or_path": model, "model_patch": patch.read_text()}]
+        try:
+            text = patch.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise typer.BadParameter(f"{patch}: {exc}", param_hint="--patch") from None
+        rows = [{"instance_id": instance, "model_name_or_path": model, "model_patch": text}]
+    unknown: list[str] = []
+    if not s.nats_url:  # over the bus the evaluators' instance store decides
+        unknown = sorted(
+            {r["instance_id"] for r in rows if not instance_path(Path(s.out_dir), r["instance_id"]).is_file()}
+        )
+        for iid in unknown:
+            console.print(
+                f"[red]unknown instance[/red] {iid} (no {instance_path(Path(s.out_dir), iid)})",
+                soft_wrap=True,
+            )
+        rows = [r for r in rows if r["instance_id"] not in unknown]
+        if not rows:
+            raise typer.Exit(EXIT_FAILURES)
+    if not force:
+        for r in rows:
+            req = EvalRequest(run_id, r["model_name_or_path"], r["instance_id"], "")
+            if (run_dir(s, req) / "report.json").is_file():
+                console.print(
+                    f"{r['instance_id']} ({r['model_name_or_path']}): already evaluated in run {run_id}, "
+                    "skipping (--force redoes it)",
+                    soft_wrap=True,
+                )
     progress = Progress(
         TextColumn("{task.description:<12}"),
         BarColumn(),
@@ -132,38 +248,43 @@ def evaluate(
         disable=as_json,
     )
     reports: list[dict[str, Any]]
-    with progress:
-        if s.nats_url:
-            reports = asyncio.run(_evaluate_over_bus(s, s.nats_url, rows, run_id, progress))
-            from cppperf.services.evaluator.evaluate import _write, run_dir
+    try:
+        with progress:
+            if s.nats_url:
+                with cli_nats(s) as url:
+                    reports = run_async(
+                        _evaluate_over_bus(s, url, rows, run_id, progress),
+                        waiting_for="the connection to close (evaluators finish what they started)",
+                    )
+                for r in reports:
+                    req = EvalRequest(run_id, str(r["model"]), str(r["instance_id"]), "")
+                    write_atomic(run_dir(s, req) / "report.json", json.dumps(r, indent=1))
+            else:
+                from concurrent.futures import ThreadPoolExecutor
 
-            for r in reports:
-                req = EvalRequest(run_id, str(r["model"]), str(r["instance_id"]), "")
-                _write(run_dir(s, req) / "report.json", json.dumps(r, indent=1))
-        else:
-            from concurrent.futures import ThreadPoolExecutor
-
-            task = progress.add_task("evaluate", total=len(rows))
-            reqs = [
-                EvalRequest(run_id, r["model_name_or_path"], r["instance_id"], r["model_patch"]) for r in rows
-            ]
-            reports = []
-            with ThreadPoolExecutor(max_workers=max(1, max_workers)) as pool:
-                for rep in pool.map(lambda q: evaluate_one(q, s, force=force), reqs):
-                    reports.append(rep)
-                    progress.update(task, completed=len(reports))
+                task = progress.add_task("evaluate", total=len(rows))
+                reqs = [
+                    EvalRequest(run_id, r["model_name_or_path"], r["instance_id"], r["model_patch"])
+                    for r in rows
+                ]
+                reports = []
+                with ThreadPoolExecutor(max_workers=max(1, max_workers)) as pool:
+                    for rep in pool.map(lambda q: evaluate_one(q, s, force=force), reqs):
+                        reports.append(rep)
+                        progress.update(task, completed=len(reports))
+    except CppPerfError as exc:
+        raise _fail(exc) from exc
+    unknown += [str(r.get("instance_id")) for r in reports if r.get("verdict") == "unknown-instance"]
     summaries = [summarize(s, run_id, m) for m in sorted({r["model_name_or_path"] for r in rows})]
     if as_json:
-        out.print_json(
-            json.dumps(
-                {
-                    "reports": [{k: v for k, v in r.items() if k != "samples"} for r in reports],
-                    "summaries": summaries,
-                },
-                default=str,
-            )
+        print_json(
+            {
+                "reports": [{k: v for k, v in r.items() if k != "samples"} for r in reports],
+                "summaries": summaries,
+                "unknown_instances": unknown,
+            }
         )
-        return
+        raise typer.Exit(EXIT_FAILURES if unknown else EXIT_OK)
     t = Table(title=f"run {run_id}")
     for c in ("instance", "model", "verdict", "speed-up (agent)", "speed-up (expert)", "reason"):
         t.add_column(c)
@@ -184,3 +305,4 @@ def evaluate(
             f"single-file {sm['single_file']['opt']}/{sm['single_file']['instances']}, "
             f"multi-file {sm['multi_file']['opt']}/{sm['multi_file']['instances']}"
         )
+    raise typer.Exit(EXIT_FAILURES if unknown else EXIT_OK)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,9 +13,29 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
-from cppperf.cli.common import Config, NatsUrl, _fail, _settings, app, console, out
+from cppperf.cli.common import (
+    EXIT_FAILURES,
+    EXIT_OK,
+    EXIT_USAGE,
+    Config,
+    NatsUrl,
+    OutDir,
+    Runs,
+    Since,
+    Until,
+    _fail,
+    _settings,
+    app,
+    cli_nats,
+    console,
+    out,
+    print_json,
+    run_async,
+)
+from cppperf.cli.repos import check_name, git_repo, local_repo_id, looks_like_path
 from cppperf.funnel import Funnel, compute_funnel
 from cppperf.shared.errors import CppPerfError
+from cppperf.shared.logging import configure_logging
 from cppperf.shared.settings import Settings
 
 dlq_app = typer.Typer(help="Dead letters: `cppperf dlq list`, `cppperf dlq replay commit.selected`.")
@@ -58,8 +79,22 @@ def _funnel_table(f: Funnel, per: dict[str, Funnel]) -> Table:
     return t
 
 
+def _log_file(s: Settings) -> Path:
+    """Where a live view's logs go: OUT/.state/logs/<command>-<time>.log."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = Path(s.out_dir) / ".state" / "logs" / f"mine-{stamp}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 async def _mine(
-    settings: Settings, url: str, specs: list[str], as_json: bool, search: bool
+    settings: Settings,
+    url: str,
+    specs: list[str],
+    repo_ids: dict[str, str],
+    as_json: bool,
+    search: bool,
+    live_view: bool,
 ) -> dict[str, Any]:
     from cppperf.runtime import CONSUMING_SERVICES, run_services
     from cppperf.services.crawler.app import submit
@@ -67,19 +102,24 @@ async def _mine(
 
     async with run_services(settings, url, list(CONSUMING_SERVICES)) as running:
         ctx = running.ctx
-        report = await submit(ctx, specs, validate=settings.mining.validate_latest)
+        report = await submit(ctx, specs, validate=settings.mining.validate_latest, repo_ids=repo_ids)
         if search:
+            from githubkit.exception import GitHubException
+
             from cppperf.services.crawler.app import crawl_search
             from cppperf.shared.github import GitHubClient
 
-            found = await crawl_search(
-                ctx, GitHubClient(settings.github), validate=settings.mining.validate_latest
-            )
+            try:
+                found = await crawl_search(
+                    ctx, GitHubClient(settings.github), validate=settings.mining.validate_latest
+                )
+            except (GitHubException, OSError) as exc:
+                raise CppPerfError(f"GitHub search failed ({settings.github.api_url}): {exc}") from exc
             report.published += found.published
             report.rejected.update(found.rejected)
         for repo, why in report.rejected.items():
-            console.print(f"[yellow]rejected[/yellow] {repo}: {why}")
-        if as_json:
+            console.print(f"[yellow]rejected[/yellow] {repo}: {why}", soft_wrap=True)
+        if not live_view:
             await wait_drained(ctx.bus)
         else:
             with Live(
@@ -91,6 +131,7 @@ async def _mine(
                     await asyncio.sleep(0.5)
                 await drained
                 live.update(_status_table(await ctx.bus.subject_status()))
+        rows = await ctx.bus.subject_status()
         total, per, reasons = await compute_funnel(ctx.store)
         instances = await ctx.store.all("instances")
         if not as_json:
@@ -108,8 +149,31 @@ async def _mine(
             "repo_rejections": reasons,
             "submitted": report.published,
             "rejected": report.rejected,
+            "dead_lettered": sum(r.dead_lettered for r in rows),
             "instances": instances,
         }
+
+
+def _repo_ids(specs: list[str], name: str | None) -> dict[str, str]:
+    """Check every --repo at parse time; local clones are named by --name or their GitHub origin."""
+    from cppperf.services.crawler.sources import candidate_for
+
+    ids: dict[str, str] = {}
+    local = [sp for sp in specs if looks_like_path(sp)]
+    if name is not None and len(local) != 1:
+        raise typer.BadParameter("--name names one local --repo", param_hint="--name")
+    for spec in specs:
+        if looks_like_path(spec):
+            path = git_repo(spec)
+            repo_id = local_repo_id(path, name)
+            if not repo_id.startswith("local/"):
+                ids[spec] = repo_id
+            continue
+        try:
+            candidate_for(spec)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--repo") from None
+    return ids
 
 
 @app.command()
@@ -117,21 +181,21 @@ def mine(
     repo: Annotated[
         list[str] | None, typer.Option("--repo", help="OWNER/NAME, git URL or local path")
     ] = None,
+    name: Annotated[
+        str | None,
+        typer.Option("--name", help="owner/name of the one local --repo (default: its GitHub origin remote)"),
+    ] = None,
     search: Annotated[
         bool, typer.Option("--search", help="enumerate GitHub: C++, >= --min-stars, no forks or archived")
     ] = False,
-    min_stars: Annotated[int | None, typer.Option("--min-stars")] = None,
-    since: Annotated[str | None, typer.Option("--since")] = None,
-    until: Annotated[str | None, typer.Option("--until")] = None,
-    max_files: Annotated[int | None, typer.Option("--max-files")] = None,
+    min_stars: Annotated[int | None, typer.Option("--min-stars", min=0)] = None,
+    since: Since = None,
+    until: Until = None,
+    max_files: Annotated[int | None, typer.Option("--max-files", min=1)] = None,
     classifier: Annotated[str | None, typer.Option("--classifier", help="heuristic|openai|vllm")] = None,
     builder: Annotated[str | None, typer.Option("--builder", help="local|docker")] = None,
-    runs: Annotated[
-        int | None, typer.Option("--runs", help="timing rounds per side (first discarded)")
-    ] = None,
-    out_dir: Annotated[
-        Path | None, typer.Option("--out", help="instances are written to OUT/instances/")
-    ] = None,
+    runs: Runs = None,
+    out_dir: OutDir = None,
     no_validate: Annotated[
         bool, typer.Option("--no-validate", help="skip building the latest commit first")
     ] = False,
@@ -139,12 +203,15 @@ def mine(
     nats_url: NatsUrl = None,
     config: Config = None,
 ) -> None:
-    """Run the whole pipeline until drained, then print the funnel.
+    """Run the whole pipeline until drained, then print the funnel. Finished repositories and
+    commits are not redone. Exit 1 when messages were dead-lettered or every repository was rejected.
 
     Example: cppperf mine --repo /tmp/demo --runs 11 --out results
     """
     if not repo and not search:
         raise typer.BadParameter("give at least one --repo, or --search", param_hint="--repo")
+    specs = list(repo or [])
+    repo_ids = _repo_ids(specs, check_name(name))
     s = _settings(
         config,
         nats_url=nats_url,
@@ -158,25 +225,38 @@ def mine(
         builder__backend=builder,
         builder__runs=runs,
     )
-    from cppperf.runtime import nats_endpoint
-
+    live_view = not as_json and console.is_terminal
+    if live_view:
+        log_path = _log_file(s)
+        log_file = log_path.open("a")
+        configure_logging(s.log_level, json=True, file=log_file)
+        console.print(f"logs: {log_path}")
     try:
-        with nats_endpoint(s) as url:
-            result = asyncio.run(_mine(s, url, list(repo or []), as_json, search))
+        with cli_nats(s) as url:
+            result = run_async(
+                _mine(s, url, specs, repo_ids, as_json, search, live_view),
+                waiting_for="in-flight work to be handed back to the bus and NATS to stop",
+            )
     except CppPerfError as exc:
         raise _fail(exc) from exc
     if as_json:
-        out.print_json(json.dumps(result, default=str))
+        print_json(result)
+    failed = result["dead_lettered"] > 0 or (specs and not result["submitted"] and not search)
+    if result["dead_lettered"]:
+        console.print(f"{result['dead_lettered']} message(s) dead-lettered: see `cppperf dlq list`")
+    raise typer.Exit(EXIT_FAILURES if failed else EXIT_OK)
 
 
 # ------------------------------------------------------------------------------------------ serve
 @app.command()
 def serve(
     service: Annotated[str, typer.Argument(help="crawler|filter|classifier|builder|evaluator")],
+    out_dir: OutDir = None,
     nats_url: NatsUrl = None,
     config: Config = None,
 ) -> None:
-    """Run one long-running service (scale out by starting more of them).
+    """Run one long-running service (scale out by starting more of them); it keeps retrying
+    while NATS is unreachable.
 
     Example: CPPPERF_NATS_URL=nats://nats:4222 cppperf serve builder
     """
@@ -186,8 +266,8 @@ def serve(
         raise typer.BadParameter(f"unknown service {service!r}; one of {', '.join(ALL_SERVICES)}")
     if service in NOT_YET:
         console.print(f"{NOT_YET[service]}")
-        raise typer.Exit(2)
-    s = _settings(config, nats_url=nats_url)
+        raise typer.Exit(EXIT_USAGE)
+    s = _settings(config, nats_url=nats_url, out_dir=str(out_dir) if out_dir else None)
 
     async def main(url: str) -> None:
         if service == "crawler":
@@ -210,7 +290,7 @@ def serve(
 
     try:
         with nats_endpoint(s) as url:
-            asyncio.run(main(url))
+            run_async(main(url), waiting_for=f"{service} to hand back in-flight messages")
     except KeyboardInterrupt:
         console.print("stopped")
 
@@ -218,12 +298,15 @@ def serve(
 # ------------------------------------------------------------------------------------------ status / dlq
 @app.command()
 def status(
-    as_json: Annotated[bool, typer.Option("--json")] = False, nats_url: NatsUrl = None, config: Config = None
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    out_dir: OutDir = None,
+    nats_url: NatsUrl = None,
+    config: Config = None,
 ) -> None:
     """Per subject: published, pending, in flight, done, dead-lettered; then the funnel."""
-    from cppperf.runtime import connect, nats_endpoint
+    from cppperf.runtime import connect
 
-    s = _settings(config, nats_url=nats_url)
+    s = _settings(config, nats_url=nats_url, out_dir=str(out_dir) if out_dir else None)
 
     async def main(url: str) -> dict[str, Any]:
         async with connect(s, url) as ctx:
@@ -240,53 +323,86 @@ def status(
                 "repo_rejections": reasons,
             }
 
-    with nats_endpoint(s) as url:
-        result = asyncio.run(main(url))
+    with cli_nats(s) as url:
+        result = run_async(main(url))
     if as_json:
-        out.print_json(json.dumps(result))
+        print_json(result)
+
+
+def _check_subject(subject: str | None) -> str | None:
+    from cppperf.shared.bus import WORK_QUEUES
+
+    if subject is not None and subject not in WORK_QUEUES:
+        raise typer.BadParameter(f"unknown subject {subject!r}; one of {', '.join(WORK_QUEUES)}")
+    return subject
 
 
 @dlq_app.command("list")
 def dlq_list(
-    subject: Annotated[str | None, typer.Argument()] = None,
+    subject: Annotated[
+        str | None, typer.Argument(help="only this subject's dead letters", callback=_check_subject)
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    out_dir: OutDir = None,
     nats_url: NatsUrl = None,
     config: Config = None,
 ) -> None:
     """List dead letters (optionally of one subject) with their reason."""
-    from cppperf.runtime import connect, nats_endpoint
+    from cppperf.runtime import connect
 
-    s = _settings(config, nats_url=nats_url)
+    s = _settings(config, nats_url=nats_url, out_dir=str(out_dir) if out_dir else None)
 
-    async def main(url: str) -> None:
+    async def main(url: str) -> list[Any]:
         async with connect(s, url) as ctx:
-            letters = await ctx.bus.dead_letters(subject)
-            t = Table(title=f"dead letters ({len(letters)})")
-            for c in ("seq", "subject", "service", "attempts", "error", "failed at"):
-                t.add_column(c)
-            for rec in letters:
-                L = rec.letter
-                t.add_row(str(rec.seq), L.subject, L.service, str(L.attempts), L.error[:120], L.failed_at)
-            out.print(t)
+            return await ctx.bus.dead_letters(subject)
 
-    with nats_endpoint(s) as url:
-        asyncio.run(main(url))
+    with cli_nats(s) as url:
+        letters = run_async(main(url))
+    if as_json:
+        print_json(
+            [
+                {
+                    "seq": rec.seq,
+                    "subject": rec.letter.subject,
+                    "service": rec.letter.service,
+                    "attempts": rec.letter.attempts,
+                    "error": rec.letter.error,
+                    "failed_at": rec.letter.failed_at,
+                    "msg_id": rec.letter.msg_id,
+                }
+                for rec in letters
+            ]
+        )
+        return
+    t = Table(title=f"dead letters ({len(letters)})")
+    for c in ("seq", "subject", "service", "attempts", "error", "failed at"):
+        t.add_column(c)
+    for rec in letters:
+        L = rec.letter
+        t.add_row(str(rec.seq), L.subject, L.service, str(L.attempts), L.error[:120], L.failed_at)
+    out.print(t)
 
 
 @dlq_app.command("replay")
 def dlq_replay(
-    subject: Annotated[str, typer.Argument()], nats_url: NatsUrl = None, config: Config = None
+    subject: Annotated[
+        str, typer.Argument(help="a work subject, e.g. commit.selected", callback=_check_subject)
+    ],
+    out_dir: OutDir = None,
+    nats_url: NatsUrl = None,
+    config: Config = None,
 ) -> None:
     """Put every dead letter of SUBJECT back on it (and remove it from the DLQ)."""
-    from cppperf.runtime import connect, nats_endpoint
+    from cppperf.runtime import connect
 
-    s = _settings(config, nats_url=nats_url)
+    s = _settings(config, nats_url=nats_url, out_dir=str(out_dir) if out_dir else None)
 
     async def main(url: str) -> int:
         async with connect(s, url) as ctx:
             return await ctx.bus.replay(subject)
 
-    with nats_endpoint(s) as url:
-        n = asyncio.run(main(url))
+    with cli_nats(s) as url:
+        n = run_async(main(url))
     out.print(f"replayed {n} message(s) onto {subject}")
 
 
@@ -294,9 +410,9 @@ def dlq_replay(
 @app.command("filter")
 def filter_cmd(
     repo: Annotated[Path, typer.Option("--repo", help="local git repository")],
-    since: Annotated[str | None, typer.Option("--since")] = None,
-    until: Annotated[str | None, typer.Option("--until")] = None,
-    max_files: Annotated[int | None, typer.Option("--max-files")] = None,
+    since: Since = None,
+    until: Until = None,
+    max_files: Annotated[int | None, typer.Option("--max-files", min=1)] = None,
     explain: Annotated[
         bool, typer.Option("--explain", help="also list rejected commits with the reason")
     ] = False,
@@ -310,9 +426,8 @@ def filter_cmd(
     from cppperf.services.filter.rules import Rules
     from cppperf.services.filter.walk import walk
 
+    git_repo(repo)
     s = _settings(config, mining__since=since, mining__until=until, mining__max_files=max_files)
-    if not (repo / ".git").exists() and not (repo / "HEAD").exists():
-        raise typer.BadParameter(f"{repo} is not a git repository", param_hint="--repo")
     result = walk(repo, Rules.from_settings(s.mining), explain=explain)
     rows: list[tuple[Any, str | None]] = [(c, None) for c in result.selected]
     rows += [(c, r.value) for c, r in result.rejections]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,19 +45,62 @@ def is_significant(record: dict[str, Any]) -> bool:
     return int((record.get("tests") or {}).get("significant_improvements") or 0) > 0
 
 
+IMPORT_RESAMPLES = 1000  # the 95 % percentile CI of tests whose decision needs it
+IMPORT_SEED = 0
+
+
+def recompute_tests(published: dict[str, Any]) -> list[dict[str, Any]]:
+    """Our statistics (MWU both ways, BH, Hodges-Lehmann ratio) from the published per-test raw
+    times, with the published thresholds. The bootstrap CI is computed for the tests whose
+    decision depends on it (adjusted p and median change both qualify); the others keep an
+    unknown CI, which never excludes 1."""
+    from cppperf.shared.engine.stats import compare_batch, compare_test, decide
+
+    raw = published.get("raw_timing_data") or {}
+    alpha = float(raw.get("min_p_value") or 0.05)
+    threshold = float(raw.get("min_exec_time_improvement") or 0.05)
+    by_name = {
+        str(t["test_name"]): (t["old_times"], t["new_times"])
+        for t in (published.get("tests") or {}).get("tests") or []
+        if isinstance(t, dict) and len(t.get("old_times") or []) >= 2 and len(t.get("new_times") or []) >= 2
+    }
+    samples = [(name, *by_name[name]) for name in sorted(by_name)]
+    first = decide(compare_batch(by_name), alpha=alpha, min_improvement=threshold)
+    stats = [
+        compare_test(n, o, w, resamples=IMPORT_RESAMPLES, seed=IMPORT_SEED + i)
+        if (t.p_improve_adj < alpha and t.median_change >= threshold)
+        or (t.p_regress_adj < alpha and t.median_change <= -threshold)
+        else t
+        for i, ((n, o, w), t) in enumerate(zip(samples, first, strict=True))
+    ]
+    return [t.as_dict() for t in decide(stats, alpha=alpha, min_improvement=threshold)]
+
+
+def _verdict_of(tests: list[dict[str, Any]], prefix: str) -> str:
+    if any(t[f"{prefix}regressed"] for t in tests):
+        return "regressed"
+    return "improved" if any(t[f"{prefix}improved"] for t in tests) else "not-improved"
+
+
 def to_record(published: dict[str, Any], source: str) -> dict[str, Any]:
+    """The published file plus our section, whose verdicts are recomputed from the raw timings
+    (so `improved` never stands beside significant regressions); the published counts stay as
+    they were in the published fields."""
     validate_published(published)
     ci = published["commit_info"]
     repo = published["metadata"]["repository_name"]
-    sig = int(published["tests"].get("significant_improvements") or 0) > 0
+    tests = recompute_tests(published)
     return {
         **published,
         "cppperf": {
             "record_version": 1,
             "instance_id": make_instance_id(repo, ci["new_sha"]),
             "imported_from": source,
-            "verdict": "improved" if sig else "not-improved",
-            "verdict_paper_rule": "improved" if sig else "not-improved",
+            "verdict": _verdict_of(tests, "") if tests else "not-improved",
+            "verdict_paper_rule": _verdict_of(tests, "paper_") if tests else "not-improved",
+            "improved_tests": [t["name"] for t in tests if t["improved"]],
+            "regressed_tests": [t["name"] for t in tests if t["regressed"]],
+            "tests": tests,
             "failure_category": None,
             "builder": "cppperf-db",
         },
@@ -88,22 +131,29 @@ class ImportReport:
     errors: dict[str, str] = field(default_factory=dict)
 
 
-def import_files(paths: list[Path], out_dir: Path) -> ImportReport:
+def import_files(
+    paths: list[Path], out_dir: Path, on_progress: Callable[[int, int], None] | None = None
+) -> ImportReport:
     rep = ImportReport()
     files: list[Path] = []
     for p in paths:
         files += sorted(p.glob("*.json")) if p.is_dir() else [p]
-    for f in files:
+    for i, f in enumerate(files):
+        if on_progress is not None:
+            on_progress(i, len(files))
         try:
             record = to_record(json.loads(f.read_text()), f.name)
-        except (OSError, json.JSONDecodeError, RecordError) as exc:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecordError) as exc:
             rep.errors[str(f)] = f"{type(exc).__name__}: {exc}"
             continue
         iid = record["cppperf"]["instance_id"]
         target = instance_path(out_dir, iid)
         if target.is_file():
-            existing = json.loads(target.read_text())
-            if to_published(existing) == to_published(record):
+            try:
+                existing = json.loads(target.read_text())
+            except (OSError, json.JSONDecodeError):
+                existing = None
+            if existing == json.loads(json.dumps(record)):
                 rep.unchanged.append(iid)
                 continue
         write_record(out_dir, record)

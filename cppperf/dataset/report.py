@@ -3,7 +3,8 @@
 - one instance: verdict and CIs, the distribution of run times old vs new per test (strip plot
   over a box plot, improved tests first), the statistics table, the diff;
 - the dataset (`--all`): instances per repository, single- vs multi-file, lines changed, share
-  significant, and a per-repository table like the paper's Table 1.
+  significant, verdict and best-speed-up distributions, a per-repository table like the paper's
+  Table 1, and every instance with a link to its page.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import html
 import io
 import statistics
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import matplotlib
@@ -65,7 +67,8 @@ def _test_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
                 "ci": (1 / t["ci_high"], 1 / t["ci_low"])
                 if t["ci_low"] > 0 and t["ci_high"] < float("inf")
                 else None,
-                "p": t["p_improve_adj"],
+                # the p of the side that was decided: a regression shows its own (small) p
+                "p": t["p_regress_adj"] if t["regressed"] or t["median_change"] < 0 else t["p_improve_adj"],
                 "improved": t["improved"],
                 "regressed": t["regressed"],
             }
@@ -158,7 +161,57 @@ def instance_section(record: dict[str, Any]) -> str:
 """
 
 
-def overview_section(records: list[dict[str, Any]]) -> str:
+def best_speedup(record: dict[str, Any]) -> float | None:
+    """The largest speed-up (old/new) among the instance's improved tests, None when none improved."""
+    ours = (record.get("cppperf") or {}).get("tests") or []
+    ups = [1.0 / t["ratio"] for t in ours if t.get("improved") and t.get("ratio")]
+    if not ours:
+        improved = set((record.get("tests") or {}).get("significant_improvements_tests") or [])
+        ups = [
+            1.0 / (1.0 - t["relative_improvement"])
+            for t in (record.get("tests") or {}).get("tests") or []
+            if t.get("test_name") in improved and 0 < (t.get("relative_improvement") or 0) < 1
+        ]
+    return max(ups) if ups else None
+
+
+def _distributions(records: list[dict[str, Any]]) -> str:
+    verdicts = Counter(str((r.get("cppperf") or {}).get("verdict")) for r in records)
+    ups = [u for u in (best_speedup(r) for r in records) if u is not None]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 2.8))
+    names = [v for v, _ in verdicts.most_common()]
+    colors = {"improved": "#0a7d2c", "regressed": "#b00020"}
+    axes[0].bar(
+        names, [verdicts[v] for v in names], color=[colors.get(v, "#888") for v in names], gid="verdicts"
+    )
+    axes[0].set_title("verdicts", loc="left")
+    axes[0].tick_params(axis="x", labelsize=7, rotation=20)
+    if ups:
+        axes[1].hist(ups, bins=30, color="#0a7d2c", gid="speedups")
+    axes[1].set_title(f"best speed-up of improved instances (n={len(ups)})", loc="left")
+    axes[1].set_xlabel("old / new run time (×)")
+    return _svg(fig)
+
+
+def _instance_links(records: list[dict[str, Any]], link: Callable[[str], str] | None) -> str:
+    rows = ["<table><tr><th>instance</th><th>verdict</th><th>best speed-up</th><th>files</th></tr>"]
+    for r in sorted(records, key=lambda r: str((r.get("cppperf") or {}).get("instance_id"))):
+        ours = r.get("cppperf") or {}
+        iid = html.escape(str(ours.get("instance_id")))
+        name = f'<a href="{html.escape(link(str(ours.get("instance_id"))))}">{iid}</a>' if link else iid
+        up = best_speedup(r)
+        verdict = str(ours.get("verdict"))
+        cls = verdict if verdict in ("improved", "regressed") else ""
+        rows.append(
+            f'<tr><td>{name}</td><td class="{cls}">{html.escape(verdict)}</td>'
+            f"<td>{f'{up:.2f}×' if up else '–'}</td><td>{len(r['commit_info'].get('files_changed') or [])}</td></tr>"
+        )
+    rows.append("</table>")
+    return "".join(rows)
+
+
+def overview_section(records: list[dict[str, Any]], link: Callable[[str], str] | None = None) -> str:
+    """The dataset page; `link(instance_id)` gives the href of each instance's page."""
     per_repo: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         per_repo[r["metadata"]["repository_name"]].append(r)
@@ -208,8 +261,12 @@ def overview_section(records: list[dict[str, Any]]) -> str:
 <span class="kpi"><b>{sig} ({sig / n:.0%})</b>with a significantly faster test</span></p>
 <figure class="per-repo">{per_repo_svg}</figure>
 <figure class="shape">{shape_svg}</figure>
+<h2>Verdicts and speed-ups</h2>
+<figure class="distributions">{_distributions(records)}</figure>
 <h2>Per repository (the paper's Table 1)</h2>
 {"".join(rows)}
+<h2>Instances</h2>
+{_instance_links(records, link)}
 """
         if n
         else "<h1>Dataset overview</h1><p>No instances.</p>"

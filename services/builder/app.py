@@ -45,6 +45,7 @@ async def process_candidate(ctx: ServiceContext, cand: m.RepoCandidate) -> None:
         cand.repo,
         stage="found",
         validated=True,
+        head_sha=found.head_sha,
         test_count=found.test_count,
         build_seconds=found.build_seconds,
     )

@@ -56,9 +56,8 @@ async def submit(
             log.info("repo_rejected", repo=cand.repo, reason=reason)
             continue
         cand = m.RepoCandidate(repo=cand.repo, url=cand.url, source=cand.source, language=language)
-        await ctx.store.put(
-            "repos", cand.repo, {"stage": "candidate", "url": cand.url, "source": cand.source}
-        )
+        # update, not put: a resumed run keeps what later stages recorded (validated head, walk)
+        await ctx.store.update("repos", cand.repo, stage="candidate", url=cand.url, source=cand.source)
         if validate:
             await ctx.bus.publish(m.REPO_CANDIDATE, cand)
         else:

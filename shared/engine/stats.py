@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -104,6 +104,12 @@ def compare_test(
         ci_low, ci_high = bootstrap_ratio_ci(o, n, resamples=resamples, rng=np.random.default_rng(seed))
     else:  # not computed: an unknown CI never "excludes 1"
         ci_low, ci_high = 0.0, math.inf
+    return _test_stats(name, o, n, ci_low, ci_high, _mwu(o, n, "greater"), _mwu(o, n, "less"))
+
+
+def _test_stats(
+    name: str, o: FloatArray, n: FloatArray, ci_low: float, ci_high: float, p_improve: float, p_regress: float
+) -> TestStats:
     med_o, med_n = float(np.median(o)), float(np.median(n))
     mean_o, mean_n = float(np.mean(o)), float(np.mean(n))
     return TestStats(
@@ -119,9 +125,67 @@ def compare_test(
         ratio=hodges_lehmann_ratio(o, n),
         ci_low=ci_low,
         ci_high=ci_high,
-        p_improve=_mwu(o, n, "greater"),
-        p_regress=_mwu(o, n, "less"),
+        p_improve=p_improve,
+        p_regress=p_regress,
     )
+
+
+_EXACT_MWU_MAX = 8  # scipy's `auto` MWU is exact up to this sample size: keep those per test
+
+
+def compare_batch(samples: Mapping[str, tuple[Sequence[float], Sequence[float]]]) -> list[TestStats]:
+    """`compare_test(..., resamples=0)` for many tests at once, sorted by name: medians, means,
+    Hodges-Lehmann ratios and one Mann-Whitney U per sample-size group, vectorised (per-call
+    overhead dominates thousands of small tests, e.g. importing published records)."""
+    names = sorted(samples)
+    arrays: list[tuple[FloatArray, FloatArray]] = []
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, name in enumerate(names):
+        o = np.maximum(np.asarray(samples[name][0], dtype=np.float64), 1e-9)
+        n = np.maximum(np.asarray(samples[name][1], dtype=np.float64), 1e-9)
+        if len(o) < 2 or len(n) < 2:
+            raise ValueError(f"{name}: need at least 2 samples per side, got {len(o)} and {len(n)}")
+        arrays.append((o, n))
+        groups.setdefault((len(o), len(n)), []).append(i)
+    out: list[TestStats | None] = [None] * len(names)
+    for (n_old, n_new), idx in groups.items():
+        old_m = np.stack([arrays[i][0] for i in idx])
+        new_m = np.stack([arrays[i][1] for i in idx])
+        med_o, med_n = np.median(old_m, axis=1), np.median(new_m, axis=1)
+        mean_o, mean_n = np.mean(old_m, axis=1), np.mean(new_m, axis=1)
+        diffs = np.log(new_m)[:, None, :] - np.log(old_m)[:, :, None]
+        ratio = np.exp(np.median(diffs.reshape(len(idx), -1), axis=1))
+        same = (old_m == new_m[:, :1]).all(axis=1) & (new_m == new_m[:, :1]).all(axis=1)
+        p_imp, p_reg = np.ones(len(idx)), np.ones(len(idx))
+        varied = np.flatnonzero(~same)
+        if len(varied) and min(n_old, n_new) <= _EXACT_MWU_MAX:
+            for k in varied:
+                p_imp[k] = _mwu(old_m[k], new_m[k], "greater")
+                p_reg[k] = _mwu(old_m[k], new_m[k], "less")
+        elif len(varied):
+            p_imp[varied] = sps.mannwhitneyu(
+                old_m[varied], new_m[varied], alternative="greater", axis=1
+            ).pvalue
+            p_reg[varied] = sps.mannwhitneyu(old_m[varied], new_m[varied], alternative="less", axis=1).pvalue
+        for k, i in enumerate(idx):
+            mo, mn, ao, an = float(med_o[k]), float(med_n[k]), float(mean_o[k]), float(mean_n[k])
+            out[i] = TestStats(
+                name=names[i],
+                n_old=n_old,
+                n_new=n_new,
+                median_old=mo,
+                median_new=mn,
+                mean_old=ao,
+                mean_new=an,
+                median_change=(mo - mn) / mo,
+                mean_change=(ao - an) / ao,
+                ratio=float(ratio[k]),
+                ci_low=0.0,
+                ci_high=math.inf,
+                p_improve=float(p_imp[k]),
+                p_regress=float(p_reg[k]),
+            )
+    return [t for t in out if t is not None]
 
 
 def benjamini_hochberg(pvalues: Sequence[float]) -> list[float]:
@@ -139,18 +203,16 @@ def decide(
     out = []
     for t, pi, pr in zip(tests, adj_i, adj_r, strict=True):
         out.append(
-            TestStats(
-                **{
-                    **t.as_dict(),
-                    "p_improve_adj": pi,
-                    "p_regress_adj": pr,
-                    "improved": pi < alpha and t.median_change >= min_improvement and t.ci_high < 1.0,
-                    "regressed": pr < alpha and t.median_change <= -min_improvement and t.ci_low > 1.0,
-                    "paper_improved": t.p_improve < alpha and t.mean_change >= min_improvement,
-                    "paper_regressed": t.p_regress < alpha and t.mean_change <= -min_improvement,
-                    "strict_improved": pi < alpha and t.ci_high <= 1.0 - min_improvement,
-                    "strict_regressed": pr < alpha and t.ci_low >= 1.0 + min_improvement,
-                }
+            replace(
+                t,
+                p_improve_adj=pi,
+                p_regress_adj=pr,
+                improved=pi < alpha and t.median_change >= min_improvement and t.ci_high < 1.0,
+                regressed=pr < alpha and t.median_change <= -min_improvement and t.ci_low > 1.0,
+                paper_improved=t.p_improve < alpha and t.mean_change >= min_improvement,
+                paper_regressed=t.p_regress < alpha and t.mean_change <= -min_improvement,
+                strict_improved=pi < alpha and t.ci_high <= 1.0 - min_improvement,
+                strict_regressed=pr < alpha and t.ci_low >= 1.0 + min_improvement,
             )
         )
     return out
