@@ -176,13 +176,15 @@ def report(rows: list[dict[str, Any]], backends: list[str]) -> None:
         line = "" if r["verdict"] in PASSING else r.get("line", "")[:90]
         print(f"{r['id']:34} {r['date']:10} {r['backend']:7} {outcome:34} {r['seconds']:>6}  {line}")
     for backend in backends:
-        mine = [r for r in rows if r["backend"] == backend]
+        mine = [r for r in rows if r["backend"] == backend and r["verdict"] != "error"]
+        skipped = [r for r in rows if r["backend"] == backend and r["verdict"] == "error"]
         ok = sum(r["verdict"] in PASSING for r in mine)
         repos = len({r["id"].split("@")[0] for r in mine})
         pct = 100.0 * ok / len(mine) if mine else 0.0
         print(
             f"yield {backend}: {ok}/{len(mine)} built and passing = {pct:.0f} % "
             f"over {repos} repositories (paper: 100 %)"
+            + (f"; {len(skipped)} not tried (sources unavailable: see the rows)" if skipped else "")
         )
 
 
