@@ -565,3 +565,16 @@ def test_compare_batch_matches_compare_test() -> None:
         for f, u in x.as_dict().items():
             v = getattr(y, f)
             assert u == v or (isinstance(u, float) and math.isclose(u, v, rel_tol=1e-12)), (x.name, f, u, v)
+
+
+@pytest.mark.nats
+def test_dlq_list_json(tmp_path: Path) -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "cppperf", "dlq", "list", "commit.selected", "--json", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads(res.stdout) == []
