@@ -384,6 +384,7 @@ def _validate_ranges(s: Settings) -> None:
         )
     for key, n in (
         ("mining.max_files", s.mining.max_files),
+        ("mining.publish_window", s.mining.publish_window),
         ("bus.max_deliver", s.bus.max_deliver),
         ("evaluator.max_patch_bytes", s.evaluator.max_patch_bytes),
     ):

@@ -565,3 +565,31 @@ def test_compare_batch_matches_compare_test() -> None:
         for f, u in x.as_dict().items():
             v = getattr(y, f)
             assert u == v or (isinstance(u, float) and math.isclose(u, v, rel_tol=1e-12)), (x.name, f, u, v)
+
+
+@pytest.mark.nats
+def test_dlq_list_json(tmp_path: Path) -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "cppperf", "dlq", "list", "commit.selected", "--json", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads(res.stdout) == []
+
+
+@pytest.mark.nats
+def test_mine_off_a_terminal_keeps_tables_off_stderr(git_repo: Path, tmp_path: Path) -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "cppperf", "mine", "--repo", str(git_repo), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert res.returncode == FAILURES, res.stderr[-2000:]  # its only repository was rejected
+    assert "funnel" in res.stdout and "TOTAL" in res.stdout
+    assert not any(ch in res.stderr for ch in "┃━┏")  # no live table among the JSON log lines
+    assert "rejected local/proj" in res.stderr

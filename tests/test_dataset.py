@@ -34,6 +34,7 @@ def sample_entries(tmp_path: Path, n: int = 6) -> Path:
 
 
 @needs_shared
+@pytest.mark.timeout(900)  # ~15 s CPU (statistics of 13,797 tests), minutes on a loaded machine
 def test_import_all_published_entries(tmp_path: Path) -> None:
     rep = import_files([ENTRIES], tmp_path / "out")
     assert len(rep.imported) == 347 and not rep.errors
@@ -44,7 +45,9 @@ def test_import_all_published_entries(tmp_path: Path) -> None:
     assert to_published(first) == original  # the published fields are kept unchanged
     again = import_files([ENTRIES], tmp_path / "out")
     assert len(again.unchanged) == 347 and not again.imported  # idempotent
-    assert sum(Filters(significant_only=True).match(r) for r in records) == 34
+    # 34 published records count a significant improvement; recomputed from their raw timings with
+    # our rule (BH, CI), 29 are `improved` and the rest have significant regressions or do not hold up
+    assert sum(Filters(significant_only=True).match(r) for r in records) == 29
 
 
 @needs_shared

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cppperf.cli.build import _commit_from_repo
-from cppperf.cli.common import Config, _fail, _settings, app, console, out
+from cppperf.cli.common import EXIT_USAGE, Config, _fail, _settings, app, console, out
 from cppperf.shared.errors import CppPerfError
 
 # ------------------------------------------------------------------------------------------ classify
@@ -66,7 +66,16 @@ def classify_one(
 @classify_app.command("eval")
 def classify_eval(
     ctx: typer.Context,
-    labels: Annotated[Path, typer.Option("--labels", help="JSONL with message, diff, manual_label")],
+    labels: Annotated[
+        Path,
+        typer.Option(
+            "--labels",
+            help="JSONL with message, diff, manual_label",
+            exists=True,
+            dir_okay=False,
+            readable=True,
+        ),
+    ],
     backend: Annotated[str | None, typer.Option("--backend")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
@@ -81,8 +90,8 @@ def classify_eval(
     s = _settings(parent.get("config"), classifier__backend=backend or parent.get("backend"))
     try:
         rows = load_labels(labels)
-    except (OSError, ValueError) as exc:
-        raise _fail(exc) from exc
+    except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
+        raise _fail(f"{labels}: {exc}", EXIT_USAGE) from exc
     clf = Classifier.create(s.classifier)
     progress = Progress(
         TextColumn("classify"),

@@ -32,7 +32,7 @@ dataset_app = typer.Typer(
 app.add_typer(dataset_app, name="dataset")
 RepoFilter = Annotated[str | None, typer.Option("--repo", help="only this owner/name")]
 SignificantOnly = Annotated[
-    bool, typer.Option("--significant-only", help="only instances with a faster test")
+    bool, typer.Option("--significant-only", help="only instances whose verdict is improved")
 ]
 MultiFile = Annotated[bool, typer.Option("--multi-file", help="only patches touching several files")]
 SingleFile = Annotated[bool, typer.Option("--single-file", help="only single-file patches")]

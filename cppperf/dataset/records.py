@@ -47,6 +47,7 @@ def is_significant(record: dict[str, Any]) -> bool:
 
 IMPORT_RESAMPLES = 1000  # the 95 % percentile CI of tests whose decision needs it
 IMPORT_SEED = 0
+IMPORT_STATISTICS = f"mwu-bh-hl-bootstrap{IMPORT_RESAMPLES}-seed{IMPORT_SEED}"  # recompute when it changes
 
 
 def recompute_tests(published: dict[str, Any]) -> list[dict[str, Any]]:
@@ -96,6 +97,7 @@ def to_record(published: dict[str, Any], source: str) -> dict[str, Any]:
             "record_version": 1,
             "instance_id": make_instance_id(repo, ci["new_sha"]),
             "imported_from": source,
+            "statistics": IMPORT_STATISTICS,
             "verdict": _verdict_of(tests, "") if tests else "not-improved",
             "verdict_paper_rule": _verdict_of(tests, "paper_") if tests else "not-improved",
             "improved_tests": [t["name"] for t in tests if t["improved"]],
@@ -142,23 +144,34 @@ def import_files(
         if on_progress is not None:
             on_progress(i, len(files))
         try:
-            record = to_record(json.loads(f.read_text()), f.name)
+            published = json.loads(f.read_text())
+            validate_published(published)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecordError) as exc:
             rep.errors[str(f)] = f"{type(exc).__name__}: {exc}"
             continue
-        iid = record["cppperf"]["instance_id"]
-        target = instance_path(out_dir, iid)
-        if target.is_file():
-            try:
-                existing = json.loads(target.read_text())
-            except (OSError, json.JSONDecodeError):
-                existing = None
-            if existing == json.loads(json.dumps(record)):
-                rep.unchanged.append(iid)
-                continue
-        write_record(out_dir, record)
+        iid = make_instance_id(published["metadata"]["repository_name"], published["commit_info"]["new_sha"])
+        if _already_imported(instance_path(out_dir, iid), published, f.name):
+            rep.unchanged.append(iid)
+            continue
+        write_record(out_dir, to_record(published, f.name))
         rep.imported.append(iid)
     return rep
+
+
+def _already_imported(target: Path, published: dict[str, Any], source: str) -> bool:
+    """Same published fields, from the same file, decided by the same statistics: nothing to redo."""
+    if not target.is_file():
+        return False
+    try:
+        existing = json.loads(target.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    ours = existing.get("cppperf") or {}
+    return bool(
+        ours.get("imported_from") == source
+        and ours.get("statistics") == IMPORT_STATISTICS
+        and to_published(existing) == published
+    )
 
 
 def iter_records(out_dir: Path) -> Iterator[dict[str, Any]]:

@@ -159,9 +159,9 @@ def compare_batch(samples: Mapping[str, tuple[Sequence[float], Sequence[float]]]
         p_imp, p_reg = np.ones(len(idx)), np.ones(len(idx))
         varied = np.flatnonzero(~same)
         if len(varied) and min(n_old, n_new) <= _EXACT_MWU_MAX:
-            for k in varied:
-                p_imp[k] = _mwu(old_m[k], new_m[k], "greater")
-                p_reg[k] = _mwu(old_m[k], new_m[k], "less")
+            for v in varied.tolist():
+                p_imp[v] = _mwu(old_m[v], new_m[v], "greater")
+                p_reg[v] = _mwu(old_m[v], new_m[v], "less")
         elif len(varied):
             p_imp[varied] = sps.mannwhitneyu(
                 old_m[varied], new_m[varied], alternative="greater", axis=1
