@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from cppperf.services.classifier.features import MAX_DIFF_CHARS
 from cppperf.services.classifier.heuristic import score_commit
 from cppperf.services.classifier.scorer import Model
 
@@ -27,7 +28,7 @@ def gate(
     p = model.probability(message, issues, diff)
     if p >= threshold:
         return GateDecision(True, p)
-    h = score_commit(message, issues, diff, threshold=heuristic_threshold)
+    h = score_commit(message, issues, diff[:MAX_DIFF_CHARS], threshold=heuristic_threshold)
     if h.label:
         return GateDecision(True, p, [f"rules say positive (score {h.score:g})"])
     return GateDecision(
