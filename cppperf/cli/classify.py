@@ -148,6 +148,7 @@ def classify_eval(
     out.print(_cost_table(rep.cascade))
     if rep.crossval is not None:
         out.print(_crossval_table(rep.crossval))
+        out.print(_gate_curve_table(rep.crossval))
 
 
 def _crossval(labels: Path, db: Path, negatives: list[Path], folds: int, progress: Progress) -> Any:
@@ -198,7 +199,30 @@ def _crossval_table(cv: dict[str, Any]) -> Table:
         )
     g = s["gate"]
     mined = "" if g["mined_passed_share"] is None else f", mined commits passed {g['mined_passed_share']:.1%}"
-    t.caption = f"cascade gate on held-out repositories: passed {g['passed_share']:.1%}, recall kept {g['recall_kept']:.3f}{mined}"
+    t.caption = (
+        f"cascade gate on held-out repositories: passed {g['passed_share']:.1%}, "
+        f"recall kept {g['recall_kept']:.3f}{mined}"
+    )
+    return t
+
+
+def _gate_curve_table(cv: dict[str, Any]) -> Table:
+    t = Table(title="cascade gate on held-out repositories, by the recall it was set for")
+    cols = ("set for", "labelled passed", "labelled recall", "mined passed", "CppPerf-DB recall")
+    for col in cols:
+        t.add_column(col, justify="right")
+
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{x:.1%}"
+
+    for row in cv["summary"]["gate_curve"]:
+        t.add_row(
+            f"{row['gate_recall_target']:.2f}",
+            pct(row["passed_share"]),
+            f"{row['recall_kept']:.3f}",
+            pct(row["mined_passed_share"]),
+            "-" if row["cppperf_db_recall_kept"] is None else f"{row['cppperf_db_recall_kept']:.3f}",
+        )
     return t
 
 

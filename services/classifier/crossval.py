@@ -21,7 +21,7 @@ from typing import Any
 from cppperf.services.classifier.cascade import gate
 from cppperf.services.classifier.corpus import without_overlap
 from cppperf.services.classifier.heuristic import score_commit
-from cppperf.services.classifier.scorer import Example, Model, TrainConfig, repo_folds, train
+from cppperf.services.classifier.scorer import GATE_RECALLS, Example, Model, TrainConfig, repo_folds, train
 
 
 @dataclass
@@ -95,6 +95,26 @@ def _mean_sd(xs: Sequence[float]) -> dict[str, float]:
     }
 
 
+def _add_curve(
+    model: Model,
+    tests: Sequence[Example],
+    mined: Sequence[Example],
+    db_pos: Sequence[Example],
+    curve: dict[float, Counts],
+    curve_mined: dict[float, list[int]],
+    curve_db: dict[float, list[int]],
+) -> None:
+    """The gate at each of the model's recall operating points, on one fold's held-out commits."""
+    for r in GATE_RECALLS:
+        t = float(model.meta["gate_thresholds"][f"{r:.2f}"])
+        for e in tests:
+            curve[r].add(gate(model, t, e.message, e.issue_text, e.diff).passed, e.label)
+        curve_mined[r][0] += sum(gate(model, t, e.message, e.issue_text, e.diff).passed for e in mined)
+        curve_mined[r][1] += len(mined)
+        curve_db[r][0] += sum(gate(model, t, e.message, e.issue_text, e.diff).passed for e in db_pos)
+        curve_db[r][1] += len(db_pos)
+
+
 def cross_validate(
     pool: Sequence[Example],
     tests: Sequence[Example],
@@ -113,6 +133,9 @@ def cross_validate(
     pooled_model, pooled_heur = Counts(), Counts()
     gate_pos = gate_pos_kept = gate_all = gate_passed = 0
     mined_all = mined_passed = db_all = db_passed = 0
+    curve = {r: Counts() for r in GATE_RECALLS}  # tp: positive passed, fn: positive dropped, ...
+    curve_mined = {r: [0, 0] for r in GATE_RECALLS}  # [passed, all]
+    curve_db = {r: [0, 0] for r in GATE_RECALLS}
     for i, held in enumerate(folds):
         test_shas = {t.sha for t in tests if t.repo in held}
         train_set = without_overlap(
@@ -144,6 +167,7 @@ def cross_validate(
         )
         db_all += len(db_pos)
         db_passed += db_kept
+        _add_curve(model, held_tests, mined, db_pos, curve, curve_mined, curve_db)
         gate_pos += f_pos
         gate_pos_kept += f_kept
         gate_all += len(held_tests)
@@ -185,5 +209,21 @@ def cross_validate(
             "mined_passed_share": round(mined_passed / mined_all, 4) if mined_all else None,
             "cppperf_db_recall_kept": round(db_passed / db_all, 4) if db_all else None,
         },
+        "gate_curve": [
+            {
+                "gate_recall_target": r,
+                "passed_share": round((c.tp + c.fp) / (c.tp + c.fp + c.fn + c.tn), 4)
+                if c.tp + c.fp + c.fn + c.tn
+                else 0.0,
+                "recall_kept": round(c.recall, 4),
+                "mined_passed_share": round(curve_mined[r][0] / curve_mined[r][1], 4)
+                if curve_mined[r][1]
+                else None,
+                "cppperf_db_recall_kept": round(curve_db[r][0] / curve_db[r][1], 4)
+                if curve_db[r][1]
+                else None,
+            }
+            for r, c in curve.items()
+        ],
     }
     return report

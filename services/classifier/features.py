@@ -29,29 +29,6 @@ _FILE_NAME = re.compile(r"\S+\.(cpp|cc|cxx|c|h|hpp|hh|hxx|inl|ipp)\b", re.I)
 _TEST_PATH = re.compile(r"(^|/)(tests?|testing|unittests?|benchmarks?|bench|examples?)/|_test\.|test_", re.I)
 _DOC_PATH = re.compile(r"\.(md|rst|txt|html|dox)$|(^|/)docs?/", re.I)
 _BUILD_PATH = re.compile(r"(CMakeLists\.txt|\.cmake|\.ya?ml|\.bazel|BUILD|\.bzl|Makefile|\.in)$")
-# code words that mean the same in every repository (keywords, the standard library, compiler
-# built-ins): a repository's own identifiers are left out, they would not carry over
-_CODE_WORDS = frozenset(
-    """alignas alignof auto bool break case catch char class const consteval constexpr constinit
-    const_cast continue decltype default delete do double dynamic_cast else enum explicit extern
-    false float for friend goto if inline int long mutable namespace new noexcept nullptr operator
-    private protected public register reinterpret_cast return short signed sizeof static
-    static_assert static_cast struct switch template this thread_local throw true try typedef
-    typename union unsigned using virtual void volatile while size_t uint8_t uint16_t uint32_t
-    uint64_t int64_t int32_t vector string string_view span array map set unordered_map
-    unordered_set deque list optional variant unique_ptr shared_ptr make_unique make_shared move
-    forward swap reserve resize emplace emplace_back push_back insert erase find count clear
-    size empty begin end data memcpy memmove memset memcmp strlen sort stable_sort
-    lower_bound upper_bound binary_search fill copy transform accumulate min max abs sqrt pow
-    exp log mutex lock_guard unique_lock atomic thread async future condition_variable
-    chrono steady_clock likely unlikely assume restrict prefetch popcount countl_zero
-    bit_cast endl cout cerr printf snprintf fprintf malloc free realloc calloc alloca
-    assert throw exception runtime_error logic_error invalid_argument iterator
-    const_iterator reverse_iterator shrink_to_fit capacity append substr c_str to_string stoi
-    ostringstream stringstream istream ostream getline fopen fread fwrite mmap
-    omp pragma unroll simd inline always_inline noinline hot cold flatten""".split()  # noqa: SIM905 - a word list reads best as text
-)
-_CODE_TOKEN = re.compile(r"[A-Za-z_]\w*")
 _STOP = frozenset(
     [
         "a",
@@ -135,12 +112,6 @@ def _diff_features(diff: str) -> set[str]:
         ln[0] for ln in diff.splitlines() if ln[:1] in ("+", "-") and not ln.startswith(("+++", "---"))
     ]
     added, removed = changed.count("+"), changed.count("-")
-    for line in diff.splitlines():
-        if line[:1] in ("+", "-") and not line.startswith(("+++", "---")):
-            side = "a" if line[0] == "+" else "x"
-            feats.update(f"{side}:{t}" for t in _CODE_TOKEN.findall(line) if t in _CODE_WORDS)
-            if "//" in line or "/*" in line:  # comments say why
-                feats.update(f"c:{name}" for name, pat, _ in MESSAGE_RULES if pat.search(line))
     paths = diff_paths(diff)
     feats.add(f"s:files{_bucket(len(paths), (1, 2, 4, 8))}")
     feats.add(f"s:lines{_bucket(math.log2(1 + added + removed), (2, 4, 6, 8, 10))}")

@@ -97,6 +97,9 @@ def load_model(path: Path | None = None) -> Model:
     return _CACHE[p]
 
 
+GATE_RECALLS = (0.9, 0.95, 0.98, 0.99)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     l2: float = 1.0
@@ -208,14 +211,19 @@ def train(examples: Sequence[Example], cfg: TrainConfig | None = None) -> Model:
         raise ValueError("training needs both positive and negative examples")
     oof = out_of_fold_scores(examples, cfg, cfg.inner_folds)
     labels = [e.label for e in examples]
-    gate = recall_threshold([s for s, y in zip(oof, labels, strict=True) if y], cfg.gate_recall)
+    pos = [s for s, y in zip(oof, labels, strict=True) if y]
     label_t = f1_threshold(oof, labels)
+    # the gate never drops what the scorer itself would call positive
+    gate = min(recall_threshold(pos, cfg.gate_recall), label_t)
+    # other operating points, for `classifier.cascade_threshold` without retraining
+    gates = {f"{r:.2f}": round(min(recall_threshold(pos, r), label_t), 5) for r in GATE_RECALLS}
     w, b = fit_weights(examples, cfg)
     sources = Counter(f"{e.source}:{'pos' if e.label else 'neg'}" for e in examples)
     meta = {
         "examples": len(examples),
         "repositories": len({e.repo for e in examples}),
         "sources": dict(sorted(sources.items())),
+        "gate_thresholds": gates,  # held-out positives' recall → threshold
         "config": {
             "l2": cfg.l2,
             "min_df": cfg.min_df,
