@@ -28,7 +28,7 @@ def classify_one(
     ctx: typer.Context,
     repo: Annotated[Path | None, typer.Option("--repo")] = None,
     sha: Annotated[str | None, typer.Option("--sha")] = None,
-    backend: Annotated[str | None, typer.Option("--backend", help="heuristic|openai|vllm")] = None,
+    backend: Annotated[str | None, typer.Option("--backend", help="heuristic|model|openai|vllm")] = None,
     config: Config = None,
 ) -> None:
     """cppperf classify --repo PATH --sha SHA: print the decision with its evidence."""
