@@ -156,7 +156,9 @@ def test_shipped_model_is_small_json_and_loads() -> None:
     assert MODEL_PATH.stat().st_size < 400_000
     model = load_model()
     assert model.meta["sources"]  # says what it was trained on
-    assert model.probability("Speed up hash lookup 2x by avoiding allocations", "", DIFF) > model.label_threshold
+    assert (
+        model.probability("Speed up hash lookup 2x by avoiding allocations", "", DIFF) > model.label_threshold
+    )
     assert model.probability("Fix typo in README", "", "") < model.gate_threshold
 
 
@@ -223,11 +225,17 @@ async def test_cascade_skips_clear_negatives_without_calling_the_server() -> Non
 
 def test_classify_eval_openai_counts_the_calls_the_cascade_saves(tmp_path: Path) -> None:
     labels = tmp_path / "labels.jsonl"
-    labels.write_text("\n".join(json.dumps({"message": t, "diff": DIFF, "manual_label": y}) for t, y in LABELLED))
+    labels.write_text(
+        "\n".join(json.dumps({"message": t, "diff": DIFF, "manual_label": y}) for t, y in LABELLED)
+    )
     with _from_labels(dict(LABELLED)) as srv:
         cfg = tmp_path / "cppperf.toml"
-        cfg.write_text(f'[classifier]\nbackend = "openai"\nbase_urls = ["{srv.url}"]\nmodels = ["m1", "m2"]\n')
-        res = CliRunner().invoke(app, ["classify", "--config", str(cfg), "eval", "--labels", str(labels), "--json"])
+        cfg.write_text(
+            f'[classifier]\nbackend = "openai"\nbase_urls = ["{srv.url}"]\nmodels = ["m1", "m2"]\n'
+        )
+        res = CliRunner().invoke(
+            app, ["classify", "--config", str(cfg), "eval", "--labels", str(labels), "--json"]
+        )
         assert res.exit_code == 0, res.output
         rep = json.loads(res.stdout)
         c = rep["cascade"]
@@ -241,7 +249,9 @@ def test_classify_eval_openai_counts_the_calls_the_cascade_saves(tmp_path: Path)
         # the same file with the cascade off: the paper's count
         cfg.write_text(cfg.read_text() + "cascade = false\n")
         before = len(srv.requests)
-        res = CliRunner().invoke(app, ["classify", "--config", str(cfg), "eval", "--labels", str(labels), "--json"])
+        res = CliRunner().invoke(
+            app, ["classify", "--config", str(cfg), "eval", "--labels", str(labels), "--json"]
+        )
         off = json.loads(res.stdout)
         assert len(srv.requests) - before == off["llm_calls"] > rep["llm_calls"]
 
@@ -272,29 +282,52 @@ def test_train_and_eval_cv_commands(tmp_path: Path) -> None:
     neg = tmp_path / "neg.jsonl"
     neg.write_text(
         "\n".join(
-            json.dumps({"repo": e.repo, "sha": e.sha, "message": e.message, "diff": e.diff, "manual_label": False})
+            json.dumps(
+                {"repo": e.repo, "sha": e.sha, "message": e.message, "diff": e.diff, "manual_label": False}
+            )
             for e in data
             if not e.label
         )
     )
     out = tmp_path / "model.json"
-    r = CliRunner().invoke(app, ["classify", "train", "--db", str(db), "--negatives", str(neg), "--out", str(out)])
+    r = CliRunner().invoke(
+        app, ["classify", "train", "--db", str(db), "--negatives", str(neg), "--out", str(out)]
+    )
     assert r.exit_code == 0, r.output
     assert Model.from_json(out.read_text()).meta["sources"] == {"cppperf-db:pos": 54, "mined:neg": 162}
     labels = tmp_path / "labels.jsonl"
-    labels.write_text("\n".join(json.dumps({"message": t, "diff": DIFF, "manual_label": y}) for t, y in LABELLED))
+    labels.write_text(
+        "\n".join(json.dumps({"message": t, "diff": DIFF, "manual_label": y}) for t, y in LABELLED)
+    )
     cfg = tmp_path / "cppperf.toml"
     cfg.write_text(f'[classifier]\nmodel_path = "{out}"\n')
     r = CliRunner().invoke(
         app,
-        ["classify", "--config", str(cfg), "eval", "--labels", str(labels), "--db", str(db), "--negatives", str(neg)]
-        + ["--folds", "3", "--json"],
+        [
+            "classify",
+            "--config",
+            str(cfg),
+            "eval",
+            "--labels",
+            str(labels),
+            "--db",
+            str(db),
+            "--negatives",
+            str(neg),
+            "--folds",
+            "3",
+            "--json",
+        ],
     )
     assert r.exit_code == 0, r.output
     rep = json.loads(r.stdout)
     assert rep["crossval"]["summary"]["folds"] >= 1 and "cascade" in rep
     bad = CliRunner().invoke(app, ["classify", "train", "--db", str(tmp_path / "nothing")])
     assert bad.exit_code != 0 and "no CppPerf-DB entries" in " ".join(bad.output.split())
+    (db / "entries" / "broken.json").write_text('{"metadata": {}}')
+    bad = CliRunner().invoke(app, ["classify", "train", "--db", str(db)])
+    assert bad.exit_code != 0 and "not a CppPerf-DB entry" in " ".join(bad.output.split())
+    assert "Traceback" not in bad.output
 
 
 def test_negatives_command_mines_structurally_selected_commits(tmp_path: Path) -> None:

@@ -52,21 +52,23 @@ def load_cppperf_db(directory: Path) -> list[Example]:
         raise ValueError(f"{directory}: no CppPerf-DB entries (*.json)")
     out = []
     for f in files:
-        e = json.loads(f.read_text())
-        ci = e["commit_info"]
-        msg = ci.get("commit_message")
-        message = "\n".join(msg) if isinstance(msg, list) else str(msg or "")
-        out.append(
-            Example(
-                repo=e["metadata"]["repository_name"],
-                sha=ci["new_sha"],
-                message=message,
-                issue_text=_db_linked(e),
-                diff=_db_diff(e),
-                label=True,
-                source="cppperf-db",
+        try:
+            e = json.loads(f.read_text())
+            ci = e["commit_info"]
+            msg = ci.get("commit_message")
+            out.append(
+                Example(
+                    repo=str(e["metadata"]["repository_name"]),
+                    sha=str(ci["new_sha"]),
+                    message="\n".join(msg) if isinstance(msg, list) else str(msg or ""),
+                    issue_text=_db_linked(e),
+                    diff=_db_diff(e),
+                    label=True,
+                    source="cppperf-db",
+                )
             )
-        )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{f}: not a CppPerf-DB entry (missing {exc})") from exc
     return out
 
 
