@@ -344,3 +344,15 @@ def test_negatives_command_mines_structurally_selected_commits(tmp_path: Path) -
     rows = [json.loads(x) for x in r.stdout.splitlines()]
     assert {x["message"] for x in rows} <= {"Initial import", "Set a"} and rows
     assert all(x["manual_label"] is False and x["repo"] == "o/r" and "a.cpp" in x["diff"] for x in rows)
+
+
+async def test_model_backend_labels_with_evidence_and_keys_the_cache_by_model() -> None:
+    clf = Classifier.create(load_settings(env={}, classifier={"backend": "model"}).classifier)
+
+    def sel(sha: str, message: str) -> m.CommitSelected:
+        return m.CommitSelected(repo="o/r", url="", sha=sha, parent="", date="", message=message, diff=DIFF)
+
+    res = await clf.classify(sel("1" * 40, "Speed up hash lookup 2x"), DIFF)
+    assert res.label and res.backend == "model" and res.evidence and 0 < (res.score or 0) <= 1
+    assert clf.scorer.digest in clf.cache_key("o/r@x")  # a retrained model never reuses these answers
+    assert not (await clf.classify(sel("2" * 40, "Fix typo in README"), DIFF)).label
