@@ -356,3 +356,14 @@ async def test_model_backend_labels_with_evidence_and_keys_the_cache_by_model() 
     assert res.label and res.backend == "model" and res.evidence and 0 < (res.score or 0) <= 1
     assert clf.scorer.digest in clf.cache_key("o/r@x")  # a retrained model never reuses these answers
     assert not (await clf.classify(sel("2" * 40, "Fix typo in README"), DIFF)).label
+
+
+def test_a_bad_model_path_is_a_config_error_at_start(tmp_path: Path) -> None:
+    from cppperf.shared.errors import ConfigError
+
+    bad = tmp_path / "m.json"
+    bad.write_text("{}")
+    with pytest.raises(ConfigError, match="model_path"):
+        Classifier.create(
+            load_settings(env={}, classifier={"backend": "model", "model_path": str(bad)}).classifier
+        )

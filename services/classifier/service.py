@@ -163,7 +163,10 @@ class Classifier:
             asker = MultiServerAsker(settings, **client_kwargs)
         elif settings.backend == "vllm":
             asker = VllmAsker(settings)
-        return cls(settings, cache or MemoryCache(), asker)
+        clf = cls(settings, cache or MemoryCache(), asker)
+        if clf.uses_cascade() or settings.backend == "model":
+            _ = clf.scorer  # a bad `model_path` fails at start, not on the first commit
+        return clf
 
     def cache_key(self, commit_id: str) -> str:
         backend = self.settings.backend
