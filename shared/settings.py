@@ -104,7 +104,7 @@ class MiningSettings(msgspec.Struct, kw_only=True):
 
 
 class ClassifierSettings(msgspec.Struct, kw_only=True):
-    backend: Literal["heuristic", "openai", "vllm"] = "heuristic"
+    backend: Literal["heuristic", "model", "openai", "vllm"] = "heuristic"
     models: list[str] = msgspec.field(default_factory=lambda: ["Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen3-8B"])
     base_urls: list[str] = msgspec.field(default_factory=lambda: ["http://127.0.0.1:8000/v1"])
     api_key: str = "EMPTY"
@@ -117,6 +117,10 @@ class ClassifierSettings(msgspec.Struct, kw_only=True):
     diff_token_budget: int = 6000
     batch_size: int = 16
     heuristic_threshold: float = 2.0
+    # the cascade (openai/vllm): the trained scorer answers clear negatives without an LLM call
+    cascade: bool = True
+    cascade_threshold: float | None = None  # None: the model's own, chosen to keep 98 % of positives
+    model_path: str = ""  # the trained scorer's JSON (`cppperf classify train`); "": the shipped one
 
 
 class BuilderSettings(msgspec.Struct, kw_only=True):

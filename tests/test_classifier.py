@@ -41,7 +41,14 @@ def commit(sha: str = "1" * 40, message: str = "Speed up the parser by avoiding 
 def llm_settings(url: str, **kw: object) -> ClassifierSettings:
     return load_settings(
         env={},
-        classifier={"backend": "openai", "base_urls": [url], "models": ["m1", "m2"], "retries": 3, **kw},
+        classifier={
+            "backend": "openai",
+            "base_urls": [url],
+            "models": ["m1", "m2"],
+            "retries": 3,
+            "cascade": False,  # these tests are about the vote itself; tests/test_classifier_cascade.py
+            **kw,
+        },
     ).classifier
 
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cppperf.services.classifier.cascade import gate
+from cppperf.services.classifier.cost import CommitCost, commit_cost, cost_report
 from cppperf.services.classifier.prefilter import prefilter
-from cppperf.services.classifier.service import Classifier
+from cppperf.services.classifier.service import Classifier, linked_text
 from cppperf.shared.messages import CommitSelected, LinkedText
 
 
@@ -32,6 +34,8 @@ class EvalReport:
     completion_tokens: int
     wall_seconds: float
     backend: str
+    cascade: dict[str, Any] = field(default_factory=dict)  # cost.CostReport: calls per 1,000, recall kept
+    crossval: dict[str, Any] | None = None  # crossval.CrossValReport, with `classify eval --cv`
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,12 +69,19 @@ def _commit(row: dict[str, Any], n: int) -> CommitSelected:
 
 
 async def evaluate(
-    classifier: Classifier, rows: list[dict[str, Any]], *, progress: Callable[[int, int], None] | None = None
+    classifier: Classifier,
+    rows: list[dict[str, Any]],
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    assumed_phase2_share: float = 0.2,
 ) -> EvalReport:
     t0 = time.perf_counter()
     tp = fp = fn = tn = 0
     pos = pos_kept = pruned = 0
     ptok = ctok = 0
+    costs: list[CommitCost] = []
+    voted = phase2 = 0
+    llm = classifier.settings.backend in ("openai", "vllm")
     for i, row in enumerate(rows):
         commit = _commit(row, i)
         truth = bool(row["manual_label"])
@@ -80,6 +91,28 @@ async def evaluate(
             pos += 1
             pos_kept += kept
         res = await classifier.classify(commit, commit.diff)
+        issues = linked_text(commit)
+        if llm:
+            asked = res.backend not in ("prefilter", "cascade")
+            voted += bool(res.votes)
+            phase2 += res.phase == 2
+        else:  # what the cascade would do: prefilter, then the scorer's gate
+            asked = (
+                kept
+                and gate(
+                    classifier.scorer,
+                    classifier.gate_threshold,
+                    commit.message,
+                    issues,
+                    commit.diff,
+                    heuristic_threshold=classifier.settings.heuristic_threshold,
+                ).passed
+            )
+        costs.append(
+            commit_cost(
+                truth, asked, commit.message, issues, commit.diff, classifier.settings.diff_token_budget
+            )
+        )
         for v in res.votes:
             ptok += v.prompt_tokens
             ctok += v.completion_tokens
@@ -93,6 +126,10 @@ async def evaluate(
             tn += 1
         if progress:
             progress(i + 1, len(rows))
+    measured = llm and voted > 0
+    cascade = cost_report(
+        costs, phase2_share=phase2 / voted if measured else assumed_phase2_share, measured=measured
+    )
     p = tp / (tp + fp) if tp + fp else 0.0
     r = tp / (tp + fn) if tp + fn else 0.0
     return EvalReport(
@@ -111,4 +148,5 @@ async def evaluate(
         completion_tokens=ctok,
         wall_seconds=round(time.perf_counter() - t0, 3),
         backend=classifier.settings.backend,
+        cascade=cascade.as_dict(),
     )

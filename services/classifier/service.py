@@ -8,13 +8,16 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
 
 from cppperf.services.classifier import prompts
+from cppperf.services.classifier.cascade import gate
 from cppperf.services.classifier.heuristic import score_commit
 from cppperf.services.classifier.prefilter import prefilter
+from cppperf.services.classifier.scorer import Model, load_model
 from cppperf.services.classifier.vote import Asker, two_phase
 from cppperf.shared.errors import ConfigError
 from cppperf.shared.llm import Answer, ChatClient
@@ -127,6 +130,29 @@ class Classifier:
     asker: Asker | None = None
     llm_calls: int = 0
     cache_hits: int = 0
+    gated: int = 0  # commits the cascade answered without an LLM call
+    _scorer: Model | None = None
+
+    @property
+    def scorer(self) -> Model:
+        """The trained scorer (`model_path`, else the shipped model), loaded on first use."""
+        if self._scorer is None:
+            path = self.settings.model_path
+            try:
+                self._scorer = load_model(Path(path) if path else None)
+            except (OSError, ValueError, KeyError) as exc:
+                raise ConfigError(
+                    f"classifier.model_path: cannot load {path or 'the shipped model'}: {exc}"
+                ) from exc
+        return self._scorer
+
+    @property
+    def gate_threshold(self) -> float:
+        t = self.settings.cascade_threshold
+        return self.scorer.gate_threshold if t is None else t
+
+    def uses_cascade(self) -> bool:
+        return self.settings.cascade and self.settings.backend in ("openai", "vllm")
 
     @classmethod
     def create(
@@ -137,10 +163,19 @@ class Classifier:
             asker = MultiServerAsker(settings, **client_kwargs)
         elif settings.backend == "vllm":
             asker = VllmAsker(settings)
-        return cls(settings, cache or MemoryCache(), asker)
+        clf = cls(settings, cache or MemoryCache(), asker)
+        if clf.uses_cascade() or settings.backend == "model":
+            _ = clf.scorer  # a bad `model_path` fails at start, not on the first commit
+        return clf
 
     def cache_key(self, commit_id: str) -> str:
-        models = "+".join(self.settings.models) if self.settings.backend != "heuristic" else "rules"
+        backend = self.settings.backend
+        if backend == "heuristic":
+            models = "rules"
+        elif backend == "model":
+            models = f"model-{self.scorer.digest}"
+        else:
+            models = "+".join(self.settings.models)
         return f"{self.settings.backend}/{models}/{prompts.PROMPT_VERSION}/{commit_id}"
 
     async def classify(
@@ -158,13 +193,33 @@ class Classifier:
                     evidence=[pf.reason],
                     prompt_version=prompts.PROMPT_VERSION,
                 )
+        issues = linked_text(commit)
+        if self.uses_cascade():
+            g = gate(
+                self.scorer,
+                self.gate_threshold,
+                commit.message,
+                issues,
+                diff,
+                heuristic_threshold=s.heuristic_threshold,
+            )
+            if not g.passed:
+                self.gated += 1
+                return CommitClassified(
+                    commit=commit,
+                    label=False,
+                    backend="cascade",
+                    phase=0,
+                    score=round(g.probability, 4),
+                    evidence=g.evidence,
+                    prompt_version=f"model-{self.scorer.digest}",
+                )
         key = self.cache_key(commit.id)
         cached = await self.cache.get(key)
         if cached is not None:
             self.cache_hits += 1
             restored = msgspec.convert({**cached, "commit": msgspec.to_builtins(commit)}, CommitClassified)
             return msgspec.structs.replace(restored, commit=commit)
-        issues = linked_text(commit)
         if s.backend == "heuristic":
             h = score_commit(commit.message, issues, diff, threshold=s.heuristic_threshold)
             result = CommitClassified(
@@ -175,6 +230,17 @@ class Classifier:
                 score=h.score,
                 evidence=h.evidence,
                 prompt_version="rules-1",
+            )
+        elif s.backend == "model":
+            p = self.scorer.probability(commit.message, issues, diff)
+            result = CommitClassified(
+                commit=commit,
+                label=p >= self.scorer.label_threshold,
+                backend="model",
+                phase=0,
+                score=round(p, 4),
+                evidence=self.scorer.explain(commit.message, issues, diff),
+                prompt_version=f"model-{self.scorer.digest}",
             )
         else:
             assert self.asker is not None

@@ -1,0 +1,235 @@
+"""The trained scorer: L2-regularised logistic regression over `features.commit_features`.
+
+Training is a few lines on `scipy.optimize` (L-BFGS on the log-loss with class weights), so the
+project needs no machine-learning dependency; scoring is a dictionary look-up per feature, so the
+shipped model (`model.json`: vocabulary → weight, bias, thresholds, how it was trained) is plain
+JSON that `cppperf classify train` rebuilds byte for byte from the same data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import optimize, sparse
+
+from cppperf.services.classifier.features import commit_features
+
+MODEL_PATH = Path(__file__).with_name("model.json")
+MODEL_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Example:
+    repo: str
+    sha: str
+    message: str
+    issue_text: str
+    diff: str
+    label: bool
+    source: str  # "cppperf-db", "labels", "mined"
+
+
+@dataclass
+class Model:
+    weights: dict[str, float]
+    bias: float
+    label_threshold: float = 0.5  # probability at which the no-model backend says positive
+    gate_threshold: float = 0.1  # below this the cascade answers "no" without asking an LLM
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @cached_property
+    def digest(self) -> str:
+        """Short content hash: part of cache keys and `prompt_version`, so a retrained model never
+        reuses an old model's answers."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:12]
+
+    def probability(self, message: str, issue_text: str, diff: str) -> float:
+        z = self.bias + sum(self.weights.get(f, 0.0) for f in commit_features(message, issue_text, diff))
+        return 1.0 / (1.0 + math.exp(-max(-30.0, min(30.0, z))))
+
+    def explain(self, message: str, issue_text: str, diff: str, top: int = 5) -> list[str]:
+        ws = [(f, self.weights[f]) for f in commit_features(message, issue_text, diff) if f in self.weights]
+        ws.sort(key=lambda fw: -abs(fw[1]))
+        return [f"{f} ({w:+.2f})" for f, w in ws[:top]]
+
+    def to_json(self) -> str:
+        body = {
+            "version": MODEL_VERSION,
+            "bias": round(self.bias, 5),
+            "label_threshold": round(self.label_threshold, 5),
+            "gate_threshold": round(self.gate_threshold, 5),
+            "meta": self.meta,
+            "weights": {f: round(w, 4) for f, w in sorted(self.weights.items())},
+        }
+        return json.dumps(body, indent=0, sort_keys=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Model:
+        d = json.loads(text)
+        if d.get("version") != MODEL_VERSION:
+            raise ValueError(f"model version {d.get('version')!r}, expected {MODEL_VERSION}")
+        return cls(
+            weights={str(k): float(v) for k, v in d["weights"].items()},
+            bias=float(d["bias"]),
+            label_threshold=float(d["label_threshold"]),
+            gate_threshold=float(d["gate_threshold"]),
+            meta=dict(d.get("meta", {})),
+        )
+
+
+_CACHE: dict[Path, Model] = {}
+
+
+def load_model(path: Path | None = None) -> Model:
+    """The model at `path` (default: the one shipped in the package), read once per process."""
+    p = path or MODEL_PATH
+    if p not in _CACHE:
+        _CACHE[p] = Model.from_json(p.read_text())
+    return _CACHE[p]
+
+
+GATE_RECALLS = (0.9, 0.95, 0.98, 0.99)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    l2: float = 1.0
+    min_df: int = 2
+    max_features: int = 4000
+    gate_recall: float = 0.98  # the cascade threshold keeps this share of out-of-fold positives
+    inner_folds: int = 4
+
+
+def _design(feats: Sequence[frozenset[str]], vocab: dict[str, int]) -> sparse.csr_matrix:
+    rows, cols = [], []
+    for i, fs in enumerate(feats):
+        for f in fs:
+            j = vocab.get(f)
+            if j is not None:
+                rows.append(i)
+                cols.append(j)
+    data = np.ones(len(rows))
+    return sparse.csr_matrix((data, (rows, cols)), shape=(len(feats), len(vocab)))
+
+
+def _fit(x: sparse.csr_matrix, y: np.ndarray, l2: float) -> tuple[np.ndarray, float]:
+    pos = max(int(y.sum()), 1)
+    neg = max(len(y) - pos, 1)
+    sw = np.where(y > 0, len(y) / (2 * pos), len(y) / (2 * neg))  # balanced classes
+    n = x.shape[1]
+
+    def loss(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        w, b = theta[:n], theta[n]
+        z = x @ w + b
+        # log(1 + e^z) - y z, stable
+        lz = np.logaddexp(0.0, z)
+        value = float(np.sum(sw * (lz - y * z)) + 0.5 * l2 * w @ w)
+        g = sw * (1.0 / (1.0 + np.exp(-z)) - y)
+        grad = np.concatenate([x.T @ g + l2 * w, [g.sum()]])
+        return value, grad
+
+    res = optimize.minimize(loss, np.zeros(n + 1), jac=True, method="L-BFGS-B", options={"maxiter": 500})
+    return res.x[:n], float(res.x[n])
+
+
+def _vocabulary(feats: Sequence[frozenset[str]], cfg: TrainConfig) -> dict[str, int]:
+    df: Counter[str] = Counter()
+    for fs in feats:
+        df.update(fs)
+    kept = sorted((f for f, c in df.items() if c >= cfg.min_df), key=lambda f: (-df[f], f))
+    return {f: i for i, f in enumerate(sorted(kept[: cfg.max_features]))}
+
+
+def fit_weights(examples: Sequence[Example], cfg: TrainConfig) -> tuple[dict[str, float], float]:
+    feats = [commit_features(e.message, e.issue_text, e.diff) for e in examples]
+    vocab = _vocabulary(feats, cfg)
+    y = np.array([1.0 if e.label else 0.0 for e in examples])
+    w, b = _fit(_design(feats, vocab), y, cfg.l2)
+    return {f: float(w[j]) for f, j in vocab.items() if abs(w[j]) >= 1e-3}, b
+
+
+def recall_threshold(pos_scores: Sequence[float], recall: float) -> float:
+    """The highest threshold that keeps at least `recall` of the positives (score >= threshold)."""
+    if not pos_scores:
+        return 0.0
+    s = sorted(pos_scores)
+    k = math.floor((1.0 - recall) * len(s))  # how many positives we may lose
+    return max(0.0, s[k] - 1e-9)
+
+
+def f1_threshold(scores: Sequence[float], labels: Sequence[bool]) -> float:
+    """The threshold that maximises F1 on (out-of-fold) scores."""
+    best, best_t = -1.0, 0.5
+    for t in sorted(set(scores)):
+        tp = sum(1 for s, y in zip(scores, labels, strict=True) if s >= t and y)
+        fp = sum(1 for s, y in zip(scores, labels, strict=True) if s >= t and not y)
+        fn = sum(1 for s, y in zip(scores, labels, strict=True) if s < t and y)
+        f1 = 2 * tp / (2 * tp + fp + fn) if tp else 0.0
+        if f1 > best:
+            best, best_t = f1, t
+    return best_t
+
+
+def repo_folds(repos: Sequence[str], k: int) -> list[set[str]]:
+    """Deterministic grouping of repositories into `k` folds of about equal example counts."""
+    counts = Counter(repos)
+    folds: list[set[str]] = [set() for _ in range(k)]
+    sizes = [0] * k
+    for repo, c in sorted(counts.items(), key=lambda rc: (-rc[1], rc[0])):
+        i = min(range(k), key=lambda j: (sizes[j], j))
+        folds[i].add(repo)
+        sizes[i] += c
+    return folds
+
+
+def out_of_fold_scores(examples: Sequence[Example], cfg: TrainConfig, k: int) -> list[float]:
+    """Each example scored by a model trained without its repository."""
+    scores = [0.0] * len(examples)
+    for held in repo_folds([e.repo for e in examples], k):
+        train = [e for e in examples if e.repo not in held]
+        w, b = fit_weights(train, cfg)
+        m = Model(w, b)
+        for i, e in enumerate(examples):
+            if e.repo in held:
+                scores[i] = m.probability(e.message, e.issue_text, e.diff)
+    return scores
+
+
+def train(examples: Sequence[Example], cfg: TrainConfig | None = None) -> Model:
+    """Fit on everything; choose both thresholds on out-of-fold (held-out repository) scores."""
+    cfg = cfg or TrainConfig()
+    if not any(e.label for e in examples) or all(e.label for e in examples):
+        raise ValueError("training needs both positive and negative examples")
+    oof = out_of_fold_scores(examples, cfg, cfg.inner_folds)
+    labels = [e.label for e in examples]
+    pos = [s for s, y in zip(oof, labels, strict=True) if y]
+    label_t = f1_threshold(oof, labels)
+    # the gate never drops what the scorer itself would call positive
+    gate = min(recall_threshold(pos, cfg.gate_recall), label_t)
+    # other operating points, for `classifier.cascade_threshold` without retraining
+    gates = {f"{r:.2f}": round(min(recall_threshold(pos, r), label_t), 5) for r in GATE_RECALLS}
+    w, b = fit_weights(examples, cfg)
+    sources = Counter(f"{e.source}:{'pos' if e.label else 'neg'}" for e in examples)
+    meta = {
+        "examples": len(examples),
+        "repositories": len({e.repo for e in examples}),
+        "sources": dict(sorted(sources.items())),
+        "gate_thresholds": gates,  # held-out positives' recall → threshold
+        "config": {
+            "l2": cfg.l2,
+            "min_df": cfg.min_df,
+            "max_features": cfg.max_features,
+            "gate_recall": cfg.gate_recall,
+            "inner_folds": cfg.inner_folds,
+        },
+    }
+    return Model(w, b, label_threshold=label_t, gate_threshold=gate, meta=meta)
