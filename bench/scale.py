@@ -409,6 +409,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if run_dir.exists():
         shutil.rmtree(run_dir)
     (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "none.toml").write_text("# no settings file: the services read only the environment\n")
     cluster = Cluster(run_dir / "nats").start()
     procs: list[Proc] = []
     try:
