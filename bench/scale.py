@@ -409,6 +409,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if run_dir.exists():
         shutil.rmtree(run_dir)
     (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "none.toml").write_text("# no settings file: the services read only the environment\n")
     cluster = Cluster(run_dir / "nats").start()
     procs: list[Proc] = []
     try:
@@ -603,10 +604,17 @@ def make_plot(base: list[dict[str, Any]], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     commits = [r["funnel"]["commits"] for r in base]
+    color = {"filter": "tab:blue", "classifier": "tab:orange", "nats": "tab:green", "crawler": "tab:red"}
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     ax = axes[0]
     for svc in ("filter", "classifier", "nats", "crawler"):
-        ax.plot(commits, [r["cpu_seconds"].get(svc, 0) for r in base], "o-", label=f"{svc} CPU s")
+        ax.plot(
+            commits,
+            [r["cpu_seconds"].get(svc, 0) for r in base],
+            "o-",
+            color=color[svc],
+            label=f"{svc} CPU s",
+        )
     ax.plot(commits, [r["wall_seconds"] for r in base], "s--", color="black", label="wall s (shared machine)")
     lo, hi = commits[0], commits[-1]
     ref = base[0]["cpu_seconds"]["nats"]
@@ -622,9 +630,16 @@ def make_plot(base: list[dict[str, Any]], out: Path) -> None:
             commits,
             [next(s["cpu_ms_per_item"] for s in r["stages"] if s["stage"] == stage) for r in base],
             "o-",
+            color=color[stage],
             label=f"{stage} (per {'scanned' if stage == 'filter' else 'selected'} commit)",
         )
-    ax.plot(commits, [r["nats_cpu_ms_per_commit"] for r in base], "o-", label="NATS ×3 (per commit)")
+    ax.plot(
+        commits,
+        [r["nats_cpu_ms_per_commit"] for r in base],
+        "o-",
+        color=color["nats"],
+        label="NATS ×3 (per commit)",
+    )
     ax.set_xscale("log")
     ax.set_ylim(bottom=0)
     ax.set_xlabel("commits")
@@ -632,7 +647,7 @@ def make_plot(base: list[dict[str, Any]], out: Path) -> None:
     ax.legend(fontsize=8)
     ax = axes[2]
     for svc in ("crawler", "filter", "classifier", "nats"):
-        ax.plot(commits, [r["peak_rss_mib"].get(svc, 0) for r in base], "o-", label=svc)
+        ax.plot(commits, [r["peak_rss_mib"].get(svc, 0) for r in base], "o-", color=color[svc], label=svc)
     ax.set_xscale("log")
     ax.set_ylim(bottom=0)
     ax.set_xlabel("commits")
