@@ -16,12 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-from scipy import optimize, sparse
+from typing import TYPE_CHECKING, Any
 
 from cppperf.services.classifier.features import commit_features
+
+if TYPE_CHECKING:  # training only: scoring needs neither, so the service never imports them
+    import numpy as np
+    from scipy import sparse
 
 MODEL_PATH = Path(__file__).with_name("model.json")
 MODEL_VERSION = 1
@@ -110,6 +111,9 @@ class TrainConfig:
 
 
 def _design(feats: Sequence[frozenset[str]], vocab: dict[str, int]) -> sparse.csr_matrix:
+    import numpy as np
+    from scipy import sparse
+
     rows, cols = [], []
     for i, fs in enumerate(feats):
         for f in fs:
@@ -122,6 +126,9 @@ def _design(feats: Sequence[frozenset[str]], vocab: dict[str, int]) -> sparse.cs
 
 
 def _fit(x: sparse.csr_matrix, y: np.ndarray, l2: float) -> tuple[np.ndarray, float]:
+    import numpy as np
+    from scipy import optimize
+
     pos = max(int(y.sum()), 1)
     neg = max(len(y) - pos, 1)
     sw = np.where(y > 0, len(y) / (2 * pos), len(y) / (2 * neg))  # balanced classes
@@ -150,6 +157,8 @@ def _vocabulary(feats: Sequence[frozenset[str]], cfg: TrainConfig) -> dict[str, 
 
 
 def fit_weights(examples: Sequence[Example], cfg: TrainConfig) -> tuple[dict[str, float], float]:
+    import numpy as np
+
     feats = [commit_features(e.message, e.issue_text, e.diff) for e in examples]
     vocab = _vocabulary(feats, cfg)
     y = np.array([1.0 if e.label else 0.0 for e in examples])
