@@ -129,8 +129,8 @@ def evaluate(
     """Score one agent patch on an instance of OUT/instances (`cppperf evaluate`): the report
     (`verdict`, `opt`, `gm_speedup_agent`, `gm_speedup_expert`, …). Finished reports are reused."""
     from cppperf.dataset.records import instance_path
-    from cppperf.services.evaluator.evaluate import EvalRequest
-    from cppperf.services.evaluator.evaluate import evaluate as evaluate_one
+    from cppperf.services.evaluator.pipeline import EvalRequest
+    from cppperf.services.evaluator.pipeline import evaluate as evaluate_one
 
     overrides: dict[str, Any] = {}
     if out_dir is not None:

@@ -202,7 +202,7 @@ def _has(engine: Any, name: str) -> bool:
 
 
 def test_evaluator_in_containers(engine: Any, demo_repo: DemoRepo, tmp_path: Path) -> None:
-    from cppperf.services.evaluator.evaluate import EvalRequest, evaluate
+    from cppperf.services.evaluator.pipeline import EvalRequest, evaluate
 
     s = dsettings(tmp_path)
     s.evaluator.runs = 8

@@ -19,7 +19,7 @@ import pytest
 
 from cppperf.demo import DemoRepo, core
 from cppperf.services.builder.service import build_patch
-from cppperf.services.evaluator.evaluate import EvalRequest, evaluate, summarize
+from cppperf.services.evaluator.pipeline import EvalRequest, evaluate, summarize
 from cppperf.shared.settings import Settings
 from tests.conftest import make_settings
 from tests.test_builder import commit_for
@@ -76,7 +76,7 @@ def test_expert_patch_is_opt(instance_env: Any) -> None:
 
 
 def test_finished_report_is_not_recomputed(instance_env: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    import cppperf.services.evaluator.evaluate as ev
+    import cppperf.services.evaluator.pipeline as ev
 
     patch = instance_env[2]["commit_info"]["patch"][0]
     first = run(instance_env, patch, "again")

@@ -100,7 +100,7 @@ def classify_eval(
     Example: cppperf classify eval --labels ../shared/data/commit-labels/dev.jsonl
     Example: cppperf classify eval --labels dev.jsonl --db ../shared/data/cppperf-db --negatives mined.jsonl --json
     """
-    from cppperf.services.classifier.evaluate import evaluate, load_labels
+    from cppperf.services.classifier.quality import evaluate, load_labels
     from cppperf.services.classifier.service import Classifier
 
     parent = ctx.obj or {}

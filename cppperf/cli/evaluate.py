@@ -184,8 +184,8 @@ def evaluate(  # noqa: PLR0912, PLR0915 - one verb, its input checks and its two
       cppperf evaluate --predictions preds.jsonl --run-id demo --nats-url nats://bus:4222
     """
     from cppperf.dataset.records import instance_path
-    from cppperf.services.evaluator.evaluate import EvalRequest, run_dir, summarize
-    from cppperf.services.evaluator.evaluate import evaluate as evaluate_one
+    from cppperf.services.evaluator.pipeline import EvalRequest, run_dir, summarize
+    from cppperf.services.evaluator.pipeline import evaluate as evaluate_one
 
     if (predictions is None) == (instance is None):
         raise typer.BadParameter("give either --instance with --patch, or --predictions")

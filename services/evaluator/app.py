@@ -11,7 +11,7 @@ import socket
 
 from faststream.nats import NatsBroker
 
-from cppperf.services.evaluator.evaluate import EvalRequest, evaluate
+from cppperf.services.evaluator.pipeline import EvalRequest, evaluate
 from cppperf.shared import messages as m
 from cppperf.shared.service import ServiceContext, subscribe
 

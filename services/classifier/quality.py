@@ -1,5 +1,5 @@
-"""`cppperf classify eval`: score a backend on labelled commits (lines with message, diff,
-manual_label, optional issue text)."""
+"""The classifier's quality on labelled commits (`cppperf classify eval`): score a backend on
+labelled commits (lines with message, diff, manual_label, optional issue text)."""
 
 from __future__ import annotations
 
