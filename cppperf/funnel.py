@@ -7,9 +7,8 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from cppperf.shared.domain import BUILT_VERDICTS, Stage, Verdict
 from cppperf.shared.store import Store
-
-BUILT_VERDICTS = {"improved", "not-improved", "regressed", "unchanged-binaries"}
 
 
 @dataclass
@@ -37,7 +36,7 @@ async def compute_funnel(store: Store) -> tuple[Funnel, dict[str, Funnel], dict[
         repo = rec["id"]
         f = per[repo]
         f.repos = 1
-        if rec.get("stage") == "rejected":
+        if rec.get("stage") == Stage.REJECTED:
             f.repos_rejected = 1
             reasons[str(rec.get("reason", ""))[:80]] += 1
         filt: dict[str, Any] = rec.get("filter") or {}
@@ -53,8 +52,8 @@ async def compute_funnel(store: Store) -> tuple[Funnel, dict[str, Funnel], dict[
         verdict = rec.get("verdict")
         if verdict in BUILT_VERDICTS:
             f.built += 1
-            f.improved += verdict == "improved"
-        elif verdict == "rejected":
+            f.improved += verdict == Verdict.IMPROVED
+        elif verdict == Verdict.REJECTED:
             f.rejected_builds += 1
     for f in per.values():
         for k, v in f.as_dict().items():

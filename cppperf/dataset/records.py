@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cppperf.shared.domain import Verdict
 from cppperf.shared.messages import instance_id as make_instance_id
 
 REQUIRED = (
@@ -41,7 +42,7 @@ def validate_published(data: Any) -> None:
 def is_significant(record: dict[str, Any]) -> bool:
     ours = record.get("cppperf") or {}
     if ours.get("verdict"):
-        return bool(ours["verdict"] == "improved")
+        return bool(ours["verdict"] == Verdict.IMPROVED)
     return int((record.get("tests") or {}).get("significant_improvements") or 0) > 0
 
 

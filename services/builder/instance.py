@@ -24,6 +24,7 @@ from typing import Any
 
 import msgspec
 
+from cppperf.shared.domain import FailureCategory, Verdict
 from cppperf.shared.engine.backend import SIDES, Backend, SideName
 from cppperf.shared.engine.cases import split as split_cases
 from cppperf.shared.engine.cmake import StepResult, TestCase, normalise
@@ -41,9 +42,9 @@ PhaseCallback = Callable[[str, int, int], None]  # phase, done, total
 @dataclass
 class InstanceResult:
     instance_id: str
-    verdict: str
-    verdict_paper: str = ""
-    failure_category: str | None = None
+    verdict: Verdict
+    verdict_paper: Verdict = Verdict.REJECTED
+    failure_category: FailureCategory | None = None
     failure_detail: str = ""
     improved_tests: list[str] = field(default_factory=list)
     regressed_tests: list[str] = field(default_factory=list)
@@ -120,7 +121,7 @@ def _build_both(
     result: InstanceResult,
     phase: PhaseCallback,
     llm_propose: Callable[[str], list[str]] | None,
-) -> tuple[str, str] | None:
+) -> tuple[FailureCategory, str] | None:
     """Configure and build both sides; the (category, detail) of the first failure, if any (its
     step, log lines and what was tried go into `result`)."""
     for i, side in enumerate(SIDES):
@@ -145,12 +146,12 @@ def _build_both(
             if proposed:
                 result.missing_packages += proposed
                 result.llm_proposed_packages = proposed
-                last.category = "dependency"
+                last.category = FailureCategory.DEPENDENCY
                 result.tried.append(f"asked the model for packages: {' '.join(proposed)}")
         detail = last.missing.describe() if last.missing else last.result.output[-1500:]
         if result.llm_proposed_packages:
             detail += f"; model proposes: {' '.join(result.llm_proposed_packages)}"
-        return last.category or "infra", f"{side} {last.step} failed: {detail}"
+        return last.category or FailureCategory.INFRA, f"{side} {last.step} failed: {detail}"
     return None
 
 
@@ -169,7 +170,11 @@ def prove(
     first = _prove_once(commit, repo_path, backend, settings, on_phase, seed, llm_propose)
     first.attempts = [first.attempt_summary(settings.build_type)]
     fallback = settings.fallback_build_type
-    if first.failure_category != "test-failure-both-sides" or not fallback or fallback == settings.build_type:
+    if (
+        first.failure_category != FailureCategory.TEST_FAILURE_BOTH_SIDES
+        or not fallback
+        or fallback == settings.build_type
+    ):
         return first
     backend.cleanup()
     backend.spec = replace(backend.spec, build_type=fallback)
@@ -178,7 +183,7 @@ def prove(
     )
     second.attempts = [*first.attempts, second.attempt_summary(fallback)]
     second.tried = [*first.tried, f"rebuilt both sides in {fallback}", *second.tried]
-    if second.verdict == "rejected":
+    if second.verdict == Verdict.REJECTED:
         second.failure_detail = (
             f"{first.failure_detail}; in {fallback} then: {second.failure_category}: {second.failure_detail}"
         )
@@ -202,11 +207,13 @@ def _prove_once(
 ) -> InstanceResult:
     phase = on_phase or (lambda _p, _d, _t: None)
     iid = instance_id(commit.repo, commit.sha)
-    result = InstanceResult(instance_id=iid, verdict="rejected", environment=environment_facts(settings))
+    result = InstanceResult(
+        instance_id=iid, verdict=Verdict.REJECTED, environment=environment_facts(settings)
+    )
 
-    def reject(category: str, detail: str) -> InstanceResult:
-        result.verdict, result.failure_category, result.failure_detail = "rejected", category, detail
-        result.verdict_paper = "rejected"
+    def reject(category: FailureCategory, detail: str) -> InstanceResult:
+        result.verdict, result.failure_category, result.failure_detail = Verdict.REJECTED, category, detail
+        result.verdict_paper = Verdict.REJECTED
         return result
 
     phase("checkout", 0, 1)
@@ -216,7 +223,7 @@ def _prove_once(
         result.failure_step = "checkout"
         result.failure_lines = [str(exc)]
         result.tried = list(exc.tried)
-        return reject("dependency", str(exc))
+        return reject(FailureCategory.DEPENDENCY, str(exc))
     phase("checkout", 1, 1)
     failure = _build_both(backend, result, phase, llm_propose)
     if failure is not None:
@@ -232,9 +239,9 @@ def _prove_once(
     if not common:
         result.failure_step = "tests"
         result.tried.append("enabled BUILD_TESTING and the project's own test options")
-        return reject("no-tests", "no CTest test exists on both sides")
+        return reject(FailureCategory.NO_TESTS, "no CTest test exists on both sides")
     if backend.binaries_identical(common):
-        result.verdict = result.verdict_paper = "unchanged-binaries"
+        result.verdict = result.verdict_paper = Verdict.UNCHANGED_BINARIES
         return result
     if settings.split_cases:
         tests_by_side, common = _split_cases(backend, tests_by_side, common, phase)
@@ -293,7 +300,7 @@ def _reject_failure(
     run_one: Callable[[SideName, str], RunResult],
     settings: BuilderSettings,
     result: InstanceResult,
-    reject: Callable[[str, str], InstanceResult],
+    reject: Callable[[FailureCategory, str], InstanceResult],
     phase: PhaseCallback,
 ) -> InstanceResult:
     """The rejection for a failed run, saying whose fault a failing test is."""
@@ -303,7 +310,7 @@ def _reject_failure(
     if f.timed_out or killed:
         why = "timed out" if f.timed_out else "killed (resource limit)"
         return reject(
-            "timeout" if f.timed_out else "resource-limit",
+            FailureCategory.TIMEOUT if f.timed_out else FailureCategory.RESOURCE_LIMIT,
             f"test {f.test} failed on the {f.side} side in round {f.round} ({why}): {f.output_tail[-800:]}",
         )
     other: SideName = "old" if f.side == "new" else "new"
@@ -322,15 +329,21 @@ def _reject_failure(
     head = f"test {f.test} failed on the {f.side} side in round {f.round} (exit code {f.returncode})"
     tail = f.output_tail[-600:]
     if same.ok:
-        return reject("test-flaky", f"{head} and passed when re-run there: {tail}")
+        return reject(FailureCategory.TEST_FLAKY, f"{head} and passed when re-run there: {tail}")
     if not there.ok:
         why = "the project or the build profile, not the commit"
-        return reject("test-failure-both-sides", f"{head}; it fails on both sides in {bt} ({why}): {tail}")
+        return reject(
+            FailureCategory.TEST_FAILURE_BOTH_SIDES, f"{head}; it fails on both sides in {bt} ({why}): {tail}"
+        )
     if f.side == "new":
-        return reject("test-failure", f"{head}; it fails on the new side only (the commit broke it): {tail}")
+        return reject(
+            FailureCategory.TEST_FAILURE,
+            f"{head}; it fails on the new side only (the commit broke it): {tail}",
+        )
     why = "the commit fixes it, nothing to time"
     return reject(
-        "test-failure-parent-only", f"{head}; it fails on the old side (the parent) only ({why}): {tail}"
+        FailureCategory.TEST_FAILURE_PARENT_ONLY,
+        f"{head}; it fails on the old side (the parent) only ({why}): {tail}",
     )
 
 

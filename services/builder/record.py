@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cppperf.services.builder.instance import InstanceResult
+from cppperf.shared.domain import Verdict
 from cppperf.shared.engine.cmake import BuildSpec, configure_argv
 from cppperf.shared.messages import CommitSelected
 from cppperf.shared.settings import BuilderSettings
@@ -122,7 +123,7 @@ def build_record(
             "build_system": "cmake",
         },
         "performance_analysis": {
-            "is_significant": res.verdict == "improved",
+            "is_significant": res.verdict == Verdict.IMPROVED,
             "relative_improvement": (old_mean - new_mean) / old_mean if old_mean else 0.0,
             "absolute_improvement_ms": (old_mean - new_mean) * 1000.0,
             "old_mean_ms": old_mean * 1000.0,

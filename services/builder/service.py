@@ -15,6 +15,7 @@ from typing import Any
 
 from cppperf.services.builder.instance import PhaseCallback, prove
 from cppperf.services.builder.record import build_record
+from cppperf.shared.domain import Verdict
 from cppperf.shared.engine.backend import Backend
 from cppperf.shared.engine.backends import make_backend
 from cppperf.shared.engine.deps import propose_with_llm
@@ -38,7 +39,11 @@ def _commit_image(backend: Backend, settings: BuilderSettings, record: dict[str,
     """With the docker backend: commit the container as the instance image (and push it)."""
     from cppperf.shared.engine.images import instance_image_name
 
-    if backend.name != "docker" or not settings.commit_images or record["cppperf"]["verdict"] == "rejected":
+    if (
+        backend.name != "docker"
+        or not settings.commit_images
+        or record["cppperf"]["verdict"] == Verdict.REJECTED
+    ):
         return None
     image = instance_image_name(record["metadata"]["repository_name"], record["commit_info"]["new_sha"])
     record["cppperf"]["image"] = image

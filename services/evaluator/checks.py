@@ -16,6 +16,7 @@ from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
 from cppperf.services.filter.rules import Rules
+from cppperf.shared.domain import EvalVerdict
 
 _MODE_SYMLINK = re.compile(r"^(new file mode|new mode|old mode|deleted file mode) 120000", re.MULTILINE)
 _BINARY = re.compile(r"^(GIT binary patch|Binary files .* differ)", re.MULTILINE)
@@ -29,7 +30,7 @@ _CMAKE_TEST = re.compile(
 @dataclass(frozen=True)
 class CheckResult:
     ok: bool
-    verdict: str = ""  # empty-patch | malformed-patch | too-large | unsafe-patch | test-edit
+    verdict: EvalVerdict | None = None  # a patch-check verdict when not ok
     reason: str = ""
     files: tuple[str, ...] = ()
 
@@ -56,22 +57,22 @@ def _unsafe(path: str) -> str | None:
 
 def _text_checks(text: str, max_bytes: int) -> CheckResult | None:
     """Checks on the raw text (headers too: a parser may normalise what a hostile header says)."""
-    problem: tuple[str, str] | None = None
+    problem: tuple[EvalVerdict, str] | None = None
     if not text.strip():
-        problem = ("empty-patch", "the patch is empty")
+        problem = (EvalVerdict.EMPTY_PATCH, "the patch is empty")
     elif len(text.encode()) > max_bytes:
-        problem = ("too-large", f"patch is {len(text.encode())} bytes (limit {max_bytes})")
+        problem = (EvalVerdict.TOO_LARGE, f"patch is {len(text.encode())} bytes (limit {max_bytes})")
     elif _MODE_SYMLINK.search(text):
-        problem = ("unsafe-patch", "the patch creates or changes a symlink")
+        problem = (EvalVerdict.UNSAFE_PATCH, "the patch creates or changes a symlink")
     elif _BINARY.search(text):
-        problem = ("unsafe-patch", "the patch has binary hunks")
+        problem = (EvalVerdict.UNSAFE_PATCH, "the patch has binary hunks")
     else:
         headers = [_strip(mt.group(1)) for mt in re.finditer(r"^(?:---|\+\+\+) (\S+)", text, re.MULTILINE)]
         for mt in re.finditer(r"^diff --git a/(\S+) b/(\S+)", text, re.MULTILINE):
             headers += list(mt.groups())
         why = next((w for w in map(_unsafe, headers) if w), None)
         if why:
-            problem = ("unsafe-patch", why)
+            problem = (EvalVerdict.UNSAFE_PATCH, why)
     return CheckResult(False, *problem) if problem else None
 
 
@@ -80,18 +81,20 @@ def _file_checks(patch: PatchSet, rules: Rules) -> tuple[CheckResult | None, lis
     for pf in patch:
         why = _unsafe(_strip(pf.source_file)) or _unsafe(_strip(pf.target_file))
         if why:
-            return CheckResult(False, "unsafe-patch", why), files
+            return CheckResult(False, EvalVerdict.UNSAFE_PATCH, why), files
         path = _strip(pf.target_file if pf.target_file != "/dev/null" else pf.source_file)
         files.append(path)
         if rules.is_test_path(path):
             return CheckResult(
-                False, "test-edit", f"edits test file {path} (tests are the specification)"
+                False, EvalVerdict.TEST_EDIT, f"edits test file {path} (tests are the specification)"
             ), files
         name = PurePosixPath(path).name
         if name == "CMakeLists.txt" or name.endswith(".cmake"):
             changed = [ln.value for h in pf for ln in h if ln.is_added or ln.is_removed]
             if any(_CMAKE_TEST.search(v) for v in changed):
-                return CheckResult(False, "test-edit", f"edits a CMake test definition in {path}"), files
+                return CheckResult(
+                    False, EvalVerdict.TEST_EDIT, f"edits a CMake test definition in {path}"
+                ), files
     return None, files
 
 
@@ -102,8 +105,8 @@ def check_patch(text: str, rules: Rules, *, max_bytes: int) -> CheckResult:
     try:
         patch = PatchSet(text)
     except UnidiffParseError as exc:
-        return CheckResult(False, "malformed-patch", f"not a unified diff: {exc}")
+        return CheckResult(False, EvalVerdict.MALFORMED_PATCH, f"not a unified diff: {exc}")
     if len(patch) == 0:
-        return CheckResult(False, "malformed-patch", "no file changes found (not a unified diff)")
+        return CheckResult(False, EvalVerdict.MALFORMED_PATCH, "no file changes found (not a unified diff)")
     bad, files = _file_checks(patch, rules)
     return bad or CheckResult(True, files=tuple(files))

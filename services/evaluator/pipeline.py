@@ -34,6 +34,7 @@ from cppperf.services.evaluator.checks import check_patch
 from cppperf.services.evaluator.instances import EvalInstance, load_instance
 from cppperf.services.evaluator.score import score
 from cppperf.services.filter.rules import Rules
+from cppperf.shared.domain import EvalVerdict
 from cppperf.shared.engine.backend import LocalBackend, export_tree
 from cppperf.shared.engine.backends import build_spec, make_backend, submodule_sources
 from cppperf.shared.engine.cmake import TestCase, normalise
@@ -99,7 +100,7 @@ def evaluate(
     return report
 
 
-def _verdict(verdict: str, reason: str, **extra: Any) -> dict[str, Any]:
+def _verdict(verdict: EvalVerdict, reason: str, **extra: Any) -> dict[str, Any]:
     return {"verdict": verdict, "opt": False, "reason": reason, **extra}
 
 
@@ -108,14 +109,14 @@ def _evaluate(req: EvalRequest, s: Settings, out: Path, phase: Phase) -> dict[st
     try:
         inst = load_instance(req.instance_id, Path(s.out_dir))
     except Exception as exc:
-        return _verdict("unknown-instance", str(exc))
+        return _verdict(EvalVerdict.UNKNOWN_INSTANCE, str(exc))
     base = {"multi_file": inst.multi_file, "files": inst.files}
     check = check_patch(req.patch, Rules.from_settings(s.mining), max_bytes=ev.max_patch_bytes)
     if not check.ok:
-        return _verdict(check.verdict, check.reason, applied=False, **base)
+        return _verdict(check.verdict or EvalVerdict.MALFORMED_PATCH, check.reason, applied=False, **base)
     if not ev.trust_patches and not network_prefix(True):
         return _verdict(
-            "untrusted-refused",
+            EvalVerdict.UNTRUSTED_REFUSED,
             "no network isolation here (needs unshare or bwrap); "
             "pass --trust-patches to run agents' code anyway",
             **base,
@@ -178,7 +179,7 @@ def _prepare(req: EvalRequest, inst: EvalInstance, backend: Any, repo: Path, out
     if not applied.ok:
         raise _Stop(
             _verdict(
-                "apply-failed",
+                EvalVerdict.APPLY_FAILED,
                 "no method applied the patch (git apply, --3way, patch --fuzz)",
                 applied=False,
                 apply_log=applied.log[-3000:],
@@ -203,7 +204,7 @@ def _build_all(backend: Any, out: Path, applied_with: str, phase: Phase) -> None
         if side == "agent":
             raise _Stop(
                 _verdict(
-                    "build-failed",
+                    EvalVerdict.BUILD_FAILED,
                     f"{last.step} failed ({last.category})",
                     applied=True,
                     applied_with=applied_with,
@@ -212,7 +213,7 @@ def _build_all(backend: Any, out: Path, applied_with: str, phase: Phase) -> None
             )
         raise _Stop(
             _verdict(
-                "instance-broken",
+                EvalVerdict.INSTANCE_BROKEN,
                 f"the {side} side does not build: {last.result.output[-800:]}",
                 applied=True,
                 applied_with=applied_with,
@@ -280,7 +281,7 @@ def _run(
     tests = {side: {t.name: t for t in backend.tests(side) if not t.disabled} for side in SIDES}
     common = sorted(set(tests["old"]) & set(tests["agent"]) & set(tests["expert"]))
     if not common:
-        return _verdict("instance-broken", "no test exists on all three sides", applied=True)
+        return _verdict(EvalVerdict.INSTANCE_BROKEN, "no test exists on all three sides", applied=True)
 
     def limits_for(t: TestCase) -> Limits:
         timeout = t.timeout or ev.test_timeout
@@ -294,7 +295,7 @@ def _run(
     info = {"applied": True, "applied_with": applied_with, "builds": True, "tests": common}
     failures = _correctness(backend, {n: tests["agent"][n] for n in common}, limits_for, out, phase)
     if failures:
-        verdict = "timeout" if all(f["timed_out"] for f in failures) else "tests-failed"
+        verdict = EvalVerdict.TIMEOUT if all(f["timed_out"] for f in failures) else EvalVerdict.TESTS_FAILED
         names = ", ".join(f["test"] for f in failures)
         return {
             **_verdict(verdict, f"failing tests: {names}"),
@@ -324,12 +325,14 @@ def _run(
         if f.side == "agent":
             why = f"test {f.test} failed during timing (round {f.round}): flaky or nondeterministic"
             return {
-                **_verdict("timeout" if f.timed_out else "tests-failed", why),
+                **_verdict(EvalVerdict.TIMEOUT if f.timed_out else EvalVerdict.TESTS_FAILED, why),
                 **info,
                 "tests_pass": False,
             }
         return {
-            **_verdict("instance-broken", f"test {f.test} failed on the {f.side} side during timing"),
+            **_verdict(
+                EvalVerdict.INSTANCE_BROKEN, f"test {f.test} failed on the {f.side} side during timing"
+            ),
             **info,
         }
     scores = score(
@@ -341,7 +344,7 @@ def _run(
         seed=s.builder.seed,
     )
     return {
-        "verdict": "opt" if scores["opt"] else "correct",
+        "verdict": EvalVerdict.OPT if scores["opt"] else EvalVerdict.CORRECT,
         "opt": scores["opt"],
         "reason": "",
         **info,

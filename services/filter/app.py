@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from faststream.nats import NatsBroker
 
 from cppperf.services.filter.links import GitHubLinkResolver, LinkResolver, Reference
@@ -37,9 +38,7 @@ async def process_repo(ctx: ServiceContext, found: m.RepoFound, resolver: LinkRe
     async def publish(c: m.CommitSelected) -> None:
         diff, ref = await ctx.store.inline_or_ref(f"diff/{c.id}", c.diff)
         if ref:
-            c = m.CommitSelected(
-                **{**{f: getattr(c, f) for f in c.__struct_fields__}, "diff": diff, "diff_ref": ref}
-            )
+            c = msgspec.structs.replace(c, diff=diff, diff_ref=ref)
         if await ctx.store.get("commits", c.id) is not None:
             return  # selected by an earlier walk (e.g. before the branch moved on)
         await ctx.bus.publish(m.COMMIT_SELECTED, c)

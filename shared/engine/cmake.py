@@ -16,6 +16,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cppperf.shared.domain import FailureCategory
 from cppperf.shared.engine.deps import MissingDeps, diagnose
 from cppperf.shared.engine.sandbox import Limits, RunResult, run
 
@@ -57,7 +58,7 @@ class StepResult:
     step: str
     ok: bool
     result: RunResult
-    category: str | None = None  # configure | dependency | compile | timeout | infra
+    category: FailureCategory | None = None
     missing: MissingDeps | None = None
     log_path: Path | None = None
 
@@ -119,9 +120,16 @@ def configure(
     if res.ok:
         return StepResult("configure", True, res, log_path=log)
     if res.timed_out:
-        return StepResult("configure", False, res, "timeout", log_path=log)
+        return StepResult("configure", False, res, FailureCategory.TIMEOUT, log_path=log)
     missing = diagnose(res.output, build / "CMakeCache.txt")
-    return StepResult("configure", False, res, "dependency" if missing else "configure", missing, log)
+    return StepResult(
+        "configure",
+        False,
+        res,
+        FailureCategory.DEPENDENCY if missing else FailureCategory.CONFIGURE,
+        missing,
+        log,
+    )
 
 
 def build(
@@ -146,10 +154,10 @@ def build(
     if res.ok:
         return StepResult("build", True, res, log_path=log)
     if res.timed_out:
-        return StepResult("build", False, res, "timeout", log_path=log)
+        return StepResult("build", False, res, FailureCategory.TIMEOUT, log_path=log)
     if res.returncode < 0 or "Killed signal terminated program" in res.output:
-        return StepResult("build", False, res, "infra", log_path=log)
-    return StepResult("build", False, res, "compile", log_path=log)
+        return StepResult("build", False, res, FailureCategory.INFRA, log_path=log)
+    return StepResult("build", False, res, FailureCategory.COMPILE, log_path=log)
 
 
 @dataclass(frozen=True)

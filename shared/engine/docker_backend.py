@@ -20,6 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from cppperf.shared.domain import FailureCategory
 from cppperf.shared.engine.backend import SideName
 from cppperf.shared.engine.cmake import (
     BuildSpec,
@@ -178,13 +179,20 @@ class DockerBackend:
         if res.ok:
             return StepResult(step, True, res, log_path=log)
         if res.timed_out:
-            return StepResult(step, False, res, "timeout", log_path=log)
+            return StepResult(step, False, res, FailureCategory.TIMEOUT, log_path=log)
         if step == "configure":
             missing = diagnose(res.output)
-            return StepResult(step, False, res, "dependency" if missing else "configure", missing, log)
+            return StepResult(
+                step,
+                False,
+                res,
+                FailureCategory.DEPENDENCY if missing else FailureCategory.CONFIGURE,
+                missing,
+                log,
+            )
         if res.returncode in (-9, 137):
-            return StepResult(step, False, res, "resource-limit", log_path=log)
-        return StepResult(step, False, res, "compile", log_path=log)
+            return StepResult(step, False, res, FailureCategory.RESOURCE_LIMIT, log_path=log)
+        return StepResult(step, False, res, FailureCategory.COMPILE, log_path=log)
 
     def build(self, side: SideName) -> list[StepResult]:
         src, bld = Path(f"{WORK}/{side}/src"), Path(f"{WORK}/{side}/build")

@@ -24,6 +24,8 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import stats as sps
 
+from cppperf.shared.domain import Verdict
+
 FloatArray = NDArray[np.float64]
 
 
@@ -218,15 +220,15 @@ def decide(
     return out
 
 
-def verdict(tests: Sequence[TestStats], *, paper: bool = False, rule: str = "ours") -> str:
+def verdict(tests: Sequence[TestStats], *, paper: bool = False, rule: str = "ours") -> Verdict:
     """improved | regressed | not-improved for one instance's decided tests under a rule:
     `ours` (the default), `paper`, or `strict` (the whole CI beyond the threshold)."""
     rule = "paper" if paper else rule
     imp = any(getattr(t, "improved" if rule == "ours" else f"{rule}_improved") for t in tests)
     reg = any(getattr(t, "regressed" if rule == "ours" else f"{rule}_regressed") for t in tests)
     if reg:
-        return "regressed"
-    return "improved" if imp else "not-improved"
+        return Verdict.REGRESSED
+    return Verdict.IMPROVED if imp else Verdict.NOT_IMPROVED
 
 
 def clearly_settled(

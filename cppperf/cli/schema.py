@@ -1,0 +1,32 @@
+"""`schema`: the JSON schemas of the typed domain (KV values, instance record section, report)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from cppperf.cli.common import app, console, out
+
+
+@app.command()
+def schema(
+    name: Annotated[
+        str | None, typer.Argument(help="one schema (e.g. eval-report); all of them when absent")
+    ] = None,
+) -> None:
+    """Print the JSON schema of a domain type: repo-state, commit-state, instance-state,
+    evaluation-state, instance-meta (the record's `cppperf` section), eval-report.
+
+    Example: cppperf schema eval-report > eval-report.schema.json
+    """
+    from cppperf.shared.domain import SCHEMA_TYPES, schema, schemas
+
+    if name is None:
+        out.print_json(json.dumps(schemas()))
+        return
+    if name not in SCHEMA_TYPES:
+        console.print(f"[red]error:[/red] unknown schema {name!r}: one of {', '.join(SCHEMA_TYPES)}")
+        raise typer.Exit(2)
+    out.print_json(json.dumps(schema(name)))

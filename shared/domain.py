@@ -1,0 +1,330 @@
+"""The typed domain after the bus: outcomes as `StrEnum`s, state and reports as msgspec Structs.
+
+    Verdict          builder: improved | not-improved | regressed | unchanged-binaries | rejected
+    FailureCategory  why a build or run was rejected: configure | dependency | compile | ...
+    EvalVerdict      evaluator: opt | correct | tests-failed | ... | untrusted-refused
+    Stage            where an item is in the pipeline (the `stage` of a KV value)
+
+    RepoState, CommitState, InstanceState, EvaluationState   the values of the KV buckets
+                                                             `repos`, `commits`, `instances`,
+                                                             `evaluations` (keyed by the stable ids)
+    InstanceMeta     the instance record's `cppperf` section (the rest is CppPerf-DB's shape)
+    EvalReport       the evaluator's `report.json` (also `EvalCompleted.report`, without samples)
+
+Every value is a `str` subclass or a Struct, so JSON on disk and on the wire is unchanged. KV
+values and reports only grow: new fields get defaults and unknown fields are ignored when
+decoding (msgspec schema evolution). `schemas()` gives their JSON schemas (`cppperf schema`).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final, TypeVar
+
+import msgspec
+
+
+class Verdict(StrEnum):
+    IMPROVED = "improved"
+    NOT_IMPROVED = "not-improved"
+    REGRESSED = "regressed"
+    UNCHANGED_BINARIES = "unchanged-binaries"
+    REJECTED = "rejected"
+
+
+BUILT_VERDICTS: Final = frozenset(
+    {Verdict.IMPROVED, Verdict.NOT_IMPROVED, Verdict.REGRESSED, Verdict.UNCHANGED_BINARIES}
+)
+
+
+class FailureCategory(StrEnum):
+    CONFIGURE = "configure"
+    DEPENDENCY = "dependency"
+    COMPILE = "compile"
+    TEST_FAILURE = "test-failure"  # fails on the new side only: the commit broke it
+    TEST_FAILURE_BOTH_SIDES = "test-failure-both-sides"  # the project or the build profile
+    TEST_FAILURE_PARENT_ONLY = "test-failure-parent-only"  # the commit fixes it: nothing to time
+    TEST_FLAKY = "test-flaky"  # failed, then passed when re-run on the same side
+    TIMEOUT = "timeout"
+    RESOURCE_LIMIT = "resource-limit"
+    INFRA = "infra"
+    NO_TESTS = "no-tests"
+
+
+class EvalVerdict(StrEnum):
+    OPT = "opt"
+    CORRECT = "correct"
+    TESTS_FAILED = "tests-failed"
+    TIMEOUT = "timeout"
+    BUILD_FAILED = "build-failed"
+    APPLY_FAILED = "apply-failed"
+    EMPTY_PATCH = "empty-patch"
+    MALFORMED_PATCH = "malformed-patch"
+    TOO_LARGE = "too-large"
+    UNSAFE_PATCH = "unsafe-patch"
+    TEST_EDIT = "test-edit"
+    INSTANCE_BROKEN = "instance-broken"
+    UNKNOWN_INSTANCE = "unknown-instance"
+    UNTRUSTED_REFUSED = "untrusted-refused"
+
+
+class Stage(StrEnum):
+    CANDIDATE = "candidate"
+    FOUND = "found"
+    REJECTED = "rejected"
+    FILTERED = "filtered"
+    SELECTED = "selected"
+    CLASSIFIED = "classified"
+    BUILT = "built"
+
+
+class _Value(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A KV value: `id` and `updated_at` are stamped by the store on every write."""
+
+    id: str = ""
+    updated_at: str = ""
+
+
+# ------------------------------------------------------------------------------------ KV values
+class FilterSummary(msgspec.Struct, kw_only=True):
+    scanned: int = 0
+    selected: int = 0
+    rejected: dict[str, int] = msgspec.field(default_factory=dict)
+    head: str = ""  # the walked history's head: a repeated walk of the same head is skipped
+
+
+class RepoState(_Value, kw_only=True):
+    stage: Stage | None = None
+    url: str = ""
+    source: str | None = None
+    by: str | None = None  # which stage rejected it
+    reason: str | None = None
+    validated: bool = False
+    head_sha: str | None = None
+    test_count: int | None = None
+    build_seconds: float | None = None
+    filter: FilterSummary | None = None
+
+
+class CommitState(_Value, kw_only=True):
+    stage: Stage | None = None
+    repo: str = ""
+    sha: str = ""
+    label: bool | None = None
+    backend: str | None = None
+    phase: int | None = None
+    score: float | None = None
+    verdict: Verdict | None = None
+
+
+class InstanceState(_Value, kw_only=True):
+    stage: Stage | None = None
+    verdict: Verdict | None = None
+    repo: str = ""
+    sha: str = ""
+    parent: str = ""
+    improved_tests: list[str] = msgspec.field(default_factory=list)
+    regressed_tests: list[str] = msgspec.field(default_factory=list)
+    failure_category: FailureCategory | None = None
+    record: str = ""  # the whole instance record (JSON) when small enough to stay inline
+    record_ref: str | None = None  # else its object-store name
+    record_path: str = ""  # where this node exported it (an export, not the state)
+
+
+class EvaluationState(_Value, kw_only=True):
+    verdict: EvalVerdict | None = None
+    opt: bool = False
+    run_id: str = ""
+    model: str = ""
+    instance_id: str = ""
+    worker: str = ""
+    report: str = ""  # the report JSON (without samples) when small enough to stay inline
+    report_ref: str | None = None
+
+
+# --------------------------------------------------------------------- the instance record
+class BuildStep(msgspec.Struct, kw_only=True):
+    side: str
+    step: str
+    ok: bool
+    seconds: float
+    category: FailureCategory | None = None
+    log: str | None = None
+
+
+class StatsRecord(msgspec.Struct, kw_only=True):
+    """One test's statistics (`engine.stats.TestStats`)."""
+
+    name: str
+    n_old: int
+    n_new: int
+    median_old: float
+    median_new: float
+    mean_old: float
+    mean_new: float
+    median_change: float
+    mean_change: float
+    ratio: float
+    ci_low: float
+    ci_high: float
+    p_improve: float
+    p_regress: float
+    p_improve_adj: float = 1.0
+    p_regress_adj: float = 1.0
+    improved: bool = False
+    regressed: bool = False
+    paper_improved: bool = False
+    paper_regressed: bool = False
+    strict_improved: bool = False
+    strict_regressed: bool = False
+
+
+class Confirmation(msgspec.Struct, kw_only=True, omit_defaults=True):
+    held: bool
+    failure: str | None = None
+    old: list[float] | None = None
+    new: list[float] | None = None
+    median_change: float | None = None
+    p_improve: float | None = None
+    p_regress: float | None = None
+    ratio: float | None = None
+    ci: list[float] | None = None
+
+
+class SideSamples(msgspec.Struct, kw_only=True):
+    old_s: list[float]
+    new_s: list[float]
+    old_cpu_s: list[float] = msgspec.field(default_factory=list)
+    new_cpu_s: list[float] = msgspec.field(default_factory=list)
+
+
+class Environment(msgspec.Struct, kw_only=True):
+    platform: str = ""
+    cpu_model: str = ""
+    cpu_count: int | None = None
+    python: str = ""
+    build_type: str = ""
+    thread_env: dict[str, str] = msgspec.field(default_factory=dict)
+    pinned_cpu: bool = False
+
+
+class InstanceMeta(msgspec.Struct, kw_only=True):
+    """The instance record's `cppperf` section."""
+
+    record_version: int = 1
+    instance_id: str
+    verdict: Verdict
+    verdict_paper_rule: Verdict | None = None
+    failure_category: FailureCategory | None = None
+    failure_detail: str = ""
+    builder: str = "local"
+    environment: Environment = msgspec.field(default_factory=Environment)
+    seed: int | None = None
+    rounds: int = 0
+    rounds_run: dict[str, int] = msgspec.field(default_factory=dict)
+    rounds_saved_by_early_stop: int = 0
+    settled_early: dict[str, str] = msgspec.field(default_factory=dict)
+    added_tests: list[str] = msgspec.field(default_factory=list)
+    removed_tests: list[str] = msgspec.field(default_factory=list)
+    missing_packages: list[str] = msgspec.field(default_factory=list)
+    llm_proposed_packages: list[str] = msgspec.field(default_factory=list)
+    build_steps: list[BuildStep] = msgspec.field(default_factory=list)
+    tests: list[StatsRecord] = msgspec.field(default_factory=list)
+    confirmations: dict[str, Confirmation] = msgspec.field(default_factory=dict)
+    samples: dict[str, SideSamples] = msgspec.field(default_factory=dict)
+    linked_texts_fetched: bool = False
+    image: str | None = None
+    installed_packages: list[str] = msgspec.field(default_factory=list)
+    image_pushed: str | None = None
+
+
+# ------------------------------------------------------------------- the evaluation report
+class FailedTest(msgspec.Struct, kw_only=True):
+    test: str
+    returncode: int
+    timed_out: bool
+    output_tail: str = ""
+
+
+class PerTestScore(msgspec.Struct, kw_only=True):
+    agent_speedup: float
+    agent_ci: list[float] | None
+    agent_improved: bool
+    agent_regressed: bool
+    expert_speedup: float
+    expert_ci: list[float] | None
+    expert_improved: bool
+    median_ms: dict[str, float]
+    agent_vs_expert_time_ratio: float
+    agent_vs_expert_ci: list[float]
+    within_opt_fraction: bool
+
+
+class EvalReport(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """`runs/<run_id>/<model>/<instance_id>/report.json`."""
+
+    verdict: EvalVerdict
+    opt: bool = False
+    reason: str = ""
+    instance_id: str = ""
+    run_id: str = ""
+    model: str = ""
+    evaluation_id: str = ""
+    wall_seconds: float | None = None
+    multi_file: bool | None = None
+    files: list[str] | None = None
+    applied: bool | None = None
+    applied_with: str | None = None
+    apply_log: str | None = None
+    builds: bool | None = None
+    build_tail: str | None = None
+    tests: list[str] | None = None
+    tests_pass: bool | None = None
+    failing_tests: list[FailedTest] | None = None
+    timed_tests: list[str] | None = None
+    rounds: int | None = None
+    seed: int | None = None
+    per_test: dict[str, PerTestScore] | None = None
+    gm_speedup_agent: float | None = None
+    gm_speedup_expert: float | None = None
+    fraction_of_expert: float | None = None
+    agent_significant: bool | None = None
+    agent_regressed: bool | None = None
+    samples: dict[str, dict[str, list[float]]] | None = None
+
+
+# ------------------------------------------------------------------------------------ schemas
+SCHEMA_TYPES: Final[dict[str, type[msgspec.Struct]]] = {
+    "repo-state": RepoState,
+    "commit-state": CommitState,
+    "instance-state": InstanceState,
+    "evaluation-state": EvaluationState,
+    "instance-meta": InstanceMeta,
+    "eval-report": EvalReport,
+}
+
+S = TypeVar("S", bound=msgspec.Struct)
+
+
+def schema(name: str) -> dict[str, object]:
+    """The JSON schema of one domain type by its name in `SCHEMA_TYPES`."""
+    try:
+        typ = SCHEMA_TYPES[name]
+    except KeyError:
+        raise KeyError(f"unknown schema {name!r}: one of {', '.join(SCHEMA_TYPES)}") from None
+    out: dict[str, object] = msgspec.json.schema(typ)
+    return out
+
+
+def schemas() -> dict[str, dict[str, object]]:
+    return {name: schema(name) for name in SCHEMA_TYPES}
+
+
+def to_struct(value: object, typ: type[S]) -> S:
+    """A JSON-shaped value (a KV value, a record section, a report) as its Struct."""
+    return msgspec.convert(value, typ, strict=False)
+
+
+def to_json_dict(value: msgspec.Struct) -> dict[str, object]:
+    out: dict[str, object] = msgspec.to_builtins(value)
+    return out
