@@ -181,6 +181,10 @@ class Bus:
         ack = await self.js.publish(subject, payload, stream=stream_for(subject), headers=headers)
         return not ack.duplicate
 
+    async def reply(self, subject: str, msg: msgspec.Struct) -> None:
+        """Answer a request's reply subject (core NATS: not persisted, not deduplicated)."""
+        await self.nc.publish(subject, m.encode(msg))
+
     async def dead_letter(
         self,
         subject: str,

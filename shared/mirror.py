@@ -66,3 +66,26 @@ def ensure_local(url: str, repo: str, mirror_dir: Path, *, timeout: float = 1800
         except subprocess.TimeoutExpired as exc:
             raise TransientError(f"git mirror of {url} timed out") from exc
     return target
+
+
+def rev_parse(repo: Path, rev: str = "HEAD") -> str:
+    """The full sha `rev` names in `repo`; `BadInput` naming git's reason when it names none."""
+    proc = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise BadInput(f"{repo}: cannot resolve {rev!r} to a commit {proc.stderr.strip()}".rstrip())
+    return proc.stdout.strip()
+
+
+def commit_date(repo: Path, sha: str) -> str:
+    """The committer date of `sha` (ISO 8601)."""
+    return subprocess.run(
+        ["git", "-C", str(repo), "log", "-1", "--format=%cI", sha],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()

@@ -9,13 +9,13 @@ published keys stay byte-for-byte what they were and `export --format cppperf-db
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cppperf.shared.domain import Verdict
+from cppperf.shared.files import write_atomic
 from cppperf.shared.messages import instance_id as make_instance_id
 
 REQUIRED = (
@@ -119,12 +119,9 @@ def instance_path(out_dir: Path, iid: str) -> Path:
 
 
 def write_record(out_dir: Path, record: dict[str, Any]) -> Path:
-    path = instance_path(out_dir, record["cppperf"]["instance_id"])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, path)  # never half-written
-    return path
+    return write_atomic(
+        instance_path(out_dir, record["cppperf"]["instance_id"]), json.dumps(record, indent=1)
+    )
 
 
 @dataclass

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,19 +18,17 @@ from cppperf.shared.engine.backend import Backend
 from cppperf.shared.engine.backends import make_backend
 from cppperf.shared.engine.deps import propose_with_llm
 from cppperf.shared.engine.sandbox import Limits
-from cppperf.shared.errors import RepoRejected, ServiceUnavailable
+from cppperf.shared.errors import BadInput, RepoRejected, ServiceUnavailable
+from cppperf.shared.files import write_atomic
 from cppperf.shared.llm import ChatClient
 from cppperf.shared.messages import CommitSelected, PatchBuilt, RepoCandidate, RepoFound, instance_id
+from cppperf.shared.mirror import commit_date, rev_parse
 from cppperf.shared.settings import BuilderSettings, Settings
 
 
 def write_instance(out_dir: Path, record: dict[str, Any]) -> Path:
     path = out_dir / "instances" / f"{record['cppperf']['instance_id']}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, path)
-    return path
+    return write_atomic(path, json.dumps(record, indent=1))
 
 
 def _commit_image(backend: Backend, settings: BuilderSettings, record: dict[str, Any]) -> str | None:
@@ -148,12 +144,10 @@ def llm_dependency_proposer(settings: Settings) -> Callable[[str], list[str]] | 
 
 
 def head_sha(repo_path: Path, rev: str = "HEAD") -> str:
-    out = subprocess.run(
-        ["git", "-C", str(repo_path), "rev-parse", rev], capture_output=True, text=True, check=False
-    )
-    if out.returncode != 0:
-        raise RepoRejected(f"{repo_path}: cannot resolve {rev}: {out.stderr.strip()}")
-    return out.stdout.strip()
+    try:
+        return rev_parse(repo_path, rev)
+    except BadInput as exc:
+        raise RepoRejected(str(exc)) from exc
 
 
 def validate_latest(
@@ -161,12 +155,7 @@ def validate_latest(
 ) -> RepoFound:
     """Configure, build and run every test of the latest commit once; all must pass."""
     sha = head_sha(repo_path)
-    date = subprocess.run(
-        ["git", "-C", str(repo_path), "log", "-1", "--format=%cI", sha],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
+    date = commit_date(repo_path, sha)
     backend = make_backend(
         settings, work_dir / f"validate-{candidate.repo.replace('/', '__')}", source=(repo_path, sha, date)
     )

@@ -41,6 +41,7 @@ from cppperf.shared.engine.cmake import TestCase, normalise
 from cppperf.shared.engine.images import git_archive
 from cppperf.shared.engine.protocol import measure
 from cppperf.shared.engine.sandbox import Limits, RunResult, mount_namespace_available, network_prefix
+from cppperf.shared.files import write_atomic
 from cppperf.shared.messages import evaluation_id
 from cppperf.shared.mirror import ensure_local
 from cppperf.shared.settings import Settings
@@ -70,10 +71,7 @@ def run_dir(settings: Settings, req: EvalRequest) -> Path:
 
 
 def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_atomic(path, text)
 
 
 def evaluate(
