@@ -148,7 +148,7 @@ class PatchBuilt(_Msg, frozen=True, kw_only=True):
     regressed_tests: list[str] = msgspec.field(default_factory=list)
     failure_category: str | None = None
     failure_detail: str = ""
-    record_path: str = ""
+    record_path: str = ""  # unused since schema 1.1: the record is in the `instances` bucket by id
 
     @property
     def id(self) -> str:

@@ -9,6 +9,7 @@ Blobs over `INLINE_LIMIT` bytes go to the object store bucket `blobs`.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -19,6 +20,9 @@ from nats.js import api as js_api
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
+
+from cppperf.shared.domain import InstanceState, to_struct
+from cppperf.shared.ports import Records
 
 BUCKETS: Final = ("repos", "commits", "instances", "evaluations", "progress", "cache")
 BLOB_BUCKET: Final = "blobs"
@@ -135,3 +139,13 @@ class Store:
         if ref:
             return (await self.get_blob(ref)).decode(errors="replace")
         return inline
+
+
+async def instance_record(records: Records, iid: str) -> dict[str, Any] | None:
+    """An instance record from the `instances` bucket (inline, or from the object store by
+    `record_ref`); None when the bucket has no record for it (e.g. an imported dataset on disk)."""
+    state = to_struct(await records.get("instances", iid) or {}, InstanceState)
+    if not state.record and not state.record_ref:
+        return None
+    record: dict[str, Any] = json.loads(await records.resolve_text(state.record, state.record_ref))
+    return record

@@ -104,12 +104,16 @@ async def _evaluate_over_bus(
         sub = await ctx.bus.nc.subscribe(inbox, cb=on_answer)
         wanted = {msgs.evaluation_id(run_id, r["model_name_or_path"], r["instance_id"]) for r in rows}
         for r in rows:
+            eid = msgs.evaluation_id(run_id, r["model_name_or_path"], r["instance_id"])
+            # a large patch travels by reference (object store), not inline past NATS's max payload
+            patch, patch_ref = await ctx.store.inline_or_ref(f"patch/{eid}", r["model_patch"])
             req = msgs.EvalRequested(
-                request_id=msgs.evaluation_id(run_id, r["model_name_or_path"], r["instance_id"]),
+                request_id=eid,
                 run_id=run_id,
                 model=r["model_name_or_path"],
                 instance_id=r["instance_id"],
-                patch=r["model_patch"],
+                patch=patch,
+                patch_ref=patch_ref,
                 reply_to=inbox,
             )
             await ctx.bus.publish(msgs.EVAL_REQUESTED, req, msg_id=f"{req.id}#{inbox}")

@@ -107,7 +107,6 @@ def build_patch(
         regressed_tests=res.regressed_tests,
         failure_category=res.failure_category,
         failure_detail=res.failure_detail[:2000],
-        record_path=str(path),
     )
     return BuiltPatch(record, msg, path)
 

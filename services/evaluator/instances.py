@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from cppperf.shared.errors import BadInput
+from cppperf.shared.messages import instance_id
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ def from_record(record: dict[str, Any]) -> EvalInstance:
     meta = record["metadata"]
     ours = record.get("cppperf") or {}
     repo = meta.get("repository_name") or ""
-    iid = ours.get("instance_id") or f"{repo.replace('/', '__')}-{ci['new_sha'][:12]}"
+    iid = ours.get("instance_id") or instance_id(repo, ci["new_sha"])
     return EvalInstance(
         instance_id=iid,
         repo=repo,

@@ -75,9 +75,15 @@ def _write(path: Path, text: str) -> None:
 
 
 def evaluate(
-    req: EvalRequest, settings: Settings, *, force: bool = False, on_phase: Phase | None = None
+    req: EvalRequest,
+    settings: Settings,
+    *,
+    force: bool = False,
+    on_phase: Phase | None = None,
+    instance: EvalInstance | None = None,
 ) -> dict[str, Any]:
-    """The report for one request (from disk when already finished)."""
+    """The report for one request (from disk when already finished). `instance` is the
+    instance (from the `instances` bucket); without it, its record is read from OUT/instances."""
     out = run_dir(settings, req)
     report_path = out / "report.json"
     if report_path.is_file() and not force:
@@ -86,7 +92,7 @@ def evaluate(
     out.mkdir(parents=True, exist_ok=True)
     _write(out / "patch.diff", req.patch)
     t0 = time.perf_counter()
-    report = _evaluate(req, settings, out, on_phase or (lambda _p, _d, _t: None))
+    report = _evaluate(req, settings, out, on_phase or (lambda _p, _d, _t: None), instance)
     report.update(
         instance_id=req.instance_id,
         run_id=req.run_id,
@@ -102,10 +108,12 @@ def _verdict(verdict: EvalVerdict, reason: str, **extra: Any) -> dict[str, Any]:
     return {"verdict": verdict, "opt": False, "reason": reason, **extra}
 
 
-def _evaluate(req: EvalRequest, s: Settings, out: Path, phase: Phase) -> dict[str, Any]:
+def _evaluate(
+    req: EvalRequest, s: Settings, out: Path, phase: Phase, instance: EvalInstance | None
+) -> dict[str, Any]:
     ev = s.evaluator
     try:
-        inst = load_instance(req.instance_id, Path(s.out_dir))
+        inst = instance or load_instance(req.instance_id, Path(s.out_dir))
     except Exception as exc:
         return _verdict(EvalVerdict.UNKNOWN_INSTANCE, str(exc))
     base = {"multi_file": inst.multi_file, "files": inst.files}

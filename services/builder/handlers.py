@@ -1,0 +1,144 @@
+"""The builder's handlers, without a broker: `repo.candidate` → validate the latest commit →
+`repo.found`; `commit.classified` (positives) → prove → `patch.built` + the instance record.
+
+Each handler takes a `StageContext` (settings, publisher, records) and `BuilderOps` (the slow
+work: mirror, validate, prove), returns what it did, and is idempotent: the store is checked
+first, and results are published before the store marks them done (a crash re-publishes; the
+stable id drops the duplicate). State: the instance record goes into the `instances` bucket
+(inline, or by `record_ref` in the object store when large); the file under `out/instances/` is
+an export.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+from cppperf.services.builder.service import (
+    BuiltPatch,
+    build_patch,
+    head_sha,
+    llm_dependency_proposer,
+    validate_latest,
+)
+from cppperf.shared import messages as m
+from cppperf.shared.domain import InstanceState, RepoState, Stage, to_json_dict, to_struct
+from cppperf.shared.errors import RepoRejected
+from cppperf.shared.mirror import ensure_local
+from cppperf.shared.ports import StageContext
+from cppperf.shared.settings import Settings
+
+CandidateOutcome = Literal["already-validated", "rejected", "validated"]
+ClassifiedOutcome = Literal["negative", "already-built", "built"]
+
+
+class BuilderOps(Protocol):
+    """The slow, blocking work the handlers run in a thread."""
+
+    def checkout(self, url: str, repo: str) -> Path: ...
+    def head(self, path: Path) -> str: ...
+    def validate(self, candidate: m.RepoCandidate, path: Path) -> m.RepoFound: ...
+    def prove(self, commit: m.CommitSelected, path: Path, diff: str) -> BuiltPatch: ...
+
+
+@dataclass
+class EngineOps:
+    """The real `BuilderOps`: git mirrors and the engine (local or docker backend)."""
+
+    settings: Settings
+
+    def checkout(self, url: str, repo: str) -> Path:
+        return ensure_local(url, repo, self.settings.mirror_dir())
+
+    def head(self, path: Path) -> str:
+        return head_sha(path)
+
+    def validate(self, candidate: m.RepoCandidate, path: Path) -> m.RepoFound:
+        return validate_latest(candidate, path, self.settings.builder, work_dir=self.settings.work_dir())
+
+    def prove(self, commit: m.CommitSelected, path: Path, diff: str) -> BuiltPatch:
+        s = self.settings
+        return build_patch(
+            commit,
+            path,
+            s.builder,
+            work_dir=s.work_dir(),
+            out_dir=Path(s.out_dir),
+            diff=diff,
+            llm_propose=llm_dependency_proposer(s),
+        )
+
+
+async def on_candidate(ctx: StageContext, ops: BuilderOps, cand: m.RepoCandidate) -> CandidateOutcome:
+    path = await asyncio.to_thread(ops.checkout, cand.url, cand.repo)
+    prior = to_struct(await ctx.store.get("repos", cand.repo) or {}, RepoState)
+    head = await asyncio.to_thread(ops.head, path)
+    if prior.validated and prior.head_sha == head:
+        # validated earlier at this very commit: pass it on without rebuilding
+        await ctx.bus.publish(
+            m.REPO_FOUND,
+            m.RepoFound(
+                repo=cand.repo,
+                url=cand.url,
+                head_sha=head,
+                validated=True,
+                test_count=prior.test_count,
+                build_seconds=prior.build_seconds,
+            ),
+        )
+        return "already-validated"
+    try:
+        found = await asyncio.to_thread(ops.validate, cand, path)
+    except RepoRejected as exc:
+        rejected = RepoState(stage=Stage.REJECTED, by="builder", reason=str(exc), url=cand.url)
+        await ctx.store.put("repos", cand.repo, to_json_dict(rejected))
+        return "rejected"  # a verdict about the repo, recorded; nothing to retry
+    await ctx.bus.publish(m.REPO_FOUND, found)
+    await ctx.store.update(
+        "repos",
+        cand.repo,
+        stage=Stage.FOUND,
+        validated=True,
+        head_sha=found.head_sha,
+        test_count=found.test_count,
+        build_seconds=found.build_seconds,
+    )
+    return "validated"
+
+
+async def on_classified(ctx: StageContext, ops: BuilderOps, item: m.CommitClassified) -> ClassifiedOutcome:
+    commit = item.commit
+    if not item.label:
+        return "negative"
+    iid = m.instance_id(commit.repo, commit.sha)
+    done = to_struct(await ctx.store.get("instances", iid) or {}, InstanceState)
+    if done.verdict is not None:
+        return "already-built"  # finished earlier: a redelivery must not redo 30 minutes of work
+    path = await asyncio.to_thread(ops.checkout, commit.url, commit.repo)
+    diff = await ctx.store.resolve_text(commit.diff, commit.diff_ref)
+    built = await asyncio.to_thread(ops.prove, commit, path, diff)
+    msg = built.message
+    record, record_ref = await ctx.store.inline_or_ref(f"record/{iid}", json.dumps(built.record))
+    await ctx.bus.publish(m.PATCH_BUILT, msg)  # before the store marks it done: a crash re-publishes
+    state = to_struct(
+        {
+            "stage": Stage.BUILT,
+            "verdict": msg.verdict,
+            "repo": msg.repo,
+            "sha": msg.sha,
+            "parent": msg.parent,
+            "improved_tests": msg.improved_tests,
+            "regressed_tests": msg.regressed_tests,
+            "failure_category": msg.failure_category,
+            "record": record,
+            "record_ref": record_ref,
+            "record_path": str(built.path),
+        },
+        InstanceState,
+    )
+    await ctx.store.put("instances", iid, to_json_dict(state))
+    await ctx.store.update("commits", commit.id, stage=Stage.BUILT, verdict=msg.verdict)
+    return "built"

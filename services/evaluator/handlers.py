@@ -1,0 +1,109 @@
+"""The evaluator's handler, without a broker: `eval.requested` → evaluate → `eval.completed` (and the
+request's reply subject).
+
+State lives in the `evaluations` bucket: a request already evaluated is answered from the stored
+report (a redelivery or a re-sent request never re-runs the work but still gets its answer). The
+patch comes inline or by `patch_ref` from the object store; the instance from the `instances`
+bucket (its file under OUT/instances when the bucket has none, e.g. an imported dataset).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from cppperf.services.evaluator.instances import EvalInstance, from_record
+from cppperf.services.evaluator.pipeline import EvalRequest, evaluate
+from cppperf.shared import messages as m
+from cppperf.shared.domain import EvaluationState, to_json_dict, to_struct
+from cppperf.shared.errors import BadInput
+from cppperf.shared.ports import StageContext
+from cppperf.shared.settings import Settings
+from cppperf.shared.store import instance_record
+
+WORKER = f"{socket.gethostname()}:{os.getpid()}"
+Outcome = Literal["answered-from-store", "evaluated"]
+
+
+class EvaluatorOps(Protocol):
+    def evaluate(self, req: EvalRequest, instance: EvalInstance | None) -> dict[str, Any]: ...
+
+
+@dataclass
+class PipelineOps:
+    """The real `EvaluatorOps`: `pipeline.evaluate` (checks, three trees, builds, timing, scores)."""
+
+    settings: Settings
+
+    def evaluate(self, req: EvalRequest, instance: EvalInstance | None) -> dict[str, Any]:
+        return evaluate(req, self.settings, instance=instance)
+
+
+async def _patch(ctx: StageContext, msg: m.EvalRequested) -> str:
+    if not msg.patch_ref:
+        return msg.patch
+    try:
+        return (await ctx.store.get_blob(msg.patch_ref)).decode(errors="replace")
+    except Exception as exc:  # nats' object store raises NotFoundError (and others) for a bad ref
+        raise BadInput(f"patch_ref {msg.patch_ref!r} is not in the object store: {exc}") from exc
+
+
+async def _instance(ctx: StageContext, iid: str) -> EvalInstance | None:
+    record = await instance_record(ctx.store, iid)
+    if record is None:
+        return None
+    try:
+        return from_record(record)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BadInput(f"instance record {iid} in the store is unreadable: {exc}") from exc
+
+
+def completed(msg: m.EvalRequested, report: dict[str, Any]) -> m.EvalCompleted:
+    return m.EvalCompleted(
+        request_id=msg.request_id,
+        run_id=msg.run_id,
+        model=msg.model,
+        instance_id=msg.instance_id,
+        verdict=str(report["verdict"]),
+        opt=bool(report.get("opt")),
+        report={k: v for k, v in report.items() if k != "samples"},
+    )
+
+
+async def on_request(ctx: StageContext, ops: EvaluatorOps, msg: m.EvalRequested) -> Outcome:
+    prior = to_struct(await ctx.store.get("evaluations", msg.id) or {}, EvaluationState)
+    if prior.verdict is not None and (prior.report or prior.report_ref):
+        report: dict[str, Any] = json.loads(await ctx.store.resolve_text(prior.report, prior.report_ref))
+        done = completed(msg, report)
+        await ctx.bus.publish(m.EVAL_COMPLETED, done)  # deduplicated by its id if already there
+        if msg.reply_to:
+            await ctx.bus.reply(msg.reply_to, done)
+        return "answered-from-store"
+    patch = await _patch(ctx, msg)
+    instance = await _instance(ctx, msg.instance_id)
+    req = EvalRequest(run_id=msg.run_id, model=msg.model, instance_id=msg.instance_id, patch=patch)
+    report = await asyncio.to_thread(ops.evaluate, req, instance)
+    done = completed(msg, report)
+    await ctx.bus.publish(m.EVAL_COMPLETED, done)
+    if msg.reply_to:
+        await ctx.bus.reply(msg.reply_to, done)
+    text, ref = await ctx.store.inline_or_ref(f"report/{req.id}", json.dumps(done.report))
+    state = to_struct(
+        {
+            "verdict": done.verdict,
+            "opt": done.opt,
+            "run_id": msg.run_id,
+            "model": msg.model,
+            "instance_id": msg.instance_id,
+            "worker": ctx.settings.evaluator.worker_name or WORKER,
+            "report": text,
+            "report_ref": ref,
+        },
+        EvaluationState,
+    )
+    await ctx.store.put("evaluations", req.id, to_json_dict(state))
+    return "evaluated"
