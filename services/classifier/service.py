@@ -5,6 +5,8 @@ Cache key: (backend, models, prompt version, commit id); a re-run never asks aga
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -95,8 +97,17 @@ class VllmAsker:
         self._engines: dict[str, Any] = {}
         self.settings = settings
         self.calls = 0
+        self._lock = threading.Lock()
 
     async def ask(self, model: str, system: str, prompt: str, choices: list[str]) -> Answer:
+        """Off the event loop (loading and generating take seconds to minutes: heartbeats go on)."""
+        return await asyncio.to_thread(self._ask_blocking, model, system, prompt, choices)
+
+    def _ask_blocking(self, model: str, system: str, prompt: str, choices: list[str]) -> Answer:
+        with self._lock:  # one generation at a time per engine set
+            return self._generate(model, system, prompt, choices)
+
+    def _generate(self, model: str, system: str, prompt: str, choices: list[str]) -> Answer:
         vllm = self._vllm
         if model not in self._engines:
             self._engines[model] = vllm.LLM(model=model, seed=self.settings.seed)
