@@ -1,0 +1,89 @@
+"""In-memory `Publisher`, `Records` and `StageContext` (shared/ports.py) for handler unit tests: the
+same contract as `Bus`/`Store` (dedup by stable id, `id`/`updated_at` stamped, blobs by name, text
+over the inline limit goes by reference) without a broker."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from cppperf.shared import messages as m
+from cppperf.shared.settings import Settings
+from cppperf.shared.store import INLINE_LIMIT, encode_key, now_iso
+
+
+@dataclass
+class FakeBus:
+    published: list[tuple[str, msgspec.Struct]] = field(default_factory=list)
+    replies: list[tuple[str, msgspec.Struct]] = field(default_factory=list)
+    seen_ids: set[str] = field(default_factory=set)
+
+    async def publish(self, subject: str, msg: msgspec.Struct, *, msg_id: str | None = None) -> bool:
+        key = msg_id or m.msg_id(msg)
+        if key in self.seen_ids:
+            return False  # JetStream drops a duplicate Nats-Msg-Id
+        self.seen_ids.add(key)
+        m.decode(m.encode(msg), type(msg))  # what goes on the wire must decode
+        self.published.append((subject, msg))
+        return True
+
+    async def reply(self, subject: str, msg: msgspec.Struct) -> None:
+        self.replies.append((subject, msg))
+
+    def on(self, subject: str) -> list[Any]:
+        return [msg for s, msg in self.published if s == subject]
+
+
+@dataclass
+class MemoryRecords:
+    inline_limit: int = INLINE_LIMIT
+    buckets: dict[str, dict[str, bytes]] = field(default_factory=dict)
+    blobs: dict[str, bytes] = field(default_factory=dict)
+
+    async def get(self, bucket: str, item_id: str) -> dict[str, Any] | None:
+        raw = self.buckets.get(bucket, {}).get(item_id)
+        return None if raw is None else dict(json.loads(raw))
+
+    async def put(self, bucket: str, item_id: str, value: dict[str, Any]) -> None:
+        value = {**value, "id": item_id, "updated_at": now_iso()}
+        self.buckets.setdefault(bucket, {})[item_id] = msgspec.json.encode(value)  # JSON, as the KV
+
+    async def update(self, bucket: str, item_id: str, **fields: Any) -> dict[str, Any]:
+        current = await self.get(bucket, item_id) or {}
+        current.update(fields)
+        await self.put(bucket, item_id, current)
+        return current
+
+    async def put_blob(self, name: str, data: bytes) -> str:
+        key = encode_key(name)
+        self.blobs[key] = data
+        return key
+
+    async def get_blob(self, ref: str) -> bytes:
+        if ref not in self.blobs:
+            raise KeyError(f"object {ref} not found")
+        return self.blobs[ref]
+
+    async def inline_or_ref(self, name: str, text: str) -> tuple[str, str | None]:
+        data = text.encode()
+        if len(data) <= self.inline_limit:
+            return text, None
+        return "", await self.put_blob(name, data)
+
+    async def resolve_text(self, inline: str, ref: str | None) -> str:
+        return (await self.get_blob(ref)).decode(errors="replace") if ref else inline
+
+
+@dataclass
+class FakeContext:
+    settings: Settings
+    bus: FakeBus = field(default_factory=FakeBus)
+    store: MemoryRecords = field(default_factory=MemoryRecords)
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.settings.out_dir)

@@ -1,0 +1,320 @@
+"""Every stage's handlers without a broker (in-memory Publisher/Records from tests/fakes.py), on every
+branch: the work done, already done (answered from the store, nothing redone), rejected, duplicate,
+bad input. The real-NATS paths stay covered by test_bus/test_filter/test_classifier/test_evaluator."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cppperf.demo import DemoRepo
+from cppperf.services.builder.handlers import on_candidate, on_classified
+from cppperf.services.builder.service import BuiltPatch
+from cppperf.services.classifier.handlers import StoreCache, on_selected
+from cppperf.services.classifier.service import Classifier
+from cppperf.services.evaluator.handlers import on_request
+from cppperf.services.evaluator.instances import EvalInstance
+from cppperf.services.evaluator.pipeline import EvalRequest
+from cppperf.services.filter.handlers import on_repo_found
+from cppperf.services.filter.links import LinkResolver
+from cppperf.shared import messages as m
+from cppperf.shared.domain import EvalVerdict, InstanceState, Stage, Verdict, to_struct
+from cppperf.shared.errors import BadInput, RepoRejected
+from cppperf.shared.store import instance_record
+from tests.conftest import make_settings
+from tests.fakes import FakeContext, MemoryRecords
+
+SHA = "a" * 40
+PARENT = "b" * 40
+DIFF = "diff --git a/s.cpp b/s.cpp\n--- a/s.cpp\n+++ b/s.cpp\n@@ -1 +1 @@\n-  v.push_back(x);\n+  v.reserve(n);\n"
+
+
+def commit(message: str = "Speed up the parser by avoiding copies", diff: str = DIFF) -> m.CommitSelected:
+    return m.CommitSelected(
+        repo="o/r", url="/src/r", sha=SHA, parent=PARENT, date="2024-01-01", message=message, diff=diff
+    )
+
+
+@pytest.fixture
+def fctx(tmp_path: Path) -> FakeContext:
+    return FakeContext(make_settings(tmp_path))
+
+
+# ------------------------------------------------------------------------------------ builder
+@dataclass
+class FakeBuilderOps:
+    tmp: Path
+    head_sha: str = SHA
+    reject: str | None = None
+    bad_checkout: bool = False
+    record_size: int = 10
+    calls: list[str] = field(default_factory=list)
+
+    def checkout(self, url: str, repo: str) -> Path:
+        self.calls.append("checkout")
+        if self.bad_checkout:
+            raise BadInput(f"{url}: not a git repository")
+        return self.tmp
+
+    def head(self, path: Path) -> str:
+        return self.head_sha
+
+    def validate(self, candidate: m.RepoCandidate, path: Path) -> m.RepoFound:
+        self.calls.append("validate")
+        if self.reject:
+            raise RepoRejected(self.reject)
+        return m.RepoFound(
+            repo=candidate.repo, url=candidate.url, head_sha=self.head_sha, validated=True, test_count=3
+        )
+
+    def prove(self, c: m.CommitSelected, path: Path, diff: str) -> BuiltPatch:
+        self.calls.append("prove")
+        iid = m.instance_id(c.repo, c.sha)
+        record = {
+            "cppperf": {"instance_id": iid, "verdict": "improved"},
+            "diff": diff,
+            "pad": "x" * self.record_size,
+        }
+        msg = m.PatchBuilt(
+            instance_id=iid,
+            repo=c.repo,
+            sha=c.sha,
+            parent=c.parent,
+            verdict=Verdict.IMPROVED,
+            improved_tests=["t"],
+        )
+        return BuiltPatch(record, msg, self.tmp / f"{iid}.json")
+
+
+CAND = m.RepoCandidate(repo="o/r", url="/src/r")
+
+
+async def test_builder_validates_a_candidate_and_records_the_head(fctx: FakeContext, tmp_path: Path) -> None:
+    ops = FakeBuilderOps(tmp_path)
+    assert await on_candidate(fctx, ops, CAND) == "validated"
+    [found] = fctx.bus.on(m.REPO_FOUND)
+    assert found.validated and found.test_count == 3
+    rec = await fctx.store.get("repos", "o/r")
+    assert rec is not None and rec["stage"] == Stage.FOUND and rec["head_sha"] == SHA
+
+
+async def test_builder_candidate_validated_at_the_same_head_is_not_rebuilt(
+    fctx: FakeContext, tmp_path: Path
+) -> None:
+    ops = FakeBuilderOps(tmp_path)
+    await on_candidate(fctx, ops, CAND)
+    fctx.bus.seen_ids.clear()  # a later crawl: JetStream's dedup window has passed
+    assert await on_candidate(fctx, ops, CAND) == "already-validated"
+    assert ops.calls.count("validate") == 1
+    assert len(fctx.bus.on(m.REPO_FOUND)) == 2
+    ops.head_sha = "c" * 40  # the branch moved on: validate again
+    assert await on_candidate(fctx, ops, CAND) == "validated"
+
+
+async def test_builder_rejected_candidate_is_recorded_not_published(
+    fctx: FakeContext, tmp_path: Path
+) -> None:
+    ops = FakeBuilderOps(tmp_path, reject="latest commit does not build")
+    assert await on_candidate(fctx, ops, CAND) == "rejected"
+    assert fctx.bus.published == []
+    rec = await fctx.store.get("repos", "o/r")
+    assert rec is not None and rec["stage"] == "rejected" and rec["by"] == "builder"
+    assert "does not build" in rec["reason"]
+
+
+async def test_builder_bad_candidate_raises_bad_input_and_records_nothing(
+    fctx: FakeContext, tmp_path: Path
+) -> None:
+    ops = FakeBuilderOps(tmp_path, bad_checkout=True)
+    with pytest.raises(BadInput):
+        await on_candidate(fctx, ops, CAND)
+    assert fctx.bus.published == [] and fctx.store.buckets == {}
+
+
+async def test_builder_negative_commit_is_not_built(fctx: FakeContext, tmp_path: Path) -> None:
+    ops = FakeBuilderOps(tmp_path)
+    item = m.CommitClassified(commit=commit(), label=False, backend="heuristic")
+    assert await on_classified(fctx, ops, item) == "negative"
+    assert ops.calls == [] and fctx.bus.published == []
+
+
+async def test_builder_proves_and_keeps_the_record_in_the_instances_bucket(
+    fctx: FakeContext, tmp_path: Path
+) -> None:
+    ops = FakeBuilderOps(tmp_path)
+    item = m.CommitClassified(commit=commit(), label=True, backend="heuristic")
+    assert await on_classified(fctx, ops, item) == "built"
+    [built] = fctx.bus.on(m.PATCH_BUILT)
+    assert built.instance_id == "o__r-aaaaaaaaaaaa" and built.record_path == ""  # an id, not a host path
+    state = to_struct(await fctx.store.get("instances", built.instance_id), InstanceState)
+    assert state.verdict == Verdict.IMPROVED and state.record and state.record_ref is None
+    record = await instance_record(fctx.store, built.instance_id)
+    assert record is not None and record["diff"] == DIFF
+    assert (await fctx.store.get("commits", commit().id) or {})["verdict"] == "improved"
+    # redelivered: finished earlier, nothing is redone
+    assert await on_classified(fctx, ops, item) == "already-built"
+    assert ops.calls.count("prove") == 1
+
+
+async def test_builder_large_record_goes_to_the_object_store(tmp_path: Path) -> None:
+    fctx = FakeContext(make_settings(tmp_path), store=MemoryRecords(inline_limit=1000))
+    ops = FakeBuilderOps(tmp_path, record_size=5000)
+    big_diff = "+" * 3000
+    await fctx.store.put_blob("diff/x", big_diff.encode())
+    c = msgspec_replace(commit(), diff="", diff_ref="diff/x")
+    await on_classified(fctx, ops, m.CommitClassified(commit=c, label=True, backend="heuristic"))
+    state = to_struct(await fctx.store.get("instances", "o__r-aaaaaaaaaaaa"), InstanceState)
+    assert state.record == "" and state.record_ref is not None
+    record = await instance_record(fctx.store, "o__r-aaaaaaaaaaaa")
+    assert record is not None and record["diff"] == big_diff  # the diff came by reference too
+
+
+async def test_builder_bad_commit_raises_bad_input_and_marks_nothing(
+    fctx: FakeContext, tmp_path: Path
+) -> None:
+    class Broken(FakeBuilderOps):
+        def prove(self, c: m.CommitSelected, path: Path, diff: str) -> BuiltPatch:
+            raise BadInput("cannot export aaaaaaaaaaaa: not a tree")
+
+    item = m.CommitClassified(commit=commit(), label=True, backend="heuristic")
+    with pytest.raises(BadInput):
+        await on_classified(fctx, Broken(tmp_path), item)
+    assert fctx.bus.published == [] and await fctx.store.get("instances", "o__r-aaaaaaaaaaaa") is None
+
+
+def msgspec_replace(c: m.CommitSelected, **kw: Any) -> m.CommitSelected:
+    import msgspec
+
+    return msgspec.structs.replace(c, **kw)
+
+
+# ------------------------------------------------------------------------------------ evaluator
+@dataclass
+class FakeEvaluatorOps:
+    verdict: str = EvalVerdict.OPT
+    seen: list[tuple[EvalRequest, EvalInstance | None]] = field(default_factory=list)
+
+    def evaluate(self, req: EvalRequest, instance: EvalInstance | None) -> dict[str, Any]:
+        self.seen.append((req, instance))
+        return {"verdict": self.verdict, "opt": self.verdict == EvalVerdict.OPT, "samples": {"t": {}}}
+
+
+def request(**kw: Any) -> m.EvalRequested:
+    base: dict[str, Any] = {
+        "request_id": "r1/m/o__r-aaaaaaaaaaaa",
+        "run_id": "r1",
+        "model": "m",
+        "instance_id": "o__r-aaaaaaaaaaaa",
+        "patch": DIFF,
+        "reply_to": "_INBOX.x",
+    }
+    return m.EvalRequested(**{**base, **kw})
+
+
+async def test_evaluator_evaluates_replies_and_stores_the_report(fctx: FakeContext, tmp_path: Path) -> None:
+    # the instance comes from the instances bucket (as the builder left it), not from a host path
+    await on_classified(
+        fctx, FakeBuilderOps(tmp_path), m.CommitClassified(commit=commit(), label=True, backend="h")
+    )
+    stored = await fctx.store.get("instances", "o__r-aaaaaaaaaaaa")
+    assert stored is not None
+    record = {
+        "metadata": {"repository_name": "o/r", "repository": "/src/r"},
+        "commit_info": {"old_sha": PARENT, "new_sha": SHA, "patch": [DIFF], "files_changed": []},
+        "cppperf": {"instance_id": "o__r-aaaaaaaaaaaa"},
+    }
+    await fctx.store.update("instances", "o__r-aaaaaaaaaaaa", record=json.dumps(record))
+    ops = FakeEvaluatorOps()
+    assert await on_request(fctx, ops, request()) == "evaluated"
+    [(req, inst)] = ops.seen
+    assert req.patch == DIFF and inst is not None and inst.base_sha == PARENT
+    [done] = fctx.bus.on(m.EVAL_COMPLETED)
+    assert done.verdict == "opt" and done.opt and "samples" not in done.report
+    assert fctx.bus.replies == [("_INBOX.x", done)]
+    ev = await fctx.store.get("evaluations", "r1/m/o__r-aaaaaaaaaaaa")
+    assert ev is not None and ev["verdict"] == "opt" and json.loads(ev["report"])["verdict"] == "opt"
+
+
+async def test_evaluator_answers_a_finished_request_from_the_store(fctx: FakeContext) -> None:
+    ops = FakeEvaluatorOps()
+    await on_request(fctx, ops, request())
+    again = request(reply_to="_INBOX.y")
+    assert await on_request(fctx, ops, again) == "answered-from-store"
+    assert len(ops.seen) == 1  # not re-run
+    assert len(fctx.bus.on(m.EVAL_COMPLETED)) == 1  # the re-publish is a duplicate id
+    assert fctx.bus.replies[-1][0] == "_INBOX.y" and fctx.bus.replies[-1][1].verdict == "opt"
+
+
+async def test_evaluator_reads_a_large_patch_by_reference(fctx: FakeContext) -> None:
+    ref = await fctx.store.put_blob("patch/r1/m/x", DIFF.encode())
+    ops = FakeEvaluatorOps(verdict=EvalVerdict.CORRECT)
+    await on_request(fctx, ops, request(patch="", patch_ref=ref))
+    assert ops.seen[0][0].patch == DIFF and ops.seen[0][1] is None  # no instance in the bucket
+
+
+async def test_evaluator_missing_patch_ref_is_bad_input(fctx: FakeContext) -> None:
+    with pytest.raises(BadInput, match="patch_ref"):
+        await on_request(fctx, FakeEvaluatorOps(), request(patch="", patch_ref="patch/gone"))
+    assert fctx.bus.published == [] and await fctx.store.get("evaluations", "r1/m/o__r-aaaaaaaaaaaa") is None
+
+
+# ------------------------------------------------------------------------------------ filter
+async def test_filter_walks_once_and_publishes_each_commit_once(
+    fctx: FakeContext, demo_repo: DemoRepo
+) -> None:
+    found = m.RepoFound(repo="local/demo", url=str(demo_repo.path))
+    assert await on_repo_found(fctx, found, LinkResolver()) == "walked"
+    selected = fctx.bus.on(m.COMMIT_SELECTED)
+    assert len(selected) == 8
+    assert (await fctx.store.get("commits", selected[0].id) or {})["stage"] == "selected"
+    assert await on_repo_found(fctx, found, LinkResolver()) == "already-walked"
+    # the branch moved (the head record changed): a new walk, but known commits are not re-published
+    await fctx.store.update("repos", "local/demo", filter={"head": "old"})
+    assert await on_repo_found(fctx, found, LinkResolver()) == "walked"
+    assert len(fctx.bus.on(m.COMMIT_SELECTED)) == 8
+
+
+async def test_filter_large_diff_goes_by_reference(tmp_path: Path, demo_repo: DemoRepo) -> None:
+    fctx = FakeContext(make_settings(tmp_path), store=MemoryRecords(inline_limit=10))
+    await on_repo_found(fctx, m.RepoFound(repo="local/demo", url=str(demo_repo.path)), LinkResolver())
+    sel = fctx.bus.on(m.COMMIT_SELECTED)
+    assert sel and all(c.diff == "" and c.diff_ref for c in sel)
+    assert "diff --git" in await fctx.store.resolve_text("", sel[0].diff_ref)
+
+
+async def test_filter_not_a_repository_is_bad_input(fctx: FakeContext, tmp_path: Path) -> None:
+    with pytest.raises(BadInput):
+        await on_repo_found(fctx, m.RepoFound(repo="x/y", url=str(tmp_path)), LinkResolver())
+    assert fctx.bus.published == []
+
+
+# ------------------------------------------------------------------------------------ classifier
+async def test_classifier_labels_records_and_caches(fctx: FakeContext) -> None:
+    clf = Classifier.create(fctx.settings.classifier, StoreCache(fctx.store))
+    c = commit()
+    assert await on_selected(fctx, clf, c) is True
+    [out] = fctx.bus.on(m.COMMIT_CLASSIFIED)
+    assert out.label and out.commit.sha == SHA
+    rec = await fctx.store.get("commits", c.id)
+    assert rec is not None and rec["stage"] == "classified" and rec["label"] is True
+    # redelivered: answered from the cache bucket, published once (same id)
+    assert await on_selected(fctx, clf, c) is True
+    assert clf.cache_hits == 1 and len(fctx.bus.on(m.COMMIT_CLASSIFIED)) == 1
+
+
+async def test_classifier_prefilter_rejects_a_comment_only_diff(fctx: FakeContext) -> None:
+    clf = Classifier.create(fctx.settings.classifier, StoreCache(fctx.store))
+    comment = "diff --git a/s.cpp b/s.cpp\n--- a/s.cpp\n+++ b/s.cpp\n@@ -1 +1 @@\n-// old\n+// new\n"
+    assert await on_selected(fctx, clf, commit(diff=comment)) is False
+    [out] = fctx.bus.on(m.COMMIT_CLASSIFIED)
+    assert out.backend == "prefilter" and not out.label
+
+
+async def test_classifier_reads_the_diff_by_reference(fctx: FakeContext) -> None:
+    ref = await fctx.store.put_blob("diff/o/r@a", DIFF.encode())
+    clf = Classifier.create(fctx.settings.classifier, StoreCache(fctx.store))
+    assert await on_selected(fctx, clf, msgspec_replace(commit(), diff="", diff_ref=ref)) is True
