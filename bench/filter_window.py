@@ -3,7 +3,7 @@
 
 Usage: python bench/filter_window.py [--repos 20] [--rounds 3] [--work DIR]
 
-One filter (`services/filter/app.process_repo`, the handler's plain logic) against a 3-node
+One filter (`services/filter/handlers.on_repo_found`, the handler's plain logic) against a 3-node
 JetStream cluster with R=3 streams and KV (bench/scale_cluster.py), on the generated repositories
 of bench/scale.py (generated if missing). Rounds alternate the two settings on fresh repositories
 so machine load hits both alike; prints wall and CPU milliseconds per repository and the ratios.
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scale import load_or_make_repos
 from scale_cluster import Cluster
 
-from cppperf.services.filter.app import process_repo
+from cppperf.services.filter.handlers import on_repo_found
 from cppperf.services.filter.links import LinkResolver
 from cppperf.shared import messages as m
 from cppperf.shared.service import ServiceContext
@@ -37,7 +37,7 @@ async def measure(ctx: ServiceContext, repos: list[Path]) -> tuple[float, float]
     """Wall and CPU (this process) milliseconds per repository."""
     t0, c0 = time.perf_counter(), time.process_time()
     for path in repos:
-        await process_repo(ctx, m.RepoFound(repo=f"local/{path.name}", url=str(path)), LinkResolver())
+        await on_repo_found(ctx, m.RepoFound(repo=f"local/{path.name}", url=str(path)), LinkResolver())
     n = len(repos)
     return (time.perf_counter() - t0) * 1000 / n, (time.process_time() - c0) * 1000 / n
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from cppperf.demo import DemoRepo
-from cppperf.services.filter.app import process_repo
+from cppperf.services.filter.handlers import on_repo_found
 from cppperf.services.filter.links import LinkResolver
 from cppperf.services.filter.sink import WindowedSink
 from cppperf.shared import messages as m
@@ -109,7 +109,7 @@ async def test_a_fast_classifier_label_is_not_overwritten_by_the_filter(
         return fresh
 
     monkeypatch.setattr(ctx.bus, "publish", publish_then_classify)
-    await process_repo(ctx, m.RepoFound(repo="local/demo", url=str(demo_repo.path)), LinkResolver())
+    await on_repo_found(ctx, m.RepoFound(repo="local/demo", url=str(demo_repo.path)), LinkResolver())
     records = await ctx.store.all("commits")
     assert len(records) == 8
     assert all(r.get("label") is True and r["stage"] == "classified" for r in records)

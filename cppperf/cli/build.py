@@ -179,29 +179,25 @@ def calibrate(
 ) -> None:
     """A/A run: SHA against itself. Any test flagged is a false positive on this machine."""
     from cppperf.services.builder.instance import prove
-    from cppperf.shared.engine.backend import LocalBackend
-    from cppperf.shared.engine.backends import build_spec
+    from cppperf.shared.engine.backends import make_backend
+    from cppperf.shared.messages import instance_id
 
     commit = _commit_from_repo(repo, sha, sha)
     s = _settings(config, builder__runs=runs)
-    settings = msgspec.structs.replace(s.builder, confirm=False)
-    backend = LocalBackend(
-        s.work_dir() / "calibrate",
-        build_spec(settings),
-        dict(settings.thread_env),
-        sandbox=settings.sandbox,
-        output_limit=settings.output_limit,
-    )
-
-    class _Different(LocalBackend):
-        def binaries_identical(self, tests: list[str]) -> bool:
-            return False  # A/A: identical on purpose; time them anyway
-
-    backend = _Different(**{k: getattr(backend, k) for k in backend.__dataclass_fields__})
+    settings = msgspec.structs.replace(s.builder, confirm=False, backend="local")
+    backend = make_backend(settings, s.work_dir() / "calibrate")
     progress, on_phase = _phase_progress()
     try:
         with progress:
-            res = prove(commit, repo.resolve(), backend, settings, on_phase=on_phase)
+            res = prove(
+                instance_id(commit.repo, commit.sha),
+                backend,
+                settings,
+                sides={"old": commit.sha, "new": commit.sha},
+                repo_path=repo.resolve(),
+                on_phase=on_phase,
+                time_identical=True,  # A/A: identical on purpose; time them anyway
+            )
     except CppPerfError as exc:
         raise _fail(exc) from exc
     finally:

@@ -25,15 +25,15 @@ from typing import Any
 import msgspec
 
 from cppperf.shared.domain import FailureCategory, Verdict
-from cppperf.shared.engine.backend import SIDES, Backend, SideName
+from cppperf.shared.engine.backend import SIDES, Backend, SideName, Sides, build_sides
 from cppperf.shared.engine.cases import split as split_cases
 from cppperf.shared.engine.cmake import StepResult, TestCase, normalise
 from cppperf.shared.engine.errorlines import first_error_lines
+from cppperf.shared.engine.limits import limits_for, pinned_cpu
 from cppperf.shared.engine.protocol import Measurement, RunFailure, measure
 from cppperf.shared.engine.sandbox import Limits, RunResult
 from cppperf.shared.engine.stats import TestStats, compare_all, compare_test, verdict
 from cppperf.shared.engine.submodules import MissingSubmodule
-from cppperf.shared.messages import CommitSelected, instance_id
 from cppperf.shared.settings import BuilderSettings
 
 PhaseCallback = Callable[[str, int, int], None]  # phase, done, total
@@ -106,16 +106,6 @@ def _step_dict(side: SideName, s: StepResult) -> dict[str, Any]:
     }
 
 
-def _pin_cpu(settings: BuilderSettings) -> int | None:
-    if not settings.pin_cpu:
-        return None
-    try:
-        cpus = sorted(os.sched_getaffinity(0))
-    except AttributeError:
-        return None
-    return cpus[-1] if cpus else None
-
-
 def _build_both(
     backend: Backend,
     result: InstanceResult,
@@ -124,50 +114,58 @@ def _build_both(
 ) -> tuple[FailureCategory, str] | None:
     """Configure and build both sides; the (category, detail) of the first failure, if any (its
     step, log lines and what was tried go into `result`)."""
-    for i, side in enumerate(SIDES):
-        phase(f"build {side}", i, 2)
-        steps = backend.build(side)
+
+    def record(side: SideName, steps: list[StepResult]) -> None:
         result.build_steps += [_step_dict(side, s) for s in steps]
-        last = steps[-1]
-        if last.ok:
-            continue
-        if last.missing is not None:
-            result.missing_packages = last.missing.debian
-        result.failure_step = last.step
-        result.failure_lines = first_error_lines(last.result.output)
-        if sum(1 for st in steps if st.step == "configure") > 1:
-            result.tried.append(f"configured again with {' '.join(result.missing_packages)} installed")
-        if (
-            llm_propose is not None
-            and last.step == "configure"
-            and (last.missing is None or last.missing.unknown)
-        ):
-            proposed = [p for p in llm_propose(last.result.output) if p not in result.missing_packages]
-            if proposed:
-                result.missing_packages += proposed
-                result.llm_proposed_packages = proposed
-                last.category = FailureCategory.DEPENDENCY
-                result.tried.append(f"asked the model for packages: {' '.join(proposed)}")
-        detail = last.missing.describe() if last.missing else last.result.output[-1500:]
-        if result.llm_proposed_packages:
-            detail += f"; model proposes: {' '.join(result.llm_proposed_packages)}"
-        return last.category or FailureCategory.INFRA, f"{side} {last.step} failed: {detail}"
-    return None
+        if not steps[-1].ok and sum(1 for st in steps if st.step == "configure") > 1:
+            missing = steps[-1].missing.debian if steps[-1].missing else []
+            result.tried.append(f"configured again with {' '.join(missing)} installed")
+
+    failed = build_sides(backend, SIDES, on_built=record, phase=phase)
+    if failed is None:
+        return None
+    side, last = failed.side, failed.step
+    if last.missing is not None:
+        result.missing_packages = last.missing.debian
+    result.failure_step = last.step
+    result.failure_lines = first_error_lines(last.result.output)
+    if (
+        llm_propose is not None
+        and last.step == "configure"
+        and (last.missing is None or last.missing.unknown)
+    ):
+        proposed = [p for p in llm_propose(last.result.output) if p not in result.missing_packages]
+        if proposed:
+            result.missing_packages += proposed
+            result.llm_proposed_packages = proposed
+            last.category = FailureCategory.DEPENDENCY
+            result.tried.append(f"asked the model for packages: {' '.join(proposed)}")
+    detail = last.missing.describe() if last.missing else last.result.output[-1500:]
+    if result.llm_proposed_packages:
+        detail += f"; model proposes: {' '.join(result.llm_proposed_packages)}"
+    return last.category or FailureCategory.INFRA, f"{side} {last.step} failed: {detail}"
 
 
 def prove(
-    commit: CommitSelected,
-    repo_path: Path,
+    iid: str,
     backend: Backend,
     settings: BuilderSettings,
     *,
+    sides: Sides | None,
+    repo_path: Path | None = None,
     on_phase: PhaseCallback | None = None,
     seed: int | None = None,
     llm_propose: Callable[[str], list[str]] | None = None,
+    time_identical: bool = False,
 ) -> InstanceResult:
-    """Run the whole protocol for one commit against its parent; when a test fails on both sides,
-    once more in `settings.fallback_build_type` (both attempts recorded)."""
-    first = _prove_once(commit, repo_path, backend, settings, on_phase, seed, llm_propose)
+    """Run the whole protocol for instance `iid`: `sides` `{"old": parent, "new": sha}` exported from
+    `repo_path`, or None when the backend holds the trees already (an instance image). With
+    `time_identical` byte-identical binaries are timed anyway (an A/A calibration run). When a test
+    fails on both sides, once more in `settings.fallback_build_type` (both attempts recorded)."""
+    if sides is not None and repo_path is None:
+        raise ValueError("prove: sides to export need the repository they come from")
+    once = _Once(iid, sides, repo_path, backend, on_phase, seed, llm_propose, time_identical)
+    first = once.prove(settings)
     first.attempts = [first.attempt_summary(settings.build_type)]
     fallback = settings.fallback_build_type
     if (
@@ -178,9 +176,7 @@ def prove(
         return first
     backend.cleanup()
     backend.spec = replace(backend.spec, build_type=fallback)
-    second = _prove_once(
-        commit, repo_path, backend, replace_settings(settings, fallback), on_phase, seed, llm_propose
-    )
+    second = once.prove(replace_settings(settings, fallback))
     second.attempts = [*first.attempts, second.attempt_summary(fallback)]
     second.tried = [*first.tried, f"rebuilt both sides in {fallback}", *second.tried]
     if second.verdict == Verdict.REJECTED:
@@ -196,17 +192,26 @@ def replace_settings(settings: BuilderSettings, build_type: str) -> BuilderSetti
     return msgspec.structs.replace(settings, build_type=build_type)
 
 
-def _prove_once(
-    commit: CommitSelected,
-    repo_path: Path,
-    backend: Backend,
-    settings: BuilderSettings,
-    on_phase: PhaseCallback | None,
-    seed: int | None,
-    llm_propose: Callable[[str], list[str]] | None,
-) -> InstanceResult:
-    phase = on_phase or (lambda _p, _d, _t: None)
-    iid = instance_id(commit.repo, commit.sha)
+@dataclass(frozen=True)
+class _Once:
+    """One attempt's inputs, apart from the settings (the fallback changes the build type)."""
+
+    iid: str
+    sides: Sides | None
+    repo_path: Path | None
+    backend: Backend
+    on_phase: PhaseCallback | None
+    seed: int | None
+    llm_propose: Callable[[str], list[str]] | None
+    time_identical: bool
+
+    def prove(self, settings: BuilderSettings) -> InstanceResult:
+        return _prove_once(self, settings)
+
+
+def _prove_once(once: _Once, settings: BuilderSettings) -> InstanceResult:
+    iid, backend, seed, llm_propose = once.iid, once.backend, once.seed, once.llm_propose
+    phase = once.on_phase or (lambda _p, _d, _t: None)
     result = InstanceResult(
         instance_id=iid, verdict=Verdict.REJECTED, environment=environment_facts(settings)
     )
@@ -218,7 +223,9 @@ def _prove_once(
 
     phase("checkout", 0, 1)
     try:
-        backend.prepare(repo_path, {"old": commit.parent, "new": commit.sha})
+        if once.sides is not None:
+            assert once.repo_path is not None
+            backend.prepare(once.repo_path, once.sides)
     except MissingSubmodule as exc:
         result.failure_step = "checkout"
         result.failure_lines = [str(exc)]
@@ -240,26 +247,17 @@ def _prove_once(
         result.failure_step = "tests"
         result.tried.append("enabled BUILD_TESTING and the project's own test options")
         return reject(FailureCategory.NO_TESTS, "no CTest test exists on both sides")
-    if backend.binaries_identical(common):
+    if not once.time_identical and backend.binaries_identical(common):
         result.verdict = result.verdict_paper = Verdict.UNCHANGED_BINARIES
         return result
     if settings.split_cases:
         tests_by_side, common = _split_cases(backend, tests_by_side, common, phase)
 
-    cpu = _pin_cpu(settings)
+    cpu = pinned_cpu(settings)
 
-    def run_one(side: SideName, name: str) -> Any:
+    def run_one(side: SideName, name: str) -> RunResult:
         t = tests_by_side[side][name]
-        timeout = t.timeout or settings.test_timeout
-        limits = Limits(
-            timeout=timeout,
-            cpu_seconds=int(timeout * 2) + 1,
-            memory_mb=settings.memory_limit_mb,
-            processes=settings.max_processes,
-            cpu=cpu,
-        )
-        res = backend.run_test(side, t, limits)
-        return normalise(t, res)
+        return normalise(t, backend.run_test(side, t, limits_for(t, settings, cpu=cpu)))
 
     run_seed = settings.seed if seed is None else seed
     meas = measure(
@@ -374,7 +372,7 @@ _CLEARED = {"improved": False, "regressed": False, "strict_improved": False, "st
 
 def _confirm(
     decided: list[TestStats],
-    run_one: Callable[[SideName, str], Any],
+    run_one: Callable[[SideName, str], RunResult],
     settings: BuilderSettings,
     seed: int,
     result: InstanceResult,

@@ -17,7 +17,7 @@ from cppperf.shared.domain import Verdict
 from cppperf.shared.engine.backend import Backend
 from cppperf.shared.engine.backends import make_backend
 from cppperf.shared.engine.deps import propose_with_llm
-from cppperf.shared.engine.sandbox import Limits
+from cppperf.shared.engine.limits import limits_for
 from cppperf.shared.errors import BadInput, RepoRejected, ServiceUnavailable
 from cppperf.shared.files import write_atomic
 from cppperf.shared.llm import ChatClient
@@ -43,15 +43,10 @@ def _commit_image(backend: Backend, settings: BuilderSettings, record: dict[str,
         return None
     image = instance_image_name(record["metadata"]["repository_name"], record["commit_info"]["new_sha"])
     record["cppperf"]["image"] = image
-    record["cppperf"]["installed_packages"] = list(getattr(backend, "installed", []))
+    record["cppperf"]["installed_packages"] = list(backend.installed)
     backend.commit(image, record)
     if settings.registry:
-        client = backend.client  # type: ignore[attr-defined]
-        remote = f"{settings.registry}/{image}"
-        repo, _, tag = remote.rpartition(":")
-        client.images.get(image).tag(repo, tag)
-        client.images.push(repo, tag=tag)
-        record["cppperf"]["image_pushed"] = remote
+        record["cppperf"]["image_pushed"] = backend.push(image, settings.registry)
     return image
 
 
@@ -86,7 +81,15 @@ def build_patch(
     backend = make_backend(settings, work_dir / iid, source=(repo_path, commit.sha, commit.date))
     logs_dir = out_dir / "logs" / iid
     try:
-        res = prove(commit, repo_path, backend, settings, on_phase=on_phase, llm_propose=llm_propose)
+        res = prove(
+            iid,
+            backend,
+            settings,
+            sides={"old": commit.parent, "new": commit.sha},
+            repo_path=repo_path,
+            on_phase=on_phase,
+            llm_propose=llm_propose,
+        )
         for step in res.build_steps:  # point the record at the kept copies
             if step.get("log"):
                 step["log"] = str(logs_dir / Path(step["log"]).name)
@@ -172,11 +175,7 @@ def validate_latest(
             raise RepoRejected(f"latest commit {sha[:12]} defines no CTest tests")
         t0 = time.monotonic()
         for t in tests:
-            res = backend.run_test(
-                "new",
-                t,
-                Limits(timeout=t.timeout or settings.test_timeout, memory_mb=settings.memory_limit_mb),
-            )
+            res = backend.run_test("new", t, limits_for(t, settings))
             if not t.passed(res.returncode, res.output, timed_out=res.timed_out):
                 raise RepoRejected(f"latest commit {sha[:12]}: test {t.name} fails: {res.output[-500:]}")
         test_s = time.monotonic() - t0

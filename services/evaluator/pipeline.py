@@ -17,12 +17,9 @@ malformed-patch | too-large | unsafe-patch | test-edit | instance-broken | untru
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import os
 import re
 import shutil
-import tarfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,12 +32,12 @@ from cppperf.services.evaluator.instances import EvalInstance, load_instance
 from cppperf.services.evaluator.score import score
 from cppperf.services.filter.rules import Rules
 from cppperf.shared.domain import EvalVerdict
-from cppperf.shared.engine.backend import LocalBackend, export_tree
-from cppperf.shared.engine.backends import build_spec, make_backend, submodule_sources
-from cppperf.shared.engine.cmake import TestCase, normalise
-from cppperf.shared.engine.images import git_archive
+from cppperf.shared.engine.backend import Backend, SideName, build_sides, export_tree
+from cppperf.shared.engine.backends import make_backend
+from cppperf.shared.engine.cmake import StepResult, TestCase, normalise
+from cppperf.shared.engine.limits import limits_for, pinned_cpu
 from cppperf.shared.engine.protocol import measure
-from cppperf.shared.engine.sandbox import Limits, RunResult, mount_namespace_available, network_prefix
+from cppperf.shared.engine.sandbox import Limits, RunResult, network_prefix
 from cppperf.shared.files import write_atomic
 from cppperf.shared.messages import evaluation_id
 from cppperf.shared.mirror import ensure_local
@@ -129,19 +126,8 @@ def _evaluate(
         )
     repo_path = ensure_local(inst.url, inst.repo, s.mirror_dir())
     ws = s.work_dir() / "eval" / hashlib.sha256(req.id.encode()).hexdigest()[:16]
-    backend: Any
-    if s.builder.backend == "docker":  # containers: network none, memory/pids limits, one core
-        backend = make_backend(s.builder, ws, source=(repo_path, inst.expert_sha, inst.date))
-    else:
-        backend = LocalBackend(
-            ws,
-            build_spec(s.builder),
-            dict(s.builder.thread_env),
-            sandbox=True,
-            output_limit=s.builder.output_limit,
-            same_path=s.builder.same_path and mount_namespace_available(),
-            submodules=submodule_sources(s.builder),
-        )
+    # local: always sandboxed; docker: network none, memory/pids limits, one core
+    backend = make_backend(s.builder, ws, source=(repo_path, inst.expert_sha, inst.date), sandbox=True)
     try:
         return {**base, **_run(req, inst, s, backend, repo_path, out, phase, ws)}
     finally:
@@ -154,33 +140,23 @@ class _Stop(Exception):
         self.report = report
 
 
-def _prepare(req: EvalRequest, inst: EvalInstance, backend: Any, repo: Path, out: Path, ws: Path) -> str:
+def _prepare(req: EvalRequest, inst: EvalInstance, backend: Backend, repo: Path, out: Path, ws: Path) -> str:
     """Export the three trees and apply the patch to `agent`; the method that applied it.
-    The patch is always applied on the host (git, patch); with the docker backend the three trees
-    then go into the container."""
+    The patch is always applied on the host (git, patch); the three trees are then the backend's
+    three sides (with the docker backend they go into the container)."""
     if ws.exists():
         shutil.rmtree(ws)
     (ws / "logs").mkdir(parents=True)
     (ws / "current").mkdir()
     agent_src = ws / "agent" / "src"
-    subs = getattr(backend, "submodules", None)  # where submodule histories come from
-    export_tree(repo, inst.base_sha, agent_src, subs)
+    export_tree(repo, inst.base_sha, agent_src, backend.submodules)
     init_tree(agent_src)
     patch_file = ws / "agent.patch"
     patch_file.write_text(req.patch)
     applied = apply_patch(agent_src, patch_file)
     shutil.rmtree(agent_src / ".git", ignore_errors=True)
     if applied.ok:
-        if getattr(backend, "name", "") == "docker":
-            sources = {
-                "old": git_archive(repo, inst.base_sha, subs),
-                "expert": git_archive(repo, inst.expert_sha, subs),
-                "agent": _tar_tree(agent_src),
-            }
-            backend.prepare_sources(sources, repo, inst.expert_sha)
-        else:
-            export_tree(repo, inst.base_sha, ws / "old" / "src", subs)
-            export_tree(repo, inst.expert_sha, ws / "expert" / "src", subs)
+        backend.prepare(repo, {"old": inst.base_sha, "agent": agent_src, "expert": inst.expert_sha})
     _write(out / "build.log", applied.log + "\n")
     if not applied.ok:
         raise _Stop(
@@ -194,19 +170,20 @@ def _prepare(req: EvalRequest, inst: EvalInstance, backend: Any, repo: Path, out
     return applied.method
 
 
-def _build_all(backend: Any, out: Path, applied_with: str, phase: Phase) -> None:
-    for i, side in enumerate(SIDES):
-        phase("build", i, 3)
-        steps = backend.build(side)
+def _build_all(backend: Backend, out: Path, applied_with: str, phase: Phase) -> None:
+    def keep_logs(side: SideName, steps: list[StepResult]) -> None:
         with (out / "build.log").open("a") as fh:
             for st in steps:
                 if st.log_path and st.log_path.is_file():
                     fh.write(
                         f"\n===== {side} {st.step} =====\n{st.log_path.read_text(errors='replace')[-200_000:]}"
                     )
-        last = steps[-1]
-        if last.ok:
-            continue
+
+    failed = build_sides(
+        backend, SIDES, on_built=keep_logs, phase=lambda _p, done, total: phase("build", done, total)
+    )
+    if failed is not None:
+        side, last = failed.side, failed.step
         if side == "agent":
             raise _Stop(
                 _verdict(
@@ -229,7 +206,7 @@ def _build_all(backend: Any, out: Path, applied_with: str, phase: Phase) -> None
 
 
 def _correctness(
-    backend: Any,
+    backend: Backend,
     tests: dict[str, TestCase],
     limits_for: Callable[[TestCase], Limits],
     out: Path,
@@ -258,19 +235,11 @@ def _correctness(
     return failures
 
 
-def _tar_tree(root: Path) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for path in sorted(root.rglob("*")):
-            tar.add(path, arcname=str(path.relative_to(root)), recursive=False)
-    return buf.getvalue()
-
-
 def _run(
     req: EvalRequest,
     inst: EvalInstance,
     s: Settings,
-    backend: Any,
+    backend: Backend,
     repo: Path,
     out: Path,
     phase: Phase,
@@ -289,17 +258,11 @@ def _run(
     if not common:
         return _verdict(EvalVerdict.INSTANCE_BROKEN, "no test exists on all three sides", applied=True)
 
-    def limits_for(t: TestCase) -> Limits:
-        timeout = t.timeout or ev.test_timeout
-        return Limits(
-            timeout=timeout,
-            cpu_seconds=int(timeout * 2) + 1,
-            memory_mb=s.builder.memory_limit_mb,
-            processes=s.builder.max_processes,
-        )
+    def limits(t: TestCase, cpu: int | None = None) -> Limits:
+        return limits_for(t, s.builder, timeout=ev.test_timeout, cpu=cpu)
 
     info = {"applied": True, "applied_with": applied_with, "builds": True, "tests": common}
-    failures = _correctness(backend, {n: tests["agent"][n] for n in common}, limits_for, out, phase)
+    failures = _correctness(backend, {n: tests["agent"][n] for n in common}, limits, out, phase)
     if failures:
         verdict = EvalVerdict.TIMEOUT if all(f["timed_out"] for f in failures) else EvalVerdict.TESTS_FAILED
         names = ", ".join(f["test"] for f in failures)
@@ -310,12 +273,11 @@ def _run(
             "failing_tests": failures,
         }
     timed = [n for n in common if n in set(inst.improved_tests)] or common
-    pin = max(os.sched_getaffinity(0)) if s.builder.pin_cpu else None
+    pin = pinned_cpu(s.builder)
 
     def run_one(side: str, name: str) -> RunResult:
         t = tests[side][name]
-        res: RunResult = backend.run_test(side, t, Limits(**{**limits_for(t).__dict__, "cpu": pin}))
-        return normalise(t, res)
+        return normalise(t, backend.run_test(side, t, limits(t, pin)))
 
     meas = measure(
         timed,

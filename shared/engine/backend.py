@@ -20,6 +20,7 @@ import io
 import os
 import shutil
 import tarfile
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,21 +38,76 @@ from cppperf.shared.engine.sandbox import Limits, RunResult, run
 from cppperf.shared.engine.submodules import Sources, archive
 from cppperf.shared.errors import InfraFailure
 
-SideName = str  # "old"/"new" for the builder; the evaluator adds "agent" and "expert"
+SideName = str  # any name: "old"/"new" for the builder, "old"/"agent"/"expert" for the evaluator
 SIDES: tuple[SideName, SideName] = ("old", "new")
+Source = str | Path  # a commit of the repository (sha), or a tree already on this host (directory)
+Sides = Mapping[SideName, Source]
 
 
 class Backend(Protocol):
+    """Where builds and test runs happen. Sides are data: `prepare(repo, {"old": sha, "new": sha})`
+    for the builder, `{"old": sha, "agent": Path(patched tree), "expert": sha}` for the evaluator."""
+
     name: str
     spec: BuildSpec  # replaced (and the trees prepared again) to build in another build type
+    submodules: Sources  # where submodule histories come from
 
-    def prepare(self, repo_path: Path, shas: dict[SideName, str]) -> None: ...
+    @property
+    def installed(self) -> list[str]:
+        """Debian packages installed beyond the base image (docker backend)."""
+        ...
+
+    def prepare(self, repo_path: Path, sides: Sides) -> None: ...
     def build(self, side: SideName) -> list[StepResult]: ...
     def tests(self, side: SideName) -> list[TestCase]: ...
     def binaries_identical(self, tests: list[str]) -> bool: ...
     def run_test(self, side: SideName, test: TestCase, limits: Limits) -> RunResult: ...
     def cleanup(self) -> None: ...
     def commit(self, image: str, record: dict[str, Any]) -> str: ...
+    def push(self, image: str, registry: str) -> str: ...
+    def read_record(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class SideFailure:
+    side: SideName
+    step: StepResult  # the step that failed (the last one run on that side)
+
+
+def build_sides(
+    backend: Backend,
+    sides: Sequence[SideName],
+    *,
+    on_built: Callable[[SideName, list[StepResult]], None] | None = None,
+    phase: Callable[[str, int, int], None] | None = None,
+) -> SideFailure | None:
+    """Configure and build every side in order; stop at the first failure and return it."""
+    for i, side in enumerate(sides):
+        if phase is not None:
+            phase(f"build {side}", i, len(sides))
+        steps = backend.build(side)
+        if on_built is not None:
+            on_built(side, steps)
+        if not steps[-1].ok:
+            return SideFailure(side, steps[-1])
+    return None
+
+
+def export_source(repo_path: Path, source: Source, dest: Path, submodules: Sources | None = None) -> None:
+    """Write a side's tree into `dest`: a commit through `export_tree`, a host tree by copying."""
+    if isinstance(source, Path):
+        shutil.copytree(source, dest, symlinks=True, dirs_exist_ok=True)
+    else:
+        export_tree(repo_path, source, dest, submodules)
+
+
+def tar_tree(root: Path) -> bytes:
+    """A directory as tar bytes (names relative to `root`, symlinks kept as links)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path in sorted(root.rglob("*")):
+            tar.add(path, arcname=str(path.relative_to(root)), recursive=False)
+    return buf.getvalue()
 
 
 def export_tree(repo_path: Path, sha: str, dest: Path, submodules: Sources | None = None) -> None:
@@ -74,6 +130,7 @@ class LocalBackend:
     same_path: bool = False  # every side built and run at <workspace>/current (mount namespace)
     submodules: Sources = field(default_factory=Sources)
     name: str = "local"
+    installed: list[str] = field(default_factory=list)  # nothing is installed on the host
 
     def side_dir(self, side: SideName) -> Path:
         return self.workspace / side
@@ -93,13 +150,25 @@ class LocalBackend:
     def logs(self) -> Path:
         return self.workspace / "logs"
 
-    def prepare(self, repo_path: Path, shas: dict[SideName, str]) -> None:
+    def prepare(self, repo_path: Path, sides: Sides) -> None:
+        """Export every side's tree into the workspace. A host tree given as a side may live in the
+        workspace already (the evaluator patches one there): it is kept, not wiped."""
+        keep = {s for s in sides.values() if isinstance(s, Path) and self.workspace in s.parents}
         if self.workspace.exists():
-            shutil.rmtree(self.workspace)
-        self.logs.mkdir(parents=True)
-        self.current.mkdir()
-        for side in SIDES:
-            export_tree(repo_path, shas[side], self.side_dir(side) / "src", self.submodules)
+            for entry in self.workspace.iterdir():
+                if any(entry == k or entry in k.parents for k in keep):
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.current.mkdir(exist_ok=True)
+        for side, source in sides.items():
+            dest = self.side_dir(side) / "src"
+            if isinstance(source, Path) and source.resolve() == dest.resolve():
+                continue
+            export_source(repo_path, source, dest, self.submodules)
 
     def _env(self) -> dict[str, str]:
         return tool_env(self.workspace / "ccache", self.workspace if self.ccache_basedir else None)
@@ -168,4 +237,10 @@ class LocalBackend:
         shutil.rmtree(self.workspace, ignore_errors=True)
 
     def commit(self, image: str, record: dict[str, Any]) -> str:
+        raise NotImplementedError("instance images need the docker backend")
+
+    def push(self, image: str, registry: str) -> str:
+        raise NotImplementedError("instance images need the docker backend")
+
+    def read_record(self) -> dict[str, Any]:
         raise NotImplementedError("instance images need the docker backend")

@@ -69,13 +69,16 @@ def make_backend(
     *,
     source: tuple[Path, str, str] | None = None,
     from_image: str | None = None,
+    sandbox: bool | None = None,
 ) -> Backend:
+    """`sandbox` overrides `builder.sandbox` for the local backend (the evaluator always sandboxes
+    agents' code; containers are isolated anyway)."""
     if settings.backend == "local":
         return LocalBackend(
             workspace,
             build_spec(settings),
             dict(settings.thread_env),
-            sandbox=settings.sandbox,
+            sandbox=settings.sandbox if sandbox is None else sandbox,
             output_limit=settings.output_limit,
             ccache_basedir=settings.ccache_basedir,
             same_path=settings.same_path and mount_namespace_available(),

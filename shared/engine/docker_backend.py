@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cppperf.shared.domain import FailureCategory
-from cppperf.shared.engine.backend import SideName
+from cppperf.shared.engine.backend import SideName, Sides, tar_tree
 from cppperf.shared.engine.cmake import (
     BuildSpec,
     StepResult,
@@ -99,21 +99,20 @@ class DockerBackend:
             self.container.put_archive(f"{WORK}/{side}/src", data)
         self._root(["chown", "-R", f"{UID}:{UID}", WORK])
 
-    def prepare(self, repo_path: Path, shas: dict[SideName, str]) -> None:
+    def prepare(self, repo_path: Path, sides: Sides) -> None:
+        """Start the container and load every side: a commit by `git archive`, a host tree as tar.
+        CMake test options come from the last side given as a commit (`new`, or the expert's)."""
         self.logs.mkdir(parents=True, exist_ok=True)
         if self.from_image is not None:
             self._start(self.from_image)
             return
-        self._sources = {side: git_archive(repo_path, sha, self.submodules) for side, sha in shas.items()}
-        self._test_options = test_options_from_text(cmake_texts(repo_path, shas["new"]))
-        self._start(ensure_env_image(self.client, self.base_image, self.packages))
-        self._load_sources()
-
-    def prepare_sources(self, sources: dict[SideName, bytes], repo_path: Path, options_sha: str) -> None:
-        """Like `prepare`, for trees given as tar bytes (the evaluator's patched agent tree)."""
-        self.logs.mkdir(parents=True, exist_ok=True)
-        self._sources = dict(sources)
-        self._test_options = test_options_from_text(cmake_texts(repo_path, options_sha))
+        self._sources = {
+            side: tar_tree(src) if isinstance(src, Path) else git_archive(repo_path, src, self.submodules)
+            for side, src in sides.items()
+        }
+        options_from = next((s for s in reversed(list(sides.values())) if isinstance(s, str)), None)
+        if options_from is not None:
+            self._test_options = test_options_from_text(cmake_texts(repo_path, options_from))
         self._start(ensure_env_image(self.client, self.base_image, self.packages))
         self._load_sources()
 
@@ -253,6 +252,14 @@ class DockerBackend:
         repo, _, tag = image.partition(":")
         self.container.commit(repository=repo, tag=tag or "latest")
         return image
+
+    def push(self, image: str, registry: str) -> str:
+        """Tag the instance image for `registry` and push it; the remote name."""
+        remote = f"{registry}/{image}"
+        repo, _, tag = remote.rpartition(":")
+        self.client.images.get(image).tag(repo, tag)
+        self.client.images.push(repo, tag=tag)
+        return remote
 
     def read_record(self) -> dict[str, Any]:
         code, out = self.container.exec_run(["cat", f"{WORK}/instance.json"], user="0")
