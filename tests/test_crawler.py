@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from cppperf.demo import DemoRepo
-from cppperf.services.crawler.app import submit
 from cppperf.services.crawler.checks import check_repository
+from cppperf.services.crawler.handlers import submit
 from cppperf.services.crawler.sources import candidate_for
 from cppperf.shared import messages as m
 from cppperf.shared.service import ServiceContext

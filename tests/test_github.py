@@ -161,7 +161,7 @@ async def test_empty_search(n: int) -> None:
 
 @pytest.mark.nats
 async def test_crawl_search_publishes_checked_candidates(ctx: Any, demo_repo: Any, tmp_path: Any) -> None:
-    from cppperf.services.crawler.app import crawl_search
+    from cppperf.services.crawler.handlers import crawl_search
 
     repos = make_repos(3)
     repos[0]["clone_url"] = str(demo_repo.path)  # "cloned" from the local demo repository

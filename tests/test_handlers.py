@@ -318,3 +318,29 @@ async def test_classifier_reads_the_diff_by_reference(fctx: FakeContext) -> None
     ref = await fctx.store.put_blob("diff/o/r@a", DIFF.encode())
     clf = Classifier.create(fctx.settings.classifier, StoreCache(fctx.store))
     assert await on_selected(fctx, clf, msgspec_replace(commit(), diff="", diff_ref=ref)) is True
+
+
+# ------------------------------------------------------------------------------------ crawler
+async def test_crawler_submits_a_good_repo_and_records_bad_ones(
+    fctx: FakeContext, demo_repo: DemoRepo, tmp_path: Path
+) -> None:
+    from cppperf.services.crawler.handlers import submit
+
+    not_cpp = tmp_path / "py"
+    from tests.gitrepo import commit_files
+
+    commit_files(not_cpp, {"a.py": "x = 1\n" * 100}, "init")
+    report = await submit(fctx, [str(demo_repo.path), str(not_cpp), "::not a spec::"], validate=True)
+    assert report.published == [f"local/{demo_repo.path.name}"]
+    assert len(report.rejected) == 2
+    [cand] = fctx.bus.on(m.REPO_CANDIDATE)
+    assert cand.language == "C++"
+    rec = await fctx.store.get("repos", "local/py")
+    assert rec is not None and rec["stage"] == Stage.REJECTED and rec["by"] == "crawler"
+    # submitted again (a later crawl within JetStream's dedup window): one candidate on the bus
+    await submit(fctx, [str(demo_repo.path)], validate=True)
+    assert len(fctx.bus.on(m.REPO_CANDIDATE)) == 1
+    # without validation the repo goes straight to the filter
+    fresh = FakeContext(fctx.settings)
+    await submit(fresh, [str(demo_repo.path)], validate=False)
+    assert [f.validated for f in fresh.bus.on(m.REPO_FOUND)] == [False]

@@ -97,7 +97,7 @@ async def _mine(
     live_view: bool,
 ) -> dict[str, Any]:
     from cppperf.runtime import CONSUMING_SERVICES, run_services
-    from cppperf.services.crawler.app import submit
+    from cppperf.services.crawler.handlers import submit
     from cppperf.shared.bus import wait_drained
 
     async with run_services(settings, url, list(CONSUMING_SERVICES)) as running:
@@ -106,7 +106,7 @@ async def _mine(
         if search:
             from githubkit.exception import GitHubException
 
-            from cppperf.services.crawler.app import crawl_search
+            from cppperf.services.crawler.handlers import crawl_search
             from cppperf.shared.github import GitHubClient
 
             try:
@@ -271,12 +271,12 @@ def serve(
 
     async def main(url: str) -> None:
         if service == "crawler":
-            from cppperf.services.crawler.app import submit
+            from cppperf.services.crawler.handlers import submit
 
             async with connect(s, url) as ctx:
                 report = await submit(ctx, list(s.mining.repos), validate=s.mining.validate_latest)
                 if s.mining.search:
-                    from cppperf.services.crawler.app import crawl_search
+                    from cppperf.services.crawler.handlers import crawl_search
                     from cppperf.shared.github import GitHubClient
 
                     found = await crawl_search(ctx, GitHubClient(s.github), validate=s.mining.validate_latest)

@@ -1,4 +1,5 @@
-"""Crawler wiring: a source, not a consumer. `submit` checks each repository and publishes
+"""The crawler's handlers (a source, not a consumer: no app.py to wire; `cppperf mine`/`serve
+crawler` call these). `submit` checks each repository and publishes
 `repo.candidate` (or `repo.found` directly when `mining.validate_latest` is off or no builder runs);
 `crawl_search` enumerates GitHub search results and submits those with a root CMakeLists.txt."""
 
@@ -13,11 +14,12 @@ from cppperf.services.crawler.checks import check_repository
 from cppperf.services.crawler.search import search_repositories
 from cppperf.services.crawler.sources import candidate_for
 from cppperf.shared import messages as m
+from cppperf.shared.domain import Stage
 from cppperf.shared.errors import CppPerfError
 from cppperf.shared.github import GitHubClient
 from cppperf.shared.logging import get_logger
 from cppperf.shared.mirror import ensure_local
-from cppperf.shared.service import ServiceContext
+from cppperf.shared.ports import StageContext
 
 log = get_logger(__name__)
 
@@ -29,7 +31,7 @@ class SubmitReport:
 
 
 async def submit(
-    ctx: ServiceContext, specs: list[str], *, validate: bool, repo_ids: dict[str, str] | None = None
+    ctx: StageContext, specs: list[str], *, validate: bool, repo_ids: dict[str, str] | None = None
 ) -> SubmitReport:
     report = SubmitReport()
     settings = ctx.settings
@@ -51,13 +53,15 @@ async def submit(
         if reason:
             report.rejected[cand.repo] = reason
             await ctx.store.put(
-                "repos", cand.repo, {"stage": "rejected", "by": "crawler", "reason": reason, "url": cand.url}
+                "repos",
+                cand.repo,
+                {"stage": Stage.REJECTED, "by": "crawler", "reason": reason, "url": cand.url},
             )
             log.info("repo_rejected", repo=cand.repo, reason=reason)
             continue
         cand = m.RepoCandidate(repo=cand.repo, url=cand.url, source=cand.source, language=language)
         # update, not put: a resumed run keeps what later stages recorded (validated head, walk)
-        await ctx.store.update("repos", cand.repo, stage="candidate", url=cand.url, source=cand.source)
+        await ctx.store.update("repos", cand.repo, stage=Stage.CANDIDATE, url=cand.url, source=cand.source)
         if validate:
             await ctx.bus.publish(m.REPO_CANDIDATE, cand)
         else:
@@ -69,7 +73,7 @@ async def submit(
 class StoreProgress:
     """Search progress in the store's `progress` bucket, one record per query."""
 
-    def __init__(self, ctx: ServiceContext, key: str) -> None:
+    def __init__(self, ctx: StageContext, key: str) -> None:
         self.ctx = ctx
         self.key = key
 
@@ -94,7 +98,7 @@ class StoreProgress:
         await self.ctx.store.put("progress", self.key, rec)
 
 
-async def crawl_search(ctx: ServiceContext, client: GitHubClient, *, validate: bool) -> SubmitReport:
+async def crawl_search(ctx: StageContext, client: GitHubClient, *, validate: bool) -> SubmitReport:
     """Enumerate C++ repositories with ≥ min_stars (not forks, not archived) and submit them."""
     s = ctx.settings.mining
     report = SubmitReport()
@@ -102,13 +106,13 @@ async def crawl_search(ctx: ServiceContext, client: GitHubClient, *, validate: b
     async for item in search_repositories(client, min_stars=s.min_stars, progress=progress):
         repo = str(item["full_name"])
         prior = await ctx.store.get("repos", repo)
-        if prior is not None and prior.get("stage") != "rejected":
+        if prior is not None and prior.get("stage") != Stage.REJECTED:
             continue  # known from an earlier crawl
         paths = await client.tree_paths(repo, str(item.get("default_branch") or "HEAD"))
         if "CMakeLists.txt" not in paths:
             reason = "no CMakeLists.txt at the repository root"
             report.rejected[repo] = reason
-            await ctx.store.update("repos", repo, stage="rejected", by="crawler", reason=reason)
+            await ctx.store.update("repos", repo, stage=Stage.REJECTED, by="crawler", reason=reason)
             continue
         sub = await submit(
             ctx, [str(item["clone_url"])], validate=validate, repo_ids={str(item["clone_url"]): repo}
