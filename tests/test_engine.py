@@ -1,0 +1,76 @@
+"""The engine's interface: sides are data (commits or host trees, any names), `build_sides` stops
+at the first failure, `limits_for` is the one place test limits come from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from cppperf.shared.engine.backend import LocalBackend, build_sides
+from cppperf.shared.engine.cmake import BuildSpec, StepResult
+from cppperf.shared.engine.cmake import TestCase as CTest
+from cppperf.shared.engine.limits import limits_for, pinned_cpu
+from cppperf.shared.engine.sandbox import RunResult
+from cppperf.shared.settings import load_settings
+from tests.gitrepo import commit_files
+
+
+def test_sides_are_data_commits_and_host_trees(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    first = commit_files(repo, {"a.txt": "one\n"}, "one")
+    second = commit_files(repo, {"a.txt": "two\n"}, "two")
+    ws = tmp_path / "ws"
+    patched = ws / "agent" / "src"  # a tree prepared in the workspace beforehand (the evaluator's)
+    patched.mkdir(parents=True)
+    (patched / "a.txt").write_text("patched\n")
+    stale = ws / "stale"
+    stale.mkdir()
+    backend = LocalBackend(ws, BuildSpec(), {})
+    backend.prepare(repo, {"old": first, "agent": patched, "expert": second})
+    assert (ws / "old" / "src" / "a.txt").read_text() == "one\n"
+    assert (ws / "agent" / "src" / "a.txt").read_text() == "patched\n"
+    assert (ws / "expert" / "src" / "a.txt").read_text() == "two\n"
+    assert not stale.exists() and (ws / "logs").is_dir()
+    outside = tmp_path / "tree"
+    outside.mkdir()
+    (outside / "a.txt").write_text("copied\n")
+    backend.prepare(repo, {"new": outside})
+    assert (ws / "new" / "src" / "a.txt").read_text() == "copied\n" and not (ws / "old").exists()
+
+
+class _Scripted:
+    """A backend whose builds fail on the sides named in `failing`."""
+
+    def __init__(self, failing: set[str]) -> None:
+        self.failing = failing
+        self.built: list[str] = []
+
+    def build(self, side: str) -> list[StepResult]:
+        self.built.append(side)
+        res = RunResult(1 if side in self.failing else 0, 0.1, 0.1, "boom", False, False)
+        return [StepResult("configure", side not in self.failing, res)]
+
+
+def test_build_sides_stops_at_the_first_failure() -> None:
+    seen: list[tuple[str, int]] = []
+    backend: Any = _Scripted({"agent"})
+    failed = build_sides(
+        backend, ["old", "agent", "expert"], on_built=lambda s, st: seen.append((s, len(st)))
+    )
+    assert failed is not None and failed.side == "agent" and not failed.step.ok
+    assert backend.built == ["old", "agent"] and seen == [("old", 1), ("agent", 1)]
+    assert build_sides(_Scripted(set()), ["old", "new"]) is None  # type: ignore[arg-type]
+
+
+def test_limits_for_uses_the_ctest_timeout_first() -> None:
+    s = load_settings(
+        env={}, builder={"test_timeout": 100, "memory_limit_mb": 512, "max_processes": 64}
+    ).builder
+    own = CTest(name="t", command=["t"], cwd="/", timeout=10)
+    none = CTest(name="u", command=["u"], cwd="/")
+    assert limits_for(own, s).timeout == 10 and limits_for(own, s).cpu_seconds == 21
+    assert limits_for(none, s).timeout == 100 and limits_for(none, s, timeout=7).timeout == 7
+    lim = limits_for(none, s, cpu=pinned_cpu(s))
+    assert lim.memory_mb == 512 and lim.processes == 64
+    off = load_settings(env={}, builder={"pin_cpu": False}).builder
+    assert pinned_cpu(off) is None
