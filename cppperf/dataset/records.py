@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cppperf.shared.domain import Verdict
+from cppperf.shared.engine.images import instance_image_name
 from cppperf.shared.files import write_atomic
 from cppperf.shared.messages import instance_id as make_instance_id
 
@@ -241,5 +242,5 @@ def swebench_row(r: dict[str, Any]) -> dict[str, Any]:
         "problem_statement": statement.strip(),
         "created_at": ci.get("commit_date"),
         "improved_tests": list((r.get("tests") or {}).get("significant_improvements_tests") or []),
-        "image": f"cppperf/{repo.replace('/', '__').lower()}:{ci['new_sha'][:12]}",
+        "image": instance_image_name(repo, ci["new_sha"]),
     }
