@@ -208,15 +208,35 @@ class Environment(msgspec.Struct, kw_only=True):
     pinned_cpu: bool = False
 
 
+class Attempt(msgspec.Struct, kw_only=True):
+    """One build type tried (the fallback build type makes a second)."""
+
+    build_type: str
+    verdict: Verdict
+    failure_category: FailureCategory | None = None
+    failure_step: str = ""
+    failure_lines: list[str] = msgspec.field(default_factory=list)
+    failure_detail: str = ""
+    tried: list[str] = msgspec.field(default_factory=list)
+    build_steps: list[BuildStep] = msgspec.field(default_factory=list)
+
+
 class InstanceMeta(msgspec.Struct, kw_only=True):
     """The instance record's `cppperf` section."""
 
     record_version: int = 1
     instance_id: str
+    imported_from: str | None = None  # a published CppPerf-DB file (`cppperf dataset import`)
     verdict: Verdict
     verdict_paper_rule: Verdict | None = None
+    improved_tests: list[str] = msgspec.field(default_factory=list)  # imported records
+    regressed_tests: list[str] = msgspec.field(default_factory=list)
     failure_category: FailureCategory | None = None
     failure_detail: str = ""
+    failure_step: str = ""  # checkout | configure | build | tests | test
+    failure_lines: list[str] = msgspec.field(default_factory=list)  # the log lines that matter
+    tried: list[str] = msgspec.field(default_factory=list)  # what cppperf did about the failure
+    attempts: list[Attempt] = msgspec.field(default_factory=list)
     builder: str = "local"
     environment: Environment = msgspec.field(default_factory=Environment)
     seed: int | None = None

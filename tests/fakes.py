@@ -52,6 +52,12 @@ class MemoryRecords:
         value = {**value, "id": item_id, "updated_at": now_iso()}
         self.buckets.setdefault(bucket, {})[item_id] = msgspec.json.encode(value)  # JSON, as the KV
 
+    async def create(self, bucket: str, item_id: str, value: dict[str, Any]) -> bool:
+        if item_id in self.buckets.get(bucket, {}):
+            return False
+        await self.put(bucket, item_id, value)
+        return True
+
     async def update(self, bucket: str, item_id: str, **fields: Any) -> dict[str, Any]:
         current = await self.get(bucket, item_id) or {}
         current.update(fields)

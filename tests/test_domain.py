@@ -101,3 +101,16 @@ def test_the_score_block_matches_eval_report() -> None:
     }
     assert set(report) <= set(d.EvalReport.__struct_fields__)
     assert d.to_struct(json.loads(json.dumps(report)), d.EvalReport).per_test is not None
+
+
+def test_imported_records_fit_instance_meta() -> None:
+    from cppperf.dataset.records import to_record
+    from tests.conftest import SHARED_DATA
+
+    files = sorted((SHARED_DATA / "cppperf-db" / "entries").glob("*.json"))[:5]
+    if not files:
+        pytest.skip("no published CppPerf-DB entries on this machine")
+    for f in files:
+        section = to_record(json.loads(f.read_text()), f.name)["cppperf"]
+        assert set(section) <= set(d.InstanceMeta.__struct_fields__), f.name
+        d.to_struct(json.loads(json.dumps(section)), d.InstanceMeta)
