@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from pathlib import Path
 
 
 def write_atomic(path: Path, data: str | bytes) -> Path:
-    """Write `data` to `path` through a temporary sibling and `os.replace`, so a reader (or a crash)
-    never sees half a file; parent directories are created."""
+    """Write `data` to `path` through a temporary file in the same folder and `os.replace`, so a
+    reader (or a crash) never sees half a file; parent directories are created."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    if isinstance(data, bytes):
-        tmp.write_bytes(data)
-    else:
-        tmp.write_text(data)
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return path

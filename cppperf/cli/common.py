@@ -10,11 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import socket
 import sys
-import tempfile
 from collections.abc import Coroutine, Iterator
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -24,6 +22,7 @@ from urllib.parse import urlsplit
 import typer
 from rich.console import Console
 
+from cppperf.shared import files
 from cppperf.shared.errors import ConfigError
 from cppperf.shared.logging import configure_logging
 from cppperf.shared.settings import Settings, check_nats_url, load_settings, parse_date
@@ -176,17 +175,8 @@ def print_json(data: Any) -> None:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write `path` whole or not at all (a temporary file in the same folder, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """Write `path` whole or not at all (`shared.files.write_atomic`)."""
+    files.write_atomic(path, text)
 
 
 # ------------------------------------------------------------------------------------------ NATS
