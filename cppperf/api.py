@@ -64,12 +64,14 @@ def commit_from_repo(
     from cppperf.services.filter.links import LinkResolver
     from cppperf.services.filter.select import to_message
     from cppperf.services.filter.walk import CommitHeader, commit_details, iter_commits
+    from cppperf.shared.errors import BadInput
+    from cppperf.shared.mirror import rev_parse
 
     path = _repo(repo)
-    full = _git(path, "rev-parse", "--verify", "--quiet", f"{sha}^{{commit}}")
-    if full.returncode != 0:
-        raise ValueError(f"unknown commit {sha} in {repo}")
-    full_sha = full.stdout.strip()
+    try:
+        full_sha = rev_parse(path, sha)
+    except BadInput:
+        raise ValueError(f"unknown commit {sha} in {repo}") from None
     header = next(iter_commits(path, f"{full_sha}^!" if parent is None else full_sha), None)
     if header is None or header.sha != full_sha:
         raise ValueError(f"cannot read commit {sha}")
@@ -78,11 +80,12 @@ def commit_from_repo(
             f"{sha} is a merge commit ({len(header.parents)} parents): give the parent to compare with (--parent)"
         )
     if parent is not None:
-        p = _git(path, "rev-parse", "--verify", "--quiet", f"{parent}^{{commit}}")
-        if p.returncode != 0:
-            raise ValueError(f"unknown commit {parent} in {repo}")
+        try:
+            parent_sha = rev_parse(path, parent)
+        except BadInput:
+            raise ValueError(f"unknown commit {parent} in {repo}") from None
         header = CommitHeader(
-            header.sha, (p.stdout.strip(),), header.date, header.author, header.message, header.changes
+            header.sha, (parent_sha,), header.date, header.author, header.message, header.changes
         )
     if not header.parents:
         raise ValueError(f"{sha} is a root commit: give a parent to compare with")
