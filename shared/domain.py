@@ -227,6 +227,7 @@ class InstanceMeta(msgspec.Struct, kw_only=True):
     record_version: int = 1
     instance_id: str
     imported_from: str | None = None  # a published CppPerf-DB file (`cppperf dataset import`)
+    statistics: str | None = None  # how an imported record's verdicts were recomputed
     verdict: Verdict
     verdict_paper_rule: Verdict | None = None
     improved_tests: list[str] = msgspec.field(default_factory=list)  # imported records
