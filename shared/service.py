@@ -1,12 +1,13 @@
 """What every service's `app.py` gets: settings, bus, store, output dir; and `subscribe`, the one
 way a service attaches a handler to its work queue (FastStream pull subscriber, manual acks, our
-ack/heartbeat/dead-letter policy from `shared.worker`)."""
+ack/heartbeat/dead-letter policy from `shared.worker`). Each subscriber is tracked in
+`ctx.liveness` (health probe, in-flight count, abort on shutdown: `runtime.stop_consuming`)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,6 +17,7 @@ from faststream.nats import JStream, NatsBroker, PullSub
 from faststream.nats.annotations import NatsMessage
 
 from cppperf.shared.bus import WORK_QUEUES, Bus
+from cppperf.shared.health import Liveness, Tracked
 from cppperf.shared.settings import Settings
 from cppperf.shared.store import Store
 from cppperf.shared.worker import handle
@@ -29,6 +31,7 @@ class ServiceContext:
     settings: Settings
     bus: Bus
     store: Store
+    liveness: Liveness = field(default_factory=Liveness)
 
     @property
     def out_dir(self) -> Path:
@@ -46,18 +49,38 @@ def subscribe(
     batch_size: int = 1,
 ) -> None:
     q = WORK_QUEUES[subject]
+    pull_timeout = 1.0
+    tracked: list[Tracked] = []
 
     async def on_message(msg: NatsMessage) -> None:
-        await handle(msg.raw_message, bus=ctx.bus, service=service, subject=subject, typ=typ, work=work)
+        t = tracked[0]
+        if t.stopping:  # fetched while shutting down: hand it straight back
+            await msg.raw_message.nak()
+            return
+        t.in_flight += 1
+        try:
+            await handle(
+                msg.raw_message,
+                bus=ctx.bus,
+                service=service,
+                subject=subject,
+                typ=typ,
+                work=work,
+                abort=t.abort,
+            )
+        finally:
+            t.in_flight -= 1
 
     on_message.__name__ = f"{service}_{subject.replace('.', '_')}"
-    broker.subscriber(
+    subscriber = broker.subscriber(
         q.subject,
         stream=JStream(q.stream, declare=False),
         durable=q.durable,
-        pull_sub=PullSub(batch_size=batch_size, timeout=1.0),
+        pull_sub=PullSub(batch_size=batch_size, timeout=pull_timeout),
         ack_policy=AckPolicy.MANUAL,
-    )(on_message)
+    )
+    subscriber(on_message)
+    tracked.append(ctx.liveness.track(subject, service, subscriber, pull_timeout))
 
 
 def call_soon_from_thread(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:

@@ -56,10 +56,16 @@ class BusSettings(msgspec.Struct, kw_only=True):
     ack_wait: float = 60.0  # seconds before an un-acked, silent message is redelivered
     max_deliver: int = 5  # deliveries before a message is dead-lettered
     max_ack_pending: int = 256
-    nak_delay: float = 5.0  # seconds before a transient failure is retried
+    nak_delay: float = 5.0  # seconds before the first retry of a failure; doubles per attempt
+    nak_delay_max: float = 300.0  # cap of the exponential retry delay
     duplicate_window: float = 24 * 3600.0  # Nats-Msg-Id dedup horizon
     heartbeat_interval: float = 0.0  # 0 = ack_wait / 3
     replicas: int = 1  # stream/KV replicas (3 on the compose cluster)
+    reconnect_wait: float = 2.0  # seconds between reconnect attempts (services retry forever)
+    health_interval: float = 5.0  # seconds between liveness probes (heartbeat file refresh)
+    stop_grace: float = 20.0  # on SIGTERM/SIGINT: seconds in-flight work may finish before nak
+    claim_lease: float = 60.0  # seconds a dead holder keeps a job's claim (renewed every third)
+    dlq_inline_limit: int = 64 * 1024  # larger dead-lettered payloads go to the object store
 
     def effective_heartbeat(self) -> float:
         return self.heartbeat_interval or max(self.ack_wait / 3.0, 0.05)
@@ -187,6 +193,7 @@ class Settings(msgspec.Struct, kw_only=True):
     nats_url: str = ""  # empty -> embedded nats-server
     out_dir: str = "cppperf-out"
     log_level: str = "info"
+    health_dir: str = ""  # services' heartbeat files (`cppperf health`); default /tmp/cppperf-health
     bus: BusSettings = msgspec.field(default_factory=BusSettings)
     github: GitHubSettings = msgspec.field(default_factory=GitHubSettings)
     mining: MiningSettings = msgspec.field(default_factory=MiningSettings)
@@ -208,6 +215,9 @@ class Settings(msgspec.Struct, kw_only=True):
             if self.mining.mirror_dir
             else _xdg_data_home() / "cppperf" / "mirrors"
         )
+
+    def health_path(self) -> Path:
+        return Path(self.health_dir or "/tmp/cppperf-health")  # noqa: S108 - per-container state
 
     def work_dir(self) -> Path:
         return Path(self.builder.work_dir) if self.builder.work_dir else _xdg_data_home() / "cppperf" / "work"

@@ -3,28 +3,52 @@
 Buckets: `repos`, `commits`, `instances`, `evaluations` (DESIGN.md), plus `progress` (resumable
 crawl slices) and `cache` (classifier answers). Keys are the stable ids, escaped to the KV key
 alphabet (`[-/_=.a-zA-Z0-9]`; other characters become `=XX`). Values are JSON objects.
-Blobs over `INLINE_LIMIT` bytes go to the object store bucket `blobs`.
+Blobs over `INLINE_LIMIT` bytes go to the object store bucket `blobs`; `claims` holds leases
+(`shared/claims.py`).
+
+Where two stages touch one key, writes are compare-and-set on the entry's revision (`modify`,
+`update`): a concurrent writer makes us re-read and re-apply, never overwrite. A bucket that has
+gone missing (deleted, or never created on this cluster node) is re-created once on the failure
+path, with a `bucket_reprovisioned` log line, and the operation retried.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import msgspec
+from nats.errors import NoRespondersError
 from nats.js import JetStreamContext
 from nats.js import api as js_api
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
+from nats.js.errors import (
+    BucketNotFoundError,
+    KeyDeletedError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NoKeysError,
+    NoStreamResponseError,
+    NotFoundError,
+    ObjectNotFoundError,
+)
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from cppperf.shared.domain import InstanceState, to_struct
+from cppperf.shared.errors import TransientError
+from cppperf.shared.logging import get_logger
 from cppperf.shared.ports import Records
 
-BUCKETS: Final = ("repos", "commits", "instances", "evaluations", "progress", "cache")
+log = get_logger(__name__)
+T = TypeVar("T")
+Change = Callable[[dict[str, Any] | None], dict[str, Any] | None]
+
+BUCKETS: Final = ("repos", "commits", "instances", "evaluations", "progress", "cache", "claims")
+CAS_ATTEMPTS: Final = 20
+_STREAM_NOT_FOUND: Final = 10059  # JetStream API err_code
 BLOB_BUCKET: Final = "blobs"
 INLINE_LIMIT: Final = 256 * 1024
 
@@ -45,70 +69,150 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat()
 
 
+def _bucket_gone(exc: BaseException) -> bool:
+    """True when `exc` says the bucket's stream does not exist (not: the key does not)."""
+    if isinstance(exc, KeyNotFoundError | KeyDeletedError | NoKeysError | ObjectNotFoundError):
+        return False
+    if isinstance(exc, BucketNotFoundError | NoRespondersError | NoStreamResponseError):
+        return True
+    return isinstance(exc, NotFoundError) and exc.err_code == _STREAM_NOT_FOUND
+
+
 class Store:
-    def __init__(self, js: JetStreamContext, kv: dict[str, KeyValue], blobs: ObjectStore) -> None:
+    def __init__(
+        self, js: JetStreamContext, kv: dict[str, KeyValue], blobs: ObjectStore, *, replicas: int = 1
+    ) -> None:
         self.js = js
         self._kv = kv
         self._blobs = blobs
+        self.replicas = replicas
 
     @classmethod
     async def open(cls, js: JetStreamContext, *, replicas: int = 1) -> Store:
         kv: dict[str, KeyValue] = {}
         for name in BUCKETS:
-            try:
-                kv[name] = await js.key_value(name)
-            except BucketNotFoundError:
-                kv[name] = await js.create_key_value(
-                    js_api.KeyValueConfig(bucket=name, history=1, replicas=replicas)
-                )
+            kv[name] = await _open_bucket(js, name, replicas)
+        return cls(js, kv, await open_blobs(js, replicas), replicas=replicas)
+
+    # ---------------------------------------------------------------- missing buckets
+    async def _on_kv(self, bucket: str, op: Callable[[KeyValue], Awaitable[T]]) -> T:
+        """Run `op` on the bucket; if the bucket is gone, re-create it once and retry."""
         try:
-            blobs = await js.object_store(BLOB_BUCKET)
-        except (BucketNotFoundError, NotFoundError):
-            blobs = await js.create_object_store(BLOB_BUCKET, js_api.ObjectStoreConfig(replicas=replicas))
-        return cls(js, kv, blobs)
+            return await op(self._kv[bucket])
+        except Exception as exc:
+            if not _bucket_gone(exc):
+                raise
+            log.warning("bucket_reprovisioned", bucket=bucket, error=str(exc) or type(exc).__name__)
+            self._kv[bucket] = await _open_bucket(self.js, bucket, self.replicas)
+        return await op(self._kv[bucket])
+
+    async def _on_blobs(self, op: Callable[[ObjectStore], Awaitable[T]]) -> T:
+        try:
+            return await op(self._blobs)
+        except Exception as exc:
+            if not _bucket_gone(exc):
+                raise
+            log.warning("bucket_reprovisioned", bucket=BLOB_BUCKET, error=str(exc) or type(exc).__name__)
+            self._blobs = await open_blobs(self.js, self.replicas)
+        return await op(self._blobs)
 
     # ---------------------------------------------------------------- records
+    async def entry(self, bucket: str, item_id: str) -> tuple[dict[str, Any], int] | None:
+        """The record and its revision (for compare-and-set), or None."""
+        key = encode_key(item_id)
+
+        async def op(kv: KeyValue) -> tuple[dict[str, Any], int] | None:
+            try:
+                e = await kv.get(key)
+            except (KeyNotFoundError, KeyDeletedError):
+                return None
+            if e.value is None or e.revision is None:
+                return None
+            value: dict[str, Any] = msgspec.json.decode(e.value)
+            return value, e.revision
+
+        return await self._on_kv(bucket, op)
+
     async def get(self, bucket: str, item_id: str) -> dict[str, Any] | None:
-        try:
-            entry = await self._kv[bucket].get(encode_key(item_id))
-        except KeyNotFoundError:
-            return None
-        if entry.value is None:
-            return None
-        value: dict[str, Any] = msgspec.json.decode(entry.value)
-        return value
+        found = await self.entry(bucket, item_id)
+        return None if found is None else found[0]
 
     async def put(self, bucket: str, item_id: str, value: dict[str, Any]) -> None:
-        value = {**value, "id": item_id, "updated_at": now_iso()}
-        await self._kv[bucket].put(encode_key(item_id), msgspec.json.encode(value))
+        """Unconditional write: only for keys one stage owns alone."""
+        data = msgspec.json.encode({**value, "id": item_id, "updated_at": now_iso()})
+        await self._on_kv(bucket, lambda kv: kv.put(encode_key(item_id), data))
 
     async def create(self, bucket: str, item_id: str, value: dict[str, Any]) -> bool:
         """Write only if absent; False when another worker already recorded this item."""
-        value = {**value, "id": item_id, "updated_at": now_iso()}
+        data = msgspec.json.encode({**value, "id": item_id, "updated_at": now_iso()})
         try:
-            await self._kv[bucket].create(encode_key(item_id), msgspec.json.encode(value))
-        except Exception as exc:  # nats raises KeyWrongLastSequenceError / BadRequest on exists
+            await self._on_kv(bucket, lambda kv: kv.create(encode_key(item_id), data))
+        except KeyWrongLastSequenceError:
+            return False
+        except Exception as exc:  # older servers answer BadRequest "key exists"
             if "wrong last sequence" in str(exc).lower() or "exists" in str(exc).lower():
                 return False
             raise
         return True
 
-    async def update(self, bucket: str, item_id: str, **fields: Any) -> dict[str, Any]:
-        current = await self.get(bucket, item_id) or {}
-        current.update(fields)
-        await self.put(bucket, item_id, current)
-        return current
+    async def modify(self, bucket: str, item_id: str, change: Change) -> dict[str, Any] | None:
+        """Compare-and-set: apply `change` to the current record (None when absent) and write the
+        result only if nobody wrote in between; re-read and re-apply otherwise. `change` returning
+        None means "leave it as it is". Returns the record as stored."""
+        key = encode_key(item_id)
+        for _ in range(CAS_ATTEMPTS):
+            found = await self.entry(bucket, item_id)
+            current = None if found is None else dict(found[0])
+            new = change(None if current is None else dict(current))
+            if new is None:
+                return current
+            new = {**new, "id": item_id, "updated_at": now_iso()}
+            data = msgspec.json.encode(new)
+            try:
+                await self._write_if(bucket, key, data, None if found is None else found[1])
+            except KeyWrongLastSequenceError:
+                continue  # another writer won this round: read again
+            return new
+        raise TransientError(f"{bucket}/{item_id}: {CAS_ATTEMPTS} concurrent writes in a row")
 
-    async def delete(self, bucket: str, item_id: str) -> None:
-        with contextlib.suppress(KeyNotFoundError):
-            await self._kv[bucket].purge(encode_key(item_id))
+    async def _write_if(self, bucket: str, key: str, data: bytes, revision: int | None) -> None:
+        """Create when `revision` is None, else update only at that revision."""
+
+        async def op(kv: KeyValue) -> int:
+            if revision is None:
+                return await kv.create(key, data)
+            return await kv.update(key, data, last=revision)
+
+        await self._on_kv(bucket, op)
+
+    async def update(self, bucket: str, item_id: str, **fields: Any) -> dict[str, Any]:
+        """Set `fields` on the record (compare-and-set: other fields written meanwhile are kept)."""
+        rec = await self.modify(bucket, item_id, lambda cur: {**(cur or {}), **fields})
+        assert rec is not None
+        return rec
+
+    async def delete(self, bucket: str, item_id: str, *, revision: int | None = None) -> bool:
+        """Remove the record; with `revision`, only if it is still that revision."""
+        key = encode_key(item_id)
+        try:
+            if revision is None:
+                await self._on_kv(bucket, lambda kv: kv.purge(key))
+            else:
+                await self._on_kv(bucket, lambda kv: kv.delete(key, last=revision))
+        except KeyNotFoundError:
+            return False
+        except KeyWrongLastSequenceError:
+            return False
+        return True
 
     async def ids(self, bucket: str) -> list[str]:
-        try:
-            keys = await self._kv[bucket].keys()
-        except NoKeysError:
-            return []
-        return [decode_key(k) for k in keys]
+        async def op(kv: KeyValue) -> list[str]:
+            try:
+                return list(await kv.keys())
+            except NoKeysError:
+                return []
+
+        return [decode_key(k) for k in await self._on_kv(bucket, op)]
 
     async def all(self, bucket: str) -> list[dict[str, Any]]:
         out = []
@@ -121,11 +225,11 @@ class Store:
     # ---------------------------------------------------------------- blobs
     async def put_blob(self, name: str, data: bytes) -> str:
         key = encode_key(name)
-        await self._blobs.put(key, data)
+        await self._on_blobs(lambda b: b.put(key, data))
         return key
 
     async def get_blob(self, ref: str) -> bytes:
-        res = await self._blobs.get(ref)
+        res = await self._on_blobs(lambda b: b.get(ref))
         return bytes(res.data or b"")
 
     async def inline_or_ref(self, name: str, text: str) -> tuple[str, str | None]:
@@ -149,3 +253,17 @@ async def instance_record(records: Records, iid: str) -> dict[str, Any] | None:
         return None
     record: dict[str, Any] = json.loads(await records.resolve_text(state.record, state.record_ref))
     return record
+
+
+async def _open_bucket(js: JetStreamContext, name: str, replicas: int) -> KeyValue:
+    try:
+        return await js.key_value(name)
+    except BucketNotFoundError:
+        return await js.create_key_value(js_api.KeyValueConfig(bucket=name, history=1, replicas=replicas))
+
+
+async def open_blobs(js: JetStreamContext, replicas: int) -> ObjectStore:
+    try:
+        return await js.object_store(BLOB_BUCKET)
+    except (BucketNotFoundError, NotFoundError):
+        return await js.create_object_store(BLOB_BUCKET, js_api.ObjectStoreConfig(replicas=replicas))

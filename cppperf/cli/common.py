@@ -243,6 +243,7 @@ def run_async(coro: Coroutine[Any, Any, T], *, waiting_for: str = "the services 
 
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(signal.SIGINT, on_sigint)
+            loop.add_signal_handler(signal.SIGTERM, on_sigint)  # `kill`, `docker stop`: the same
         return await coro
 
     try:

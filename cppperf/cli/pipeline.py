@@ -260,7 +260,7 @@ def serve(
 
     Example: CPPPERF_NATS_URL=nats://nats:4222 cppperf serve builder
     """
-    from cppperf.runtime import ALL_SERVICES, NOT_YET, connect, nats_endpoint, run_services
+    from cppperf.runtime import ALL_SERVICES, NOT_YET, connect, nats_endpoint, run, run_services
 
     if service not in ALL_SERVICES:
         raise typer.BadParameter(f"unknown service {service!r}; one of {', '.join(ALL_SERVICES)}")
@@ -269,7 +269,7 @@ def serve(
         raise typer.Exit(EXIT_USAGE)
     s = _settings(config, nats_url=nats_url, out_dir=str(out_dir) if out_dir else None)
 
-    async def main(url: str) -> None:
+    async def main(url: str, stop: asyncio.Event) -> None:
         if service == "crawler":
             from cppperf.services.crawler.handlers import submit
 
@@ -285,14 +285,15 @@ def serve(
                 console.print(f"published {len(report.published)}, rejected {len(report.rejected)}")
             return
         async with run_services(s, url, [service]):
-            console.print(f"{service} running; Ctrl-C to stop")
-            await asyncio.Event().wait()
+            console.print(f"{service} running; Ctrl-C or SIGTERM stops it gracefully")
+            await stop.wait()
 
     try:
         with nats_endpoint(s) as url:
-            run_async(main(url), waiting_for=f"{service} to hand back in-flight messages")
-    except KeyboardInterrupt:
-        console.print("stopped")
+            run(lambda stop: main(url, stop))
+    except CppPerfError as exc:
+        raise _fail(exc) from exc
+    console.print("stopped")
 
 
 # ------------------------------------------------------------------------------------------ status / dlq

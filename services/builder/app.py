@@ -1,6 +1,8 @@
 """Builder wiring: `repo.candidate` and `commit.classified` to the handlers in `handlers.py`.
 
-One build or timing job per process at a time: concurrent jobs would time each other."""
+One build or timing job per process at a time: concurrent jobs would time each other. One build
+per instance at a time across replicas: a claim in KV (`shared/claims.py`) held around the
+handler; a replica that finds it claimed waits, then gets the recorded result."""
 
 from __future__ import annotations
 
@@ -9,8 +11,19 @@ import asyncio
 from faststream.nats import NatsBroker
 
 from cppperf.services.builder.handlers import BuilderOps, EngineOps, on_candidate, on_classified
+from cppperf.shared import claims
 from cppperf.shared import messages as m
+from cppperf.shared.logging import get_logger
+from cppperf.shared.results import republish_finished
 from cppperf.shared.service import ServiceContext, subscribe
+
+log = get_logger(__name__)
+
+
+async def startup(ctx: ServiceContext) -> None:
+    """Announce this worker (lease) and remove the workspaces of dead attempts."""
+    await claims.worker_lease(ctx.store, lease=ctx.settings.bus.claim_lease)
+    await claims.clean_stale_workspaces(ctx.store, ctx.settings.work_dir())
 
 
 def register(broker: NatsBroker, ctx: ServiceContext, *, ops: BuilderOps | None = None) -> None:
@@ -25,8 +38,18 @@ def register(broker: NatsBroker, ctx: ServiceContext, *, ops: BuilderOps | None 
         if not item.label:
             await on_classified(ctx, work, item)  # records nothing, returns at once
             return
-        async with exclusive:
-            await on_classified(ctx, work, item)
+        iid = m.instance_id(item.commit.repo, item.commit.sha)
+        if await republish_finished(ctx, iid):
+            return  # finished earlier: a redelivery or a second request gets that result
+
+        async def busy(holder: str) -> None:
+            log.info("instance_claimed_elsewhere", instance=iid, holder=holder)
+
+        lease = ctx.settings.bus.claim_lease
+        async with claims.held(ctx.store, f"instance/{iid}", holder=claims.TOKEN, lease=lease, wait=busy):
+            await claims.clean_stale_workspaces(ctx.store, ctx.settings.work_dir())  # e.g. a dead holder's
+            async with exclusive:
+                await on_classified(ctx, work, item)
 
     subscribe(broker, ctx, subject=m.REPO_CANDIDATE, service="builder", typ=m.RepoCandidate, work=candidate)
     subscribe(

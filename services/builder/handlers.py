@@ -3,8 +3,8 @@
 
 Each handler takes a `StageContext` (settings, publisher, records) and `BuilderOps` (the slow
 work: mirror, validate, prove), returns what it did, and is idempotent: the store is checked
-first, and results are published before the store marks them done (a crash re-publishes; the
-stable id drops the duplicate). State: the instance record goes into the `instances` bucket
+first, and a built instance is recorded before `patch.built` is published from it (a crash or a
+second request re-publishes from the record; the stable id drops the duplicate). State: the instance record goes into the `instances` bucket
 (inline, or by `record_ref` in the object store when large); the file under `out/instances/` is
 an export.
 """
@@ -24,11 +24,13 @@ from cppperf.services.builder.service import (
     llm_dependency_proposer,
     validate_latest,
 )
+from cppperf.shared import claims
 from cppperf.shared import messages as m
 from cppperf.shared.domain import InstanceState, RepoState, Stage, to_json_dict, to_struct
 from cppperf.shared.errors import RepoRejected
 from cppperf.shared.mirror import ensure_local
 from cppperf.shared.ports import StageContext
+from cppperf.shared.results import republish_finished
 from cppperf.shared.settings import Settings
 
 CandidateOutcome = Literal["already-validated", "rejected", "validated"]
@@ -57,7 +59,8 @@ class EngineOps:
         return head_sha(path)
 
     def validate(self, candidate: m.RepoCandidate, path: Path) -> m.RepoFound:
-        return validate_latest(candidate, path, self.settings.builder, work_dir=self.settings.work_dir())
+        work_dir = claims.workspace_for(self.settings.work_dir())  # this process's own workspace
+        return validate_latest(candidate, path, self.settings.builder, work_dir=work_dir)
 
     def prove(self, commit: m.CommitSelected, path: Path, diff: str) -> BuiltPatch:
         s = self.settings
@@ -65,7 +68,7 @@ class EngineOps:
             commit,
             path,
             s.builder,
-            work_dir=s.work_dir(),
+            work_dir=claims.workspace_for(s.work_dir()),  # never shared with another attempt
             out_dir=Path(s.out_dir),
             diff=diff,
             llm_propose=llm_dependency_proposer(s),
@@ -115,14 +118,14 @@ async def on_classified(ctx: StageContext, ops: BuilderOps, item: m.CommitClassi
         return "negative"
     iid = m.instance_id(commit.repo, commit.sha)
     done = to_struct(await ctx.store.get("instances", iid) or {}, InstanceState)
-    if done.verdict is not None:
-        return "already-built"  # finished earlier: a redelivery must not redo 30 minutes of work
+    if done.verdict is not None:  # finished earlier: a redelivery must not redo 30 minutes of work
+        await republish_finished(ctx, iid)  # but a second request gets the result (dedup by id)
+        return "already-built"
     path = await asyncio.to_thread(ops.checkout, commit.url, commit.repo)
     diff = await ctx.store.resolve_text(commit.diff, commit.diff_ref)
     built = await asyncio.to_thread(ops.prove, commit, path, diff)
     msg = built.message
     record, record_ref = await ctx.store.inline_or_ref(f"record/{iid}", json.dumps(built.record))
-    await ctx.bus.publish(m.PATCH_BUILT, msg)  # before the store marks it done: a crash re-publishes
     state = to_struct(
         {
             "stage": Stage.BUILT,
@@ -139,6 +142,11 @@ async def on_classified(ctx: StageContext, ops: BuilderOps, item: m.CommitClassi
         },
         InstanceState,
     )
-    await ctx.store.put("instances", iid, to_json_dict(state))
+    # Store before publish: the record is the truth and patch.built is derived from it; if another
+    # attempt recorded first, its result is the one announced (record, KV and message agree).
+    if not await ctx.store.create("instances", iid, to_json_dict(state)):
+        await republish_finished(ctx, iid)
+        return "already-built"
+    await ctx.bus.publish(m.PATCH_BUILT, msg)
     await ctx.store.update("commits", commit.id, stage=Stage.BUILT, verdict=msg.verdict)
     return "built"

@@ -88,9 +88,6 @@ async def on_request(ctx: StageContext, ops: EvaluatorOps, msg: m.EvalRequested)
     req = EvalRequest(run_id=msg.run_id, model=msg.model, instance_id=msg.instance_id, patch=patch)
     report = await asyncio.to_thread(ops.evaluate, req, instance)
     done = completed(msg, report)
-    await ctx.bus.publish(m.EVAL_COMPLETED, done)
-    if msg.reply_to:
-        await ctx.bus.reply(msg.reply_to, done)
     text, ref = await ctx.store.inline_or_ref(f"report/{req.id}", json.dumps(done.report))
     state = to_struct(
         {
@@ -106,4 +103,7 @@ async def on_request(ctx: StageContext, ops: EvaluatorOps, msg: m.EvalRequested)
         EvaluationState,
     )
     await ctx.store.put("evaluations", req.id, to_json_dict(state))
+    await ctx.bus.publish(m.EVAL_COMPLETED, done)  # after the record: a crash re-publishes from it
+    if msg.reply_to:
+        await ctx.bus.reply(msg.reply_to, done)
     return "evaluated"

@@ -36,13 +36,14 @@ async def on_repo_found(ctx: StageContext, found: m.RepoFound, resolver: LinkRes
         diff, ref = await ctx.store.inline_or_ref(f"diff/{c.id}", c.diff)
         if ref:
             c = msgspec.structs.replace(c, diff=diff, diff_ref=ref)
-        if await ctx.store.get("commits", c.id) is not None:
-            return  # selected by an earlier walk (e.g. before the branch moved on)
-        await ctx.bus.publish(m.COMMIT_SELECTED, c)
-        # Only if absent: a classifier may already have taken the message and recorded its label
-        # (bench/scale.py found a plain put overwriting it on a busy cluster).
+        # Store before publish, and only if absent: a classifier's label is never overwritten
+        # (bench/scale.py found a plain put overwriting it on a busy cluster), and a crash between
+        # the two re-publishes on the next walk (the stable id drops a duplicate).
         state = CommitState(stage=Stage.SELECTED, repo=c.repo, sha=c.sha)
         await ctx.store.create("commits", c.id, to_json_dict(state))
+        rec = await ctx.store.get("commits", c.id) or {}
+        if rec.get("stage") == Stage.SELECTED:  # not yet past the filter
+            await ctx.bus.publish(m.COMMIT_SELECTED, c)
 
     # Ship commits while the walk goes on, a bounded window at a time (services/filter/sink.py).
     sink: WindowedSink[m.CommitSelected] = WindowedSink(
