@@ -51,6 +51,7 @@ class BuildSpec:
     extra_args: tuple[str, ...] = ()
     configure_timeout: float = 600.0
     build_timeout: float = 3600.0
+    cpus: tuple[int, ...] = ()  # the build cores (never a core leased for timing); empty: any
 
 
 @dataclass
@@ -61,6 +62,7 @@ class StepResult:
     category: FailureCategory | None = None
     missing: MissingDeps | None = None
     log_path: Path | None = None
+    argv: tuple[str, ...] = ()  # the command as run (recorded)
 
 
 def tool_env(ccache_dir: Path | None, basedir: Path | None) -> dict[str, str]:
@@ -107,10 +109,11 @@ def configure(
     if mount is None:
         build.mkdir(parents=True, exist_ok=True)
     real_src = src if mount is None else mount[0] / src.relative_to(mount[1])
+    argv = configure_argv(src, build, spec, options=test_options(real_src))
     res = run(
-        configure_argv(src, build, spec, options=test_options(real_src)),
+        argv,
         env=env,
-        limits=Limits(timeout=spec.configure_timeout, memory_mb=None),
+        limits=Limits(timeout=spec.configure_timeout, memory_mb=None, cpus=spec.cpus),
         sandbox=False,
         log_file=log,
         output_limit=256 * 1024,
@@ -118,9 +121,9 @@ def configure(
         cwd=str(mount[1]) if mount else None,
     )
     if res.ok:
-        return StepResult("configure", True, res, log_path=log)
+        return StepResult("configure", True, res, log_path=log, argv=tuple(argv))
     if res.timed_out:
-        return StepResult("configure", False, res, FailureCategory.TIMEOUT, log_path=log)
+        return StepResult("configure", False, res, FailureCategory.TIMEOUT, log_path=log, argv=tuple(argv))
     missing = diagnose(res.output, build / "CMakeCache.txt")
     return StepResult(
         "configure",
@@ -129,6 +132,7 @@ def configure(
         FailureCategory.DEPENDENCY if missing else FailureCategory.CONFIGURE,
         missing,
         log,
+        argv=tuple(argv),
     )
 
 
@@ -140,11 +144,12 @@ def build(
     log: Path,
     mount: tuple[Path, Path] | None = None,
 ) -> StepResult:
-    jobs = spec.jobs or os.cpu_count() or 1
+    jobs = spec.jobs or len(spec.cpus) or os.cpu_count() or 1
+    argv = ("cmake", "--build", str(build_dir), "-j", str(jobs))
     res = run(
-        ["cmake", "--build", str(build_dir), "-j", str(jobs)],
+        argv,
         env=env,
-        limits=Limits(timeout=spec.build_timeout, memory_mb=None),
+        limits=Limits(timeout=spec.build_timeout, memory_mb=None, cpus=spec.cpus),
         sandbox=False,
         log_file=log,
         output_limit=256 * 1024,
@@ -152,12 +157,12 @@ def build(
         cwd=str(build_dir) if mount else None,
     )
     if res.ok:
-        return StepResult("build", True, res, log_path=log)
+        return StepResult("build", True, res, log_path=log, argv=argv)
     if res.timed_out:
-        return StepResult("build", False, res, FailureCategory.TIMEOUT, log_path=log)
+        return StepResult("build", False, res, FailureCategory.TIMEOUT, log_path=log, argv=argv)
     if res.returncode < 0 or "Killed signal terminated program" in res.output:
-        return StepResult("build", False, res, FailureCategory.INFRA, log_path=log)
-    return StepResult("build", False, res, FailureCategory.COMPILE, log_path=log)
+        return StepResult("build", False, res, FailureCategory.INFRA, log_path=log, argv=argv)
+    return StepResult("build", False, res, FailureCategory.COMPILE, log_path=log, argv=argv)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cppperf.shared.engine.runner_script import OutputKeeper, supervise
+from cppperf.shared.engine.runner_script import InstructionCounter, OutputKeeper, set_affinity, supervise
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,9 @@ class Limits:
     file_size_mb: int | None = 1024
     processes: int | None = None
     network: bool = False  # False = unshare the network namespace
-    cpu: int | None = None  # pin to this CPU
+    cpu: int | None = None  # pin to this CPU (a timed run: the leased core)
+    cpus: tuple[int, ...] = ()  # else run on these CPUs (builds: the build cores)
+    instructions: bool = False  # count user-space instructions (perf_event_open)
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class RunResult:
     timed_out: bool
     truncated: bool
     max_rss_kb: int = 0
+    instructions: int | None = None  # user-space instructions when counted and allowed
 
     @property
     def ok(self) -> bool:
@@ -136,7 +139,7 @@ class PidsCgroup:
             self.path.rmdir()
 
 
-def _preexec(limits: Limits, cgroup: PidsCgroup | None) -> None:
+def _preexec(limits: Limits, cgroup: PidsCgroup | None, counter: InstructionCounter | None = None) -> None:
     os.setsid()
     if cgroup is not None:
         cgroup.join_self()
@@ -150,9 +153,9 @@ def _preexec(limits: Limits, cgroup: PidsCgroup | None) -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (b, b))
     if limits.processes and (cgroup is None or cgroup.path is None):
         resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
-    if limits.cpu is not None:
-        with contextlib.suppress(OSError):
-            os.sched_setaffinity(0, {limits.cpu})
+    set_affinity({limits.cpu} if limits.cpu is not None else set(limits.cpus))
+    if counter is not None:
+        counter.in_child()
 
 
 _MOUNT_SCRIPT = 'mount --bind "$1" "$2" && cd "$3" && shift 3 && exec "$@"'
@@ -216,6 +219,7 @@ def run(
         full = [*prefix, *argv]
     keep = OutputKeeper(output_limit)
     cgroup = PidsCgroup(limits.processes) if limits.processes else None
+    counter = InstructionCounter() if limits.instructions else None
     start = time.perf_counter_ns()
     try:
         proc = subprocess.Popen(
@@ -225,12 +229,16 @@ def run(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            preexec_fn=lambda: _preexec(limits, cgroup),  # noqa: PLW1509 - rlimits need preexec
+            preexec_fn=lambda: _preexec(limits, cgroup, counter),  # noqa: PLW1509 - rlimits need preexec
         )
     except OSError as exc:
+        if counter is not None:
+            counter.close()
         if cgroup is not None:
             cgroup.kill_all_and_remove()
         return RunResult(127, 0.0, 0.0, f"cannot start {argv[0]}: {exc}", False, False)
+    if counter is not None:
+        counter.receive()
     log_handle = log_file.open("ab") if log_file else None
     try:
         status, usage, wall, timed_out = supervise(
@@ -256,4 +264,5 @@ def run(
         timed_out=timed_out,
         truncated=keep.dropped > 0,
         max_rss_kb=usage.ru_maxrss,
+        instructions=counter.read() if counter is not None else None,
     )
