@@ -38,7 +38,7 @@ def test_calibrate_writes_the_aa_record(demo_repo: DemoRepo, tmp_path: Path) -> 
 @pytest.mark.skipif(instructions_unsupported() is None, reason="this machine can count instructions")
 def test_instructions_metric_where_impossible_is_one_clear_line(demo_repo: DemoRepo, tmp_path: Path) -> None:
     proc = run_cli(
-        "build", "--repo", str(demo_repo.path), "--sha", demo_repo.shas["perf"], "--runs", "3",
+        "build", "--repo", str(demo_repo.path), "--sha", demo_repo.shas["perf"], "--runs", "4",
         "--metric", "instructions", "--out", str(tmp_path / "out"),
         env={"CPPPERF_BUILDER_WORK_DIR": str(tmp_path / "work")}, timeout=600,
     )  # fmt: skip
