@@ -200,8 +200,13 @@ class _CountingExecutor(ThreadPoolExecutor):
         return fut
 
 
-def run(main: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -> T:
-    """`asyncio.run(main(stop))` where SIGTERM/SIGINT set `stop` (a second signal cancels at once).
+def run(
+    main: Callable[[asyncio.Event], Coroutine[Any, Any, T]],
+    *,
+    announce: Callable[[signal.Signals], None] | None = None,
+) -> T:
+    """`asyncio.run(main(stop))` where SIGTERM/SIGINT set `stop` (a second signal cancels at once);
+    `announce(sig)` runs at once on the first signal (the CLI prints what it waits for).
 
     `main` should return soon after `stop` is set (leaving `run_services` does the graceful
     part). If worker threads are still busy after that (a build's subprocesses past the grace
@@ -222,6 +227,8 @@ def run(main: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -> T:
                 me.cancel()
                 return
             log.warning("stopping", signal=sig.name)
+            if announce is not None:
+                announce(sig)
             signalled.append(int(sig))
             stop.set()
 

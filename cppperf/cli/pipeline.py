@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -292,12 +293,22 @@ def serve(
             console.print(f"{service} running; Ctrl-C or SIGTERM stops it gracefully")
             await stop.wait()
 
+    signals: list[signal.Signals] = []
+
+    def announce(sig: signal.Signals) -> None:
+        signals.append(sig)
+        console.print(
+            f"stopping… waiting for {service} to hand back in-flight messages (Ctrl-C again to force)"
+        )
+
     try:
         with nats_endpoint(s) as url:
-            run(lambda stop: main(url, stop))
+            run(lambda stop: main(url, stop), announce=announce)
     except CppPerfError as exc:
         raise _fail(exc) from exc
     console.print("stopped")
+    if signals and signals[0] == signal.SIGINT:
+        raise typer.Exit(130)  # Ctrl-C, as shells expect; SIGTERM (docker stop, kubelet) is a clean 0
 
 
 # ------------------------------------------------------------------------------------------ status / dlq
