@@ -207,11 +207,20 @@ class DockerBackend:
             )
         return steps
 
-    def tests(self, side: SideName) -> list[TestCase]:
-        code, out = self.container.exec_run(
-            ["ctest", "--test-dir", f"{WORK}/{side}/build", "--show-only=json-v1"], user="0"
+    def tests_json(self, side: SideName) -> str | None:
+        """`ctest --show-only=json-v1` of a side, run as the build user (CTestTestfile.cmake is
+        code the tree generated)."""
+        res = self._run(
+            ["ctest", "--test-dir", f"{WORK}/{side}/build", "--show-only=json-v1"],
+            cwd=f"{WORK}/{side}",
+            timeout=300,
+            output_limit=256 * 1024 * 1024,
         )
-        return parse_ctest_json(out, f"{WORK}/{side}/build") if code == 0 else []
+        return res.output if res.ok else None
+
+    def tests(self, side: SideName) -> list[TestCase]:
+        data = self.tests_json(side)
+        return parse_ctest_json(data, f"{WORK}/{side}/build") if data is not None else []
 
     def _hashes(self, side: SideName) -> dict[str, str]:
         req = {

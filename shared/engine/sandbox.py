@@ -1,6 +1,17 @@
 """Run one command the way the builder measures it: sandboxed, timed, output bounded.
 
-- Network: unshared (`bwrap --unshare-net` when installed, else `unshare --net`, with
+- Jail (`jail=Jail(...)`, bubblewrap): what every build step and test of the evaluator (and of the
+  builder when bwrap works) runs in. An unprivileged uid (`SANDBOX_UID`: when we are root the
+  child drops to it *before* exec'ing bwrap, so the jailed code is that uid on the host too), new
+  user/pid/net/ipc/uts/cgroup namespaces, no capabilities, `no_new_privs`, no nested user
+  namespaces; a read-only system (`/usr`, the few `/etc` files compilers need), a fresh size-capped
+  tmpfs `/tmp` per run, only the binds the caller names (its own tree, writable or not, and a
+  ccache dir), no view of other trees, the store, `runs/` or any home; an environment from an
+  allow-list (`jail_env`). rlimits and the pids cgroup are set on the child before exec, so the
+  jailed code cannot raise them; on timeout bwrap (pid 1 of the namespace) is killed, which kills
+  every process in the namespace, and the cgroup is emptied. `jail_available()` says whether
+  bwrap works here; callers decide what to do without it (the evaluator refuses, see README).
+- Network (no jail): unshared (`bwrap --unshare-net` when installed, else `unshare --net`, with
   `--map-root-user` when not root); `sandbox=False` runs it plainly.
 - rlimits: CPU seconds, address space, file size; own process group, killed whole on timeout.
   A timeout is a value (`timed_out=True`), not an exception.
@@ -16,6 +27,7 @@
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import os
 import resource
 import shutil
@@ -24,7 +36,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cppperf.shared.engine.runner_script import OutputKeeper, supervise
@@ -54,6 +66,137 @@ class RunResult:
     @property
     def ok(self) -> bool:
         return self.returncode == 0 and not self.timed_out
+
+
+SANDBOX_UID = 65534  # nobody: owns nothing on the host
+# What a compiler, CMake and a test need from the host, read-only. /etc only in part: the
+# alternatives links (/usr/bin/c++ → /etc/alternatives/c++) and the dynamic linker's files.
+SYSTEM_RO = (
+    "/usr",
+    "/etc/alternatives",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+)
+_TOP_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# Host environment variables a jailed build may see (tool choice, locale); never tokens or keys.
+ENV_ALLOW = (
+    "LANG",
+    "LC_*",
+    "TZ",
+    "CC",
+    "CXX",
+    "CFLAGS",
+    "CXXFLAGS",
+    "CPPFLAGS",
+    "LDFLAGS",
+    "CMAKE_GENERATOR",
+    "CMAKE_BUILD_PARALLEL_LEVEL",
+    "PKG_CONFIG_PATH",
+    "OMP_*",
+)
+JAIL_TMP = "/tmp"  # noqa: S108 - inside the jail: a private tmpfs, fresh for each run
+JAIL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class Jail:
+    """What one jailed run sees besides the read-only system: (host path, path inside) binds."""
+
+    rw: tuple[tuple[Path, Path], ...] = ()
+    ro: tuple[tuple[Path, Path], ...] = ()
+    uid: int = SANDBOX_UID
+    tmp_mb: int = 1024  # size of the private /tmp
+    system: tuple[str, ...] = field(default=SYSTEM_RO)
+
+
+def jail_env(*layers: Mapping[str, str]) -> dict[str, str]:
+    """An environment built from the allow-list of this process's variables, then `layers`."""
+    env = {k: v for k, v in os.environ.items() if any(fnmatch.fnmatchcase(k, pat) for pat in ENV_ALLOW)}
+    env.update(PATH=JAIL_PATH, HOME=JAIL_TMP, TMPDIR=JAIL_TMP)
+    env.setdefault("LC_ALL", "C")
+    for layer in layers:
+        env.update(layer)
+    return env
+
+
+def bwrap_argv(jail: Jail, cwd: str | None) -> list[str]:
+    """The bwrap command line for `jail` (the command follows)."""
+    argv = [
+        "bwrap",
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--uid",
+        str(jail.uid),
+        "--gid",
+        str(jail.uid),
+        "--hostname",
+        "sandbox",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+    ]
+    for path in jail.system:
+        if os.path.lexists(path):
+            argv += ["--ro-bind", path, path]
+    for top in _TOP_LINKS:
+        if os.path.islink(top):
+            argv += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            argv += ["--ro-bind", top, top]
+    argv += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--size",
+        str(jail.tmp_mb * 1024 * 1024),
+        "--tmpfs",
+        JAIL_TMP,
+    ]
+    for host, inside in jail.ro:
+        argv += ["--ro-bind", str(host), str(inside)]
+    for host, inside in jail.rw:
+        argv += ["--bind", str(host), str(inside)]
+    if cwd:
+        argv += ["--chdir", str(cwd)]
+    return [*argv, "--"]
+
+
+def hand_over(*paths: Path) -> None:
+    """Make `paths` (recursively) the sandbox uid's, so jailed builds can write them (root only;
+    an unprivileged caller's own files are already writable by its jailed code)."""
+    if os.geteuid() != 0:
+        return
+    for root in paths:
+        if not root.exists():
+            continue
+        os.chown(root, SANDBOX_UID, SANDBOX_UID, follow_symlinks=False)
+        for dirpath, dirs, files in os.walk(root):
+            for name in dirs + files:
+                os.chown(os.path.join(dirpath, name), SANDBOX_UID, SANDBOX_UID, follow_symlinks=False)
+
+
+_JAIL_CHECKED: list[str] = []
+
+
+def jail_problem() -> str:
+    """Why jailed runs cannot happen here ('' when they can); probed once per process."""
+    if not _JAIL_CHECKED:
+        if not shutil.which("bwrap"):
+            why = "bubblewrap (bwrap) is not installed"
+        else:
+            res = run(["true"], jail=Jail(), limits=Limits(timeout=30, memory_mb=None), sandbox=True)
+            why = "" if res.ok else f"bwrap cannot create its namespaces here: {res.output.strip()[-300:]}"
+        _JAIL_CHECKED.append(why)
+    return _JAIL_CHECKED[0]
+
+
+def jail_available() -> bool:
+    return not jail_problem()
 
 
 def _network_prefix(sandbox: bool) -> list[str]:
@@ -136,7 +279,7 @@ class PidsCgroup:
             self.path.rmdir()
 
 
-def _preexec(limits: Limits, cgroup: PidsCgroup | None) -> None:
+def _preexec(limits: Limits, cgroup: PidsCgroup | None, uid: int | None = None) -> None:
     os.setsid()
     if cgroup is not None:
         cgroup.join_self()
@@ -153,6 +296,10 @@ def _preexec(limits: Limits, cgroup: PidsCgroup | None) -> None:
     if limits.cpu is not None:
         with contextlib.suppress(OSError):
             os.sched_setaffinity(0, {limits.cpu})
+    if uid is not None and os.geteuid() == 0:  # jailed: drop root before bwrap even starts
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
 
 
 _MOUNT_SCRIPT = 'mount --bind "$1" "$2" && cd "$3" && shift 3 && exec "$@"'
@@ -197,13 +344,19 @@ def run(
     sandbox: bool = True,
     log_file: Path | None = None,
     mount: tuple[Path, Path] | None = None,
+    jail: Jail | None = None,
 ) -> RunResult:
     """Run `argv`; never raises for the command's own failure or timeout.
 
+    `jail` runs it under bubblewrap (module docstring; `env` should come from `jail_env`).
     `mount=(src, dst)` runs it in a private mount namespace with `src` bind-mounted on `dst`
-    (and `cwd` entered after the mount): the builder gives every tree the same absolute path."""
+    (and `cwd` entered after the mount): the builder gives every tree the same absolute path.
+    `log_file` gets the same bounded head+tail as the result, appended after the run."""
     isolate = sandbox and not limits.network
-    if mount is not None:
+    if jail is not None:
+        full = [*bwrap_argv(jail, str(cwd) if cwd else None), *argv]
+        cwd = "/"
+    elif mount is not None:
         full = [
             *_mount_prefix(
                 isolate and bool(network_prefix(True)), (mount[0], mount[1], str(cwd or mount[1]))
@@ -225,26 +378,25 @@ def run(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            preexec_fn=lambda: _preexec(limits, cgroup),  # noqa: PLW1509 - rlimits need preexec
+            preexec_fn=lambda: _preexec(  # noqa: PLW1509 - rlimits need preexec
+                limits, cgroup, jail.uid if jail is not None else None
+            ),
         )
     except OSError as exc:
         if cgroup is not None:
             cgroup.kill_all_and_remove()
         return RunResult(127, 0.0, 0.0, f"cannot start {argv[0]}: {exc}", False, False)
-    log_handle = log_file.open("ab") if log_file else None
-    try:
-        status, usage, wall, timed_out = supervise(
-            proc,
-            keep,
-            limits.timeout,
-            start,
-            tee=log_handle,
-            # also what left the process group (setsid'd daemons)
-            after_exit=cgroup.kill_all_and_remove if cgroup is not None else None,
-        )
-    finally:
-        if log_handle is not None:
-            log_handle.close()
+    status, usage, wall, timed_out = supervise(
+        proc,
+        keep,
+        limits.timeout,
+        start,
+        # also what left the process group (setsid'd daemons)
+        after_exit=cgroup.kill_all_and_remove if cgroup is not None else None,
+    )
+    if log_file is not None:  # bounded on disk too: never more than the kept head and tail
+        with log_file.open("ab") as fh:
+            fh.write(keep.text().encode())
     assert proc.stdout is not None
     proc.stdout.close()
     proc.returncode = os.waitstatus_to_exitcode(status)
