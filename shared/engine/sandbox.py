@@ -27,6 +27,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fnmatch
 import os
 import resource
@@ -68,6 +69,10 @@ class RunResult:
         return self.returncode == 0 and not self.timed_out
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_CLONE_NEWNS = 0x00020000
+_MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
+STAGE_PARENT = "/tmp"  # noqa: S108 - world-walkable; per-run 0755 root-owned stage dirs (_stage_binds)
 SANDBOX_UID = 65534  # nobody: owns nothing on the host
 # What a compiler, CMake and a test need from the host, read-only. /etc only in part: the
 # alternatives links (/usr/bin/c++ → /etc/alternatives/c++) and the dynamic linker's files.
@@ -121,8 +126,9 @@ def jail_env(*layers: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def bwrap_argv(jail: Jail, cwd: str | None) -> list[str]:
-    """The bwrap command line for `jail` (the command follows)."""
+def bwrap_argv(jail: Jail, cwd: str | None, *, stage: str | None = None) -> list[str]:
+    """The bwrap command line for `jail` (the command follows). `stage`: the bind sources are
+    read from `<stage>/<i>` (`ro` then `rw`), where `run` mounted them (`_stage_binds`)."""
     argv = [
         "bwrap",
         "--unshare-all",
@@ -157,10 +163,9 @@ def bwrap_argv(jail: Jail, cwd: str | None) -> list[str]:
         "--tmpfs",
         JAIL_TMP,
     ]
-    for host, inside in jail.ro:
-        argv += ["--ro-bind", str(host), str(inside)]
-    for host, inside in jail.rw:
-        argv += ["--bind", str(host), str(inside)]
+    binds = [("--ro-bind", *b) for b in jail.ro] + [("--bind", *b) for b in jail.rw]
+    for i, (flag, host, inside) in enumerate(binds):
+        argv += [flag, f"{stage}/{i}" if stage else str(host), str(inside)]
     if cwd:
         argv += ["--chdir", str(cwd)]
     return [*argv, "--"]
@@ -279,7 +284,43 @@ class PidsCgroup:
             self.path.rmdir()
 
 
-def _preexec(limits: Limits, cgroup: PidsCgroup | None, uid: int | None = None) -> None:
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _make_stage(sources: Sequence[Path]) -> str:
+    """A root-owned 0755 dir in STAGE_PARENT with one empty mount point per bind source."""
+    stage = tempfile.mkdtemp(prefix="cppperf-stage-", dir=STAGE_PARENT)
+    os.chmod(stage, 0o755)  # noqa: S103 - walkable by the sandbox uid; it holds only mount points
+    for i, src in enumerate(sources):
+        target = os.path.join(stage, str(i))
+        if os.path.isdir(src):
+            os.mkdir(target)
+        else:
+            os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o644))
+    return stage
+
+
+def _stage_binds(stage: str, sources: Sequence[str]) -> None:
+    """In the child, as root, before dropping to the sandbox uid: a private mount namespace in
+    which each bind source is mounted on `<stage>/<i>`. The sandbox uid reaches them there even
+    when their real path is not walkable for it (a 0700 home, pytest's tmp); on the host the
+    stage stays empty (`run` removes it afterwards)."""
+    _check(_LIBC.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    _check(_LIBC.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "make / private")
+    for i, src in enumerate(sources):
+        target = f"{stage}/{i}".encode()
+        _check(_LIBC.mount(src.encode(), target, None, _MS_BIND | _MS_REC, None), f"bind {src}")
+
+
+def _preexec(
+    limits: Limits,
+    cgroup: PidsCgroup | None,
+    uid: int | None = None,
+    stage: tuple[str, list[str]] | None = None,
+) -> None:
     os.setsid()
     if cgroup is not None:
         cgroup.join_self()
@@ -297,6 +338,8 @@ def _preexec(limits: Limits, cgroup: PidsCgroup | None, uid: int | None = None) 
         with contextlib.suppress(OSError):
             os.sched_setaffinity(0, {limits.cpu})
     if uid is not None and os.geteuid() == 0:  # jailed: drop root before bwrap even starts
+        if stage is not None:
+            _stage_binds(*stage)
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
@@ -353,8 +396,12 @@ def run(
     (and `cwd` entered after the mount): the builder gives every tree the same absolute path.
     `log_file` gets the same bounded head+tail as the result, appended after the run."""
     isolate = sandbox and not limits.network
+    stage: tuple[str, list[str]] | None = None
     if jail is not None:
-        full = [*bwrap_argv(jail, str(cwd) if cwd else None), *argv]
+        if os.geteuid() == 0:
+            sources = [host for host, _ in (*jail.ro, *jail.rw)]
+            stage = (_make_stage(sources), [str(h) for h in sources])
+        full = [*bwrap_argv(jail, str(cwd) if cwd else None, stage=stage[0] if stage else None), *argv]
         cwd = "/"
     elif mount is not None:
         full = [
@@ -367,6 +414,24 @@ def run(
     else:
         prefix = network_prefix(sandbox) if not limits.network else []
         full = [*prefix, *argv]
+    try:
+        return _start_and_supervise(full, argv, cwd, env, limits, output_limit, log_file, jail, stage)
+    finally:
+        if stage is not None:  # mounted only in the (finished) child's namespace: empty here
+            shutil.rmtree(stage[0], ignore_errors=True)
+
+
+def _start_and_supervise(
+    full: list[str],
+    argv: Sequence[str],
+    cwd: Path | str | None,
+    env: Mapping[str, str] | None,
+    limits: Limits,
+    output_limit: int,
+    log_file: Path | None,
+    jail: Jail | None,
+    stage: tuple[str, list[str]] | None,
+) -> RunResult:
     keep = OutputKeeper(output_limit)
     cgroup = PidsCgroup(limits.processes) if limits.processes else None
     start = time.perf_counter_ns()
@@ -379,10 +444,10 @@ def run(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             preexec_fn=lambda: _preexec(  # noqa: PLW1509 - rlimits need preexec
-                limits, cgroup, jail.uid if jail is not None else None
+                limits, cgroup, jail.uid if jail is not None else None, stage
             ),
         )
-    except OSError as exc:
+    except (OSError, subprocess.SubprocessError) as exc:
         if cgroup is not None:
             cgroup.kill_all_and_remove()
         return RunResult(127, 0.0, 0.0, f"cannot start {argv[0]}: {exc}", False, False)
