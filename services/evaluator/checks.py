@@ -126,6 +126,8 @@ def patch_names(text: str) -> list[str]:
         raw.append((git_unquote(name.rstrip()), strip))
     names: list[str] = []
     for name, strip in raw:
+        if name.startswith("/") and name != "/dev/null":
+            names.append(name)  # absolute: refused whatever stripping would make of it
         path = _strip_one(name) if strip else name
         if path != "/dev/null":
             names.append(path)
@@ -217,31 +219,37 @@ def _cmake_test_edit(patch: PatchSet) -> str | None:
     return None
 
 
+def _name_checks(text: str, rule: ChangeRule) -> tuple[CheckResult | None, list[str], list[tuple[str, str]]]:
+    """Unsafe and test names first (they win over a parse error); the other refusals for later."""
+    try:
+        names = patch_names(text)
+    except ValueError as exc:
+        return CheckResult(False, "unsafe-patch", f"unreadable file name: {exc}"), [], []
+    refusals = [why for why in map(rule.refuse, dict.fromkeys(names)) if why is not None]
+    first = next((w for w in refusals if w[0] == "unsafe-patch"), None)
+    first = first or next((w for w in refusals if w[0] == "test-edit"), None)
+    return (CheckResult(False, *first) if first else None), names, refusals
+
+
 def check_patch(text: str, rules: Rules, *, max_bytes: int, allow_build_changes: bool = False) -> CheckResult:
     bad = _text_checks(text, max_bytes)
     if bad is not None:
         return bad
-    rule = ChangeRule(rules, allow_build_changes)
-    try:
-        names = patch_names(text)
-    except ValueError as exc:
-        return CheckResult(False, "unsafe-patch", f"unreadable file name: {exc}")
+    bad, names, refusals = _name_checks(text, ChangeRule(rules, allow_build_changes))
+    if bad is not None:
+        return bad
     try:
         patch = PatchSet(text)
     except UnidiffParseError as exc:
         return CheckResult(False, "malformed-patch", f"not a unified diff: {exc}")
-    if len(patch) == 0 or not names:
-        return CheckResult(False, "malformed-patch", "no file changes found (not a unified diff)")
-    refusals = [why for why in map(rule.refuse, dict.fromkeys(names)) if why is not None]
-    first = next((w for w in refusals if w[0] == "unsafe-patch"), None)
-    first = first or next((w for w in refusals if w[0] == "test-edit"), None)
     cmake = _cmake_test_edit(patch)
-    if first is None and cmake is not None:
-        first = ("test-edit", f"edits a CMake test definition in {cmake}")
-    first = first or next(iter(refusals), None)
-    if first is not None:
-        return CheckResult(False, *first)
-    return CheckResult(True, files=tuple(dict.fromkeys(names)))
+    if len(patch) == 0 or not names:
+        bad = CheckResult(False, "malformed-patch", "no file changes found (not a unified diff)")
+    elif cmake is not None:
+        bad = CheckResult(False, "test-edit", f"edits a CMake test definition in {cmake}")
+    elif refusals:
+        bad = CheckResult(False, *refusals[0])
+    return bad or CheckResult(True, files=tuple(dict.fromkeys(names)))
 
 
 # ------------------------------------------------------------------------------ the tree after
