@@ -173,6 +173,7 @@ def _evaluate(req: EvalRequest, s: Settings, out: Path, phase: Phase) -> dict[st
     backend: Any
     if s.builder.backend == "docker":  # containers: see docker_backend.py (hardened for agents)
         backend = make_backend(s.builder, ws, source=(repo_path, inst.expert_sha, inst.date))
+        backend.hardened = True  # a DockerBackend: a uid per tree, read-only trees while tested
     else:
         jailed = not why_not
         backend = LocalBackend(
