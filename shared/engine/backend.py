@@ -224,6 +224,7 @@ class LocalBackend:
                 sandbox=self.sandbox or jail is not None,
                 mount=self._mount(side) if jail is None else None,
                 jail=jail,
+                timed=True,
             )
         except OSError as exc:
             raise InfraFailure(f"cannot run {test.name}: {exc}") from exc
