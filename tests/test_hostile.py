@@ -17,6 +17,7 @@ the docker backend where an engine answers.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import threading
@@ -422,6 +423,13 @@ def run_time_attacks(host: Host, runs_dir: Path, iid: str) -> dict[str, tuple[st
             "{ cpu_set_t s; if (sched_getaffinity(0, sizeof s, &s) == 0 && CPU_COUNT(&s) == 1) return 1; }",
             ("tests-failed",),
         ),
+        "forge-the-timer": (
+            # write a fake answer on the in-jail timer's stdout, then kill it
+            "{ std::system(\"for p in /proc/[0-9]*; do case $(tr '\\\\0' ' ' < $p/cmdline) in *runner.py*)"
+            ' echo \'{\\"returncode\\": 0, \\"wall_s\\": 0.0001, \\"cpu_s\\": 0, \\"output\\": \\"\\",'
+            ' \\"timed_out\\": false, \\"truncated\\": false}\' > $p/fd/1; kill -9 ${p#/proc/};; esac; done"); }',
+            ("tests-failed",),
+        ),
         "new-user-namespace": (
             f'{{ if (unshare(CLONE_NEWUSER | CLONE_NEWNS) == 0) {{ FILE* f = std::fopen("{host.markers[0]}", "w");'
             " if (f) std::fclose(f); } }",
@@ -441,6 +449,7 @@ RUN_TIME_NAMES = [
     "tmp-result-cache",
     "detect-timing-by-pinning",
     "new-user-namespace",
+    "forge-the-timer",
 ]
 
 
@@ -461,3 +470,49 @@ def test_benign_patch_still_scores_opt(instance: Any, host: Host) -> None:
     rep = attack(instance, host, core_patch(core(1)), model="benign", runs=8)
     assert rep["verdict"] == "opt", rep["reason"]
     assert rep["sandbox"] == "bwrap" and rep["applied_with"] == "git apply"
+
+
+# ------------------------------------------------------------------------------ docker backend
+def _engine_ready() -> str:
+    """'' when a container engine answers and the bookworm base image exists, else why not."""
+    host = os.environ.get("DOCKER_HOST", "")
+    if host.startswith("unix://") and not Path(host[len("unix://") :]).exists():
+        return f"no container engine at {host}"
+    try:
+        import docker
+
+        from cppperf.shared.engine.images import base_name, image_exists
+
+        client = docker.from_env()
+        client.ping()
+        if not image_exists(client, base_name("bookworm")):
+            return "no bookworm base image (cppperf images bootstrap --release bookworm)"
+    except Exception as exc:
+        return f"no container engine: {exc}"
+    return ""
+
+
+DOCKER_ATTACKS = ["write-host-files", "loopback-connect", "daemon", "tmp-result-cache", "rewrite-report"]
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+@pytest.mark.parametrize("name", DOCKER_ATTACKS)
+def test_run_time_attack_is_contained_in_docker(instance: Any, host: Host, name: str) -> None:
+    why = _engine_ready()
+    if why:
+        pytest.skip(why)
+    import msgspec
+
+    settings, iid, tmp = instance
+    settings = msgspec.structs.replace(
+        settings,
+        builder=msgspec.structs.replace(settings.builder, backend="docker", base_release="bookworm"),
+    )
+    runs_dir = Path(settings.evaluator.runs_dir)
+    body, verdicts = run_time_attacks(host, runs_dir, iid)[name]
+    rep = attack(
+        (settings, iid, tmp), host, core_patch(hostile_core(body, INCLUDES)), model=f"docker-{host.token}"
+    )
+    assert rep["verdict"] in verdicts, (rep["verdict"], rep["reason"])
+    assert rep["sandbox"] == "docker"
