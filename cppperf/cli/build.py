@@ -181,16 +181,20 @@ def calibrate(
     from cppperf.services.builder.instance import prove
     from cppperf.shared.engine.backend import LocalBackend
     from cppperf.shared.engine.backends import build_spec
+    from cppperf.shared.engine.sandbox import jail_available
 
     commit = _commit_from_repo(repo, sha, sha)
     s = _settings(config, builder__runs=runs)
     settings = msgspec.structs.replace(s.builder, confirm=False)
+    jailed = settings.sandbox and jail_available()  # as the builder: bubblewrap when it works
     backend = LocalBackend(
         s.work_dir() / "calibrate",
         build_spec(settings),
         dict(settings.thread_env),
         sandbox=settings.sandbox,
         output_limit=settings.output_limit,
+        jailed=jailed,
+        same_path=jailed,
     )
 
     class _Different(LocalBackend):
