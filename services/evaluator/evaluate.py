@@ -294,7 +294,8 @@ def _build_all(backend: Any, out: Path, applied_with: str, phase: Phase) -> None
 
 def _same_tests(backend: Any, applied_with: str) -> None:
     """The agent's tree must define the original's tests, by meaning (cmake.test_description)."""
-    if test_description(backend.tests_json("agent")) != test_description(backend.tests_json("old")):
+    agent = test_description(backend.tests_json("agent"), backend.tree_root("agent"))
+    if agent != test_description(backend.tests_json("old"), backend.tree_root("old")):
         raise _Stop(
             _verdict(
                 "test-edit",

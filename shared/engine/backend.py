@@ -167,6 +167,10 @@ class LocalBackend:
             jail=self._jail(side, building=False),
         )
 
+    def tree_root(self, side: SideName) -> str:
+        """The side's tree as its builds and tests see it."""
+        return str(self._view(side))
+
     def tests_json(self, side: SideName) -> str | None:
         """The raw `ctest --show-only=json-v1` of a side (the evaluator compares meanings)."""
         env = jail_env() if self.jailed else None

@@ -244,12 +244,15 @@ def discover_tests(
     return parse_ctest_json(data, str(build_dir)) if data is not None else []
 
 
-def test_description(data: str | bytes | None) -> list[dict[str, object]]:
+def test_description(data: str | None, root: str = "") -> list[dict[str, object]]:
     """What the tests *mean*, from `ctest --show-only=json-v1`: each test's name, command,
     arguments and properties (working directory, environment, regexes, …) without the
-    backtraces (file/line of the definitions). Two trees whose descriptions differ do not run the
-    same tests — the evaluator's `test-edit` check."""
-    parsed = json.loads(data or b"{}")
+    backtraces (file/line of the definitions), with the tree's own path `root` written as
+    `<tree>`. Two trees whose descriptions differ do not run the same tests — the evaluator's
+    `test-edit` check."""
+    if data and root:
+        data = re.sub(re.escape(json.dumps(root)[1:-1]) + r'(?=[/"])', "<tree>", data)
+    parsed = json.loads(data or "{}")
     tests = [{k: v for k, v in t.items() if k != "backtrace"} for t in parsed.get("tests", [])]
     return sorted(tests, key=lambda t: json.dumps(t, sort_keys=True))
 

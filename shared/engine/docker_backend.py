@@ -266,6 +266,9 @@ class DockerBackend:
         self._own(side, building=False)
         return steps
 
+    def tree_root(self, side: SideName) -> str:
+        return f"{WORK}/{side}"
+
     def tests_json(self, side: SideName) -> str | None:
         """`ctest --show-only=json-v1` of a side, run as the build user (CTestTestfile.cmake is
         code the tree generated)."""
