@@ -121,7 +121,7 @@ class Host:
 @pytest.fixture(scope="module")
 def instance(tmp_path_factory: pytest.TempPathFactory, demo_repo: DemoRepo) -> tuple[Settings, str, Path]:
     tmp = tmp_path_factory.mktemp("hostile")
-    settings = make_settings(tmp, evaluator={"runs": 3, "runs_dir": str(tmp / "runs"), "test_timeout": 10.0})
+    settings = make_settings(tmp, evaluator={"runs": 4, "runs_dir": str(tmp / "runs"), "test_timeout": 10.0})
     built = build_patch(
         commit_for(demo_repo.path, demo_repo.shas["perf"]),
         demo_repo.path,
