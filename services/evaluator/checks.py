@@ -13,7 +13,7 @@ sides, `---`/`+++`, `rename`/`copy from/to`, `Index:`) after git's C-quote unquo
 file's (100644 or 100755). Binary hunks are refused. Then, because text can lie, `check_tree`
 compares the tree listing before and after applying: no new or changed symlink or special file,
 no changed mode bits beyond the exec bit, and every added, removed or changed path allowed by the
-rule. Test definitions are compared by meaning later (`ctest --show-only=json-v1`, evaluate.py).
+rule. Test definitions are compared by meaning later (`ctest --show-only=json-v1`, pipeline.py).
 
 Verdicts: empty-patch | malformed-patch | too-large | unsafe-patch (escapes, `.git`, symlinks,
 special modes, binary) | test-edit (a test file or a CMake test definition) | forbidden-file (a
