@@ -2,14 +2,14 @@
 
 Usage:
     python bench/build_yield.py --clone google/snappy=~/src/snappy --clone zeux/pugixml=~/src/pugixml \\
-        [--per-repo 2] [--ids SHA_PREFIX …] [--backend local|docker|both] [--runs 2] [--out DIR] \\
+        [--per-repo 2] [--ids SHA_PREFIX …] [--backend local|docker|both] [--runs 3] [--out DIR] \\
         [--submodule-mirror URL=GIT_DIR …] [--index …/cppperf-db/index.jsonl]
 
 Every one of CppPerf-DB's instances built and passed its tests in the paper's pipeline (yield
 100 %). For each selected instance (ids from the index; the repositories from the local clones
 given, never fetched by this script) the builder proves the commit against its parent with a
-few rounds only (`--runs 2 --warmup 0`: every test twice per side, the fewest the statistics
-take; a build-and-test check, not a timing claim; no core pinning), on the local backend
+few rounds only (`--runs 3 --warmup 0`: every test three times per side, the fewest the
+settings allow; a build-and-test check, not a timing claim; no core pinning), on the local backend
 and, where a container engine answers, the docker backend. Prints per instance the verdict or
 the rejection category with its first error line, then the yield per backend beside the paper's.
 Results go to `OUT/results.jsonl`; a re-run skips what is there (`--redo` to repeat).
@@ -113,7 +113,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--per-repo", type=int, default=2)
     ap.add_argument("--ids", nargs="*", default=[], help="sha prefixes of the instances to take")
     ap.add_argument("--backend", choices=["local", "docker", "both"], default="local")
-    ap.add_argument("--runs", type=int, default=2, help="rounds per side (2: the fewest the statistics take)")
+    ap.add_argument("--runs", type=int, default=3, help="rounds per side (3: the fewest the settings allow)")
     ap.add_argument("--warmup", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--cpuset", default=",".join(map(str, sorted(os.sched_getaffinity(0)))))

@@ -141,7 +141,7 @@ class BuilderSettings(msgspec.Struct, kw_only=True):
     early_stop: bool = True
     early_stop_min_rounds: int = 10
     confirm: bool = True
-    decision_rule: Literal["ours", "strict"] = "ours"
+    decision_rule: Literal["ours", "strict", "paper"] = "ours"
     split_cases: bool = False  # time each gtest/Catch2/doctest case of a CTest test on its own  # strict: the whole CI beyond the threshold
     seed: int = 1234
     jobs: int = 0  # 0 = all cores
@@ -165,7 +165,7 @@ class BuilderSettings(msgspec.Struct, kw_only=True):
     docker_host: str = ""  # empty: DOCKER_HOST or the engine's default socket
     base_release: str = ""  # empty: the Debian release of the commit's era (images.ERAS)
     registry: str = ""  # push instance images here when set (e.g. registry.local:5000)
-    cpuset: str = ""  # cores for the container; empty: the last core of this process
+    cpuset: str = ""  # cores for the container; empty: the build and timing cores
     commit_images: bool = True
     llm_deps: bool = False  # ask the classifier's OpenAI-compatible server for missing packages
     llm_deps_attempts: int = 2
@@ -177,6 +177,29 @@ class BuilderSettings(msgspec.Struct, kw_only=True):
     # When a test fails on both sides under build_type, build and run once more in this build
     # type (the paper built in Debug) before rejecting; empty: no second attempt.
     fallback_build_type: str = "Debug"
+    # --- measurement (issue 13) -------------------------------------------------------------
+    # `default`: Release build, our rule; `paper`: the paper's way (Debug build, the paper's rule)
+    profile: Literal["default", "paper"] = "default"
+    # what decides: user+sys CPU of the test's process tree (robust to a busy neighbour), wall
+    # time, or user-space instructions (hardware counter). Every metric is recorded either way.
+    metric: Literal["cpu", "wall", "instructions"] = "cpu"
+    # a test whose CPU time exceeds its wall time by this factor is multi-threaded: decided on wall
+    multithread_ratio: float = 1.2
+    # a sample shorter than this (seconds) is the mean of repeated runs that together pass it
+    sample_floor: float = 0.05
+    max_repeats: int = 200
+    # host-wide core leases: every cppperf process on the host (all replicas) takes an exclusive
+    # flock on one timing core before it times; builds run on the build cores only.
+    lease_dir: str = ""  # default /tmp/cppperf-leases (shared by every process on the host)
+    timing_cores: list[int] = msgspec.field(default_factory=list)  # empty: the upper half
+    build_cores: list[int] = msgspec.field(default_factory=list)  # empty: the other cores
+    lease_timeout: float = 6 * 3600.0  # seconds to wait for a free timing core
+
+    def effective_build_type(self) -> str:
+        return "Debug" if self.profile == "paper" else self.build_type
+
+    def effective_rule(self) -> str:
+        return "paper" if self.profile == "paper" else self.decision_rule
 
 
 class EvaluatorSettings(msgspec.Struct, kw_only=True):

@@ -81,6 +81,28 @@ def test_perf_commit_is_improved_and_names_the_test(
     assert rec["raw_timing_data"]["warmup_runs"] == 1
     assert c["seed"] == settings.builder.seed
     assert c["environment"]["cpu_count"] >= 1
+    # decided on CPU time (load-robust), every metric kept, all three rules' verdicts
+    assert c["metric"] == "cpu" and c["decided_on"] == {"other": "cpu", "spin": "cpu"}
+    assert len(c["samples"]["spin"]["old_cpu_s"]) == len(c["samples"]["spin"]["old_s"])
+    assert (c["decision_rule"], c["verdict_paper_rule"], c["verdict_strict_rule"]) == (
+        "ours",
+        "improved",
+        "improved",
+    )
+    # the facts a rerun needs: real commands, versions, the leased core, the load
+    env = c["environment"]
+    assert (
+        env["leased_core"] in env["timing_cores"] and not set(env["timing_cores"]) & set(env["build_cores"])
+    ) or (env["cpu_count"] == 1)
+    assert env["compiler_version"] and env["cmake_version"].startswith("cmake version")
+    assert env["cppperf_version"] and len(env["load_average_start"]) == 3
+    configure = rec["build_info"]["new_build_script"][0]
+    assert "-DCMAKE_BUILD_TYPE=Release" in configure and "-DBUILD_TESTING=ON" in configure
+    assert "--build" in rec["build_info"]["new_build_script"][1]
+    # the paper-format summary names the improved test, with medians beside means
+    pa = rec["performance_analysis"]
+    assert pa["test_name"] == "spin" and pa["test_relative_improvement_median"] > 0.3
+    assert rec["tests"]["tests"][0]["relative_improvement_median"] is not None
 
 
 def test_noop_commit_is_not_improved(demo_repo: DemoRepo, settings: Settings, tmp_path: Path) -> None:
@@ -93,6 +115,21 @@ def test_comment_only_commit_short_circuits(demo_repo: DemoRepo, settings: Setti
     rec = prove(demo_repo, "comment", settings, tmp_path)
     assert rec["cppperf"]["verdict"] == "unchanged-binaries"
     assert rec["cppperf"]["samples"] == {}  # no timing runs at all
+    # the tests whose binaries were compared are listed
+    assert rec["cppperf"]["compared_tests"] == ["other", "spin"]
+    assert [t["test_name"] for t in rec["tests"]["tests"]] == ["other", "spin"]
+    assert rec["tests"]["total_tests"] == 2
+
+
+def test_paper_profile_builds_debug_and_decides_by_the_papers_rule(
+    demo_repo: DemoRepo, tmp_path: Path
+) -> None:
+    settings = make_settings(tmp_path, builder={"profile": "paper", "runs": 8})
+    c = prove(demo_repo, "perf", settings, tmp_path)
+    assert "-DCMAKE_BUILD_TYPE=Debug" in c["build_info"]["new_build_script"][0]
+    cp = c["cppperf"]
+    assert cp["profile"] == "paper" and cp["environment"]["build_type"] == "Debug"
+    assert cp["decision_rule"] == "paper" and cp["verdict"] == cp["verdict_paper_rule"] == "improved"
 
 
 def test_slowdown_is_a_regression(demo_repo: DemoRepo, settings: Settings, tmp_path: Path) -> None:

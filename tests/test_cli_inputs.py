@@ -593,3 +593,44 @@ def test_mine_off_a_terminal_keeps_tables_off_stderr(git_repo: Path, tmp_path: P
     assert "funnel" in res.stdout and "TOTAL" in res.stdout
     assert not any(ch in res.stderr for ch in "┃━┏")  # no live table among the JSON log lines
     assert "rejected local/proj" in res.stderr
+
+
+@pytest.mark.nats
+def test_mine_in_a_terminal_sends_logs_to_a_file(git_repo: Path, tmp_path: Path) -> None:
+    """In a terminal the live table owns the screen: log lines go to OUT/.state/logs/, whose path is
+    printed, and none of them is written among the table's lines."""
+    import pty
+    import re
+
+    primary, secondary = pty.openpty()
+    out = tmp_path / "o"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cppperf", "mine", "--repo", str(git_repo), "--out", str(out)],
+        stdin=subprocess.DEVNULL,
+        stdout=secondary,
+        stderr=secondary,
+        env={**os.environ, "COLUMNS": "120", "TERM": "xterm"},
+    )
+    os.close(secondary)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        try:
+            data = os.read(primary, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=30)
+    os.close(primary)
+    screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode(errors="replace"))
+    assert proc.returncode == FAILURES, screen[-2000:]  # its only repository was rejected
+    match = re.search(r"logs: (\S+\.log)", screen.replace("\r\n", "\n").replace("\n", ""))
+    assert match, screen[-2000:]
+    logs = sorted((out / ".state" / "logs").glob("mine-*.log"))
+    assert len(logs) == 1 and logs[0].read_text().strip(), "the log file holds the run's log lines"
+    first = json.loads(logs[0].read_text().splitlines()[0])
+    assert "event" in first
+    # no log line among the live view's output, whether rendered as JSON or for the console
+    assert '"event"' not in screen and "[info" not in screen and "[warning" not in screen

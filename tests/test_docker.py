@@ -76,6 +76,7 @@ def test_bootstrapped_base_image_has_the_toolchain(engine: Any) -> None:
     assert versions["g++"].startswith("g++ (Debian 12") and "cmake version 3.25" in versions["cmake"]
 
 
+@pytest.mark.timeout(1200)  # two protocols through one exec per run: ~11 min beside 6 compile loops
 def test_instance_image_reproduces_the_verdict(engine: Any, demo_repo: DemoRepo, tmp_path: Path) -> None:
     s = dsettings(tmp_path)
     built = build_patch(

@@ -9,7 +9,8 @@ from typing import Any
 from cppperf.shared.engine.backend import LocalBackend, build_sides
 from cppperf.shared.engine.cmake import BuildSpec, StepResult
 from cppperf.shared.engine.cmake import TestCase as CTest
-from cppperf.shared.engine.limits import limits_for, pinned_cpu
+from cppperf.shared.engine.leases import core_plan
+from cppperf.shared.engine.limits import limits_for
 from cppperf.shared.engine.sandbox import RunResult
 from cppperf.shared.settings import load_settings
 from tests.gitrepo import commit_files
@@ -70,7 +71,8 @@ def test_limits_for_uses_the_ctest_timeout_first() -> None:
     none = CTest(name="u", command=["u"], cwd="/")
     assert limits_for(own, s).timeout == 10 and limits_for(own, s).cpu_seconds == 21
     assert limits_for(none, s).timeout == 100 and limits_for(none, s, timeout=7).timeout == 7
-    lim = limits_for(none, s, cpu=pinned_cpu(s))
-    assert lim.memory_mb == 512 and lim.processes == 64
+    lim = limits_for(none, s, cpu=0)  # a timed run: its leased core
+    assert lim.memory_mb == 512 and lim.processes == 64 and (lim.cpu, lim.cpus) == (0, ())
+    assert limits_for(none, s).cpus == core_plan(s).build  # untimed: the build cores
     off = load_settings(env={}, builder={"pin_cpu": False}).builder
-    assert pinned_cpu(off) is None
+    assert limits_for(none, off).cpus == ()

@@ -21,7 +21,9 @@ def test_cmake_error_keeps_its_message() -> None:
 
 def test_compiler_error_first() -> None:
     log = "[1/9] Building CXX object a.o\n[2/9] Building CXX object b.o\nFAILED: b.o\n/src/b.cpp:3:5: error: 'retrun' was not declared\n"
-    assert first_error_lines(log) == ["FAILED: b.o", "/src/b.cpp:3:5: error: 'retrun' was not declared"]
+    assert first_error_lines(log) == ["/src/b.cpp:3:5: error: 'retrun' was not declared", "FAILED: b.o"]
+    coloured = "FAILED: c.o\n/src/c.cpp:9:1: \x1b[01;31m\x1b[Kerror: \x1b[m\x1b[Karray subscript 4 [-Werror=array-bounds]\n"
+    assert first_error_lines(coloured)[0] == "/src/c.cpp:9:1: error: array subscript 4 [-Werror=array-bounds]"
 
 
 def test_fallback_is_the_tail() -> None:

@@ -34,7 +34,7 @@ def program(k: int, release_fails: bool, always_fails: bool = False) -> str:
 
 
 def prove(tmp_path: Path, repo: Path, sha: str, **builder: Any) -> dict[str, Any]:
-    settings = make_settings(tmp_path, builder={"runs": 3, "confirm": False, **builder})
+    settings = make_settings(tmp_path, builder={"runs": 4, "confirm": False, **builder})
     built = build_patch(
         commit_for(repo, sha), repo, settings.builder, work_dir=tmp_path / "work", out_dir=tmp_path / "out"
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,8 +15,23 @@ from cppperf.cli.common import Config, OutDir, Runs, _fail, _settings, app, cons
 from cppperf.cli.repos import check_name, git_repo
 from cppperf.shared.errors import CppPerfError
 
-
 # ------------------------------------------------------------------------------------------ build / calibrate
+ProfileOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--profile",
+        help="default (Release, our rule) | paper (Debug build, the paper's rule); both recorded",
+        envvar="CPPPERF_BUILDER_PROFILE",
+    ),
+]
+MetricOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--metric", help="what decides: cpu (default) | wall | instructions", envvar="CPPPERF_BUILDER_METRIC"
+    ),
+]
+
+
 def _commit_from_repo(repo: Path, sha: str, parent: str | None, name: str | None = None) -> Any:
     """The commit as a `CommitSelected`; bad input is a usage error (exit 2)."""
     from cppperf.api import commit_from_repo
@@ -47,7 +63,10 @@ def _phase_progress() -> tuple[Progress, Any]:
 
 def _print_instance(record: dict[str, Any]) -> None:
     c = record["cppperf"]
-    t = Table(title=f"{c['instance_id']}: {c['verdict']} (paper rule: {c['verdict_paper_rule']})")
+    t = Table(
+        title=f"{c['instance_id']}: {c['verdict']} ({c.get('decision_rule', 'ours')} rule; "
+        f"paper rule: {c['verdict_paper_rule']}, strict: {c.get('verdict_strict_rule', '-')})"
+    )
     for col in (
         "test",
         "old median ms",
@@ -57,6 +76,7 @@ def _print_instance(record: dict[str, Any]) -> None:
         "p (BH)",
         "ours",
         "paper",
+        "decided on",
     ):
         t.add_column(col)
     for ts in c["tests"]:
@@ -69,6 +89,7 @@ def _print_instance(record: dict[str, Any]) -> None:
             f"{ts['p_improve_adj']:.2g}",
             "improved" if ts["improved"] else ("regressed" if ts["regressed"] else "-"),
             "improved" if ts["paper_improved"] else ("regressed" if ts["paper_regressed"] else "-"),
+            str(c.get("decided_on", {}).get(ts["name"], "wall")),
         )
     out.print(t)
     if c["failure_category"]:
@@ -131,6 +152,8 @@ def build(
     builder: Annotated[str | None, typer.Option("--builder", help="local|docker")] = None,
     keep: Annotated[bool, typer.Option("--keep", help="keep the workspace")] = False,
     out_dir: OutDir = None,
+    profile: ProfileOpt = None,
+    metric: MetricOpt = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     config: Config = None,
 ) -> None:
@@ -138,6 +161,7 @@ def build(
     With --builder docker, the instance image cppperf/<owner>__<name>:<sha12> is committed.
 
     Example: cppperf build --repo /tmp/demo --sha HEAD~12 --runs 11
+             cppperf build --repo /tmp/bvh --sha e5047b9 --profile paper   # the paper's way
     """
     from cppperf.services.builder.service import build_patch
 
@@ -148,6 +172,8 @@ def build(
         builder__runs=runs,
         builder__backend=builder,
         builder__keep=keep or None,
+        builder__profile=profile,
+        builder__metric=metric,
     )
     progress, on_phase = _phase_progress()
     try:
@@ -174,16 +200,25 @@ def calibrate(
     repo: Annotated[Path, typer.Option("--repo")],
     sha: Annotated[str, typer.Option("--sha")],
     runs: Runs = None,
+    out_file: Annotated[
+        Path | None, typer.Option("--out", help="write the A/A record (all three rules) to this JSON file")
+    ] = None,
+    profile: ProfileOpt = None,
+    metric: MetricOpt = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     config: Config = None,
 ) -> None:
-    """A/A run: SHA against itself. Any test flagged is a false positive on this machine."""
+    """A/A run: SHA against itself. Any test flagged is a false positive on this machine.
+
+    Example: cppperf calibrate --repo /tmp/demo --sha HEAD --runs 21 --out aa.json
+    """
     from cppperf.services.builder.instance import prove
+    from cppperf.services.builder.record import build_record
     from cppperf.shared.engine.backends import make_backend
     from cppperf.shared.messages import instance_id
 
     commit = _commit_from_repo(repo, sha, sha)
-    s = _settings(config, builder__runs=runs)
+    s = _settings(config, builder__runs=runs, builder__profile=profile, builder__metric=metric)
     settings = msgspec.structs.replace(s.builder, confirm=False, backend="local")
     backend = make_backend(settings, s.work_dir() / "calibrate")
     progress, on_phase = _phase_progress()
@@ -204,19 +239,29 @@ def calibrate(
         backend.cleanup()
     flagged_ours = [t.name for t in res.tests if t.improved or t.regressed]
     flagged_paper = [t.name for t in res.tests if t.paper_improved or t.paper_regressed]
+    flagged_strict = [t.name for t in res.tests if t.strict_improved or t.strict_regressed]
     result = {
         "tests": len(res.tests),
         "flagged_ours": flagged_ours,
         "flagged_paper_rule": flagged_paper,
+        "flagged_strict_rule": flagged_strict,
         "verdict": res.verdict,
+        "verdict_paper_rule": res.verdict_paper,
+        "verdict_strict_rule": res.verdict_strict,
         "failure": res.failure_detail,
     }
+    if out_file is not None:
+        record = build_record(commit, res, diff="", settings=settings)
+        record["cppperf"]["calibration"] = result
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        out_file.write_text(json.dumps(record, indent=1))
     if as_json:
         print_json(result)
     else:
         out.print(
             f"A/A on {sha}: {len(res.tests)} tests; flagged by our rule: {flagged_ours or 'none'}; "
-            f"by the paper's rule: {flagged_paper or 'none'}"
+            f"by the paper's rule: {flagged_paper or 'none'}; strict: {flagged_strict or 'none'}"
+            + (f"; record: {out_file}" if out_file is not None else "")
         )
 
 

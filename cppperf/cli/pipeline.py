@@ -199,6 +199,9 @@ def mine(
     no_validate: Annotated[
         bool, typer.Option("--no-validate", help="skip building the latest commit first")
     ] = False,
+    profile: Annotated[
+        str | None, typer.Option("--profile", help="default | paper (Debug build, the paper's rule)")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as one JSON object")] = False,
     nats_url: NatsUrl = None,
     config: Config = None,
@@ -224,6 +227,7 @@ def mine(
         classifier__backend=classifier,
         builder__backend=builder,
         builder__runs=runs,
+        builder__profile=profile,
     )
     live_view = not as_json and console.is_terminal
     if live_view:

@@ -19,6 +19,7 @@ import os
 import platform
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,9 @@ from cppperf.shared.engine.backend import SIDES, Backend, SideName, Sides, build
 from cppperf.shared.engine.cases import split as split_cases
 from cppperf.shared.engine.cmake import StepResult, TestCase, normalise
 from cppperf.shared.engine.errorlines import first_error_lines
-from cppperf.shared.engine.limits import limits_for, pinned_cpu
-from cppperf.shared.engine.protocol import Measurement, RunFailure, measure
+from cppperf.shared.engine.leases import core_plan, timing_core
+from cppperf.shared.engine.limits import limits_for
+from cppperf.shared.engine.protocol import Measurement, RunFailure, check_metric, measure
 from cppperf.shared.engine.sandbox import Limits, RunResult
 from cppperf.shared.engine.stats import TestStats, compare_all, compare_test, verdict
 from cppperf.shared.engine.submodules import MissingSubmodule
@@ -44,6 +46,9 @@ class InstanceResult:
     instance_id: str
     verdict: Verdict
     verdict_paper: Verdict = Verdict.REJECTED
+    verdict_strict: Verdict = Verdict.REJECTED
+    decision_rule: str = "ours"  # the rule whose verdict is `verdict`
+    compared_tests: list[str] = field(default_factory=list)  # tests on both sides
     failure_category: FailureCategory | None = None
     failure_detail: str = ""
     improved_tests: list[str] = field(default_factory=list)
@@ -75,6 +80,20 @@ class InstanceResult:
         }
 
 
+def _cppperf_version() -> str:
+    try:
+        return metadata.version("cppperf")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _loadavg() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
 def environment_facts(settings: BuilderSettings) -> dict[str, Any]:
     cpu = ""
     try:
@@ -84,14 +103,21 @@ def environment_facts(settings: BuilderSettings) -> dict[str, Any]:
                 break
     except OSError:
         pass
+    plan = core_plan(settings)
     return {
         "platform": platform.platform(),
         "cpu_model": cpu,
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
-        "build_type": settings.build_type,
+        "cppperf_version": _cppperf_version(),
+        "profile": settings.profile,
+        "build_type": settings.effective_build_type(),
         "thread_env": dict(settings.thread_env),
         "pinned_cpu": settings.pin_cpu,
+        "timing_cores": list(plan.timing),
+        "build_cores": list(plan.build),
+        "leased_core": None,
+        "load_average_start": _loadavg(),
     }
 
 
@@ -99,6 +125,7 @@ def _step_dict(side: SideName, s: StepResult) -> dict[str, Any]:
     return {
         "side": side,
         "step": s.step,
+        "command": list(s.argv),
         "ok": s.ok,
         "seconds": round(s.result.wall_s, 3),
         "category": s.category,
@@ -166,12 +193,12 @@ def prove(
         raise ValueError("prove: sides to export need the repository they come from")
     once = _Once(iid, sides, repo_path, backend, on_phase, seed, llm_propose, time_identical)
     first = once.prove(settings)
-    first.attempts = [first.attempt_summary(settings.build_type)]
+    first.attempts = [first.attempt_summary(settings.effective_build_type())]
     fallback = settings.fallback_build_type
     if (
         first.failure_category != FailureCategory.TEST_FAILURE_BOTH_SIDES
         or not fallback
-        or fallback == settings.build_type
+        or fallback == settings.effective_build_type()
     ):
         return first
     backend.cleanup()
@@ -218,7 +245,7 @@ def _prove_once(once: _Once, settings: BuilderSettings) -> InstanceResult:
 
     def reject(category: FailureCategory, detail: str) -> InstanceResult:
         result.verdict, result.failure_category, result.failure_detail = Verdict.REJECTED, category, detail
-        result.verdict_paper = Verdict.REJECTED
+        result.verdict_paper = result.verdict_strict = Verdict.REJECTED
         return result
 
     phase("checkout", 0, 1)
@@ -231,11 +258,13 @@ def _prove_once(once: _Once, settings: BuilderSettings) -> InstanceResult:
         result.failure_lines = [str(exc)]
         result.tried = list(exc.tried)
         return reject(FailureCategory.DEPENDENCY, str(exc))
+    count = check_metric(backend, settings)  # before any build: an impossible metric fails fast
     phase("checkout", 1, 1)
     failure = _build_both(backend, result, phase, llm_propose)
     if failure is not None:
         return reject(*failure)
     phase("build new", 2, 2)
+    result.environment.update({f"{k}_version": v for k, v in backend.toolchain().items()})
 
     tests_by_side: dict[SideName, dict[str, TestCase]] = {
         side: {t.name: t for t in backend.tests(side) if not t.disabled} for side in SIDES
@@ -243,54 +272,77 @@ def _prove_once(once: _Once, settings: BuilderSettings) -> InstanceResult:
     common = sorted(set(tests_by_side["old"]) & set(tests_by_side["new"]))
     result.added_tests = sorted(set(tests_by_side["new"]) - set(tests_by_side["old"]))
     result.removed_tests = sorted(set(tests_by_side["old"]) - set(tests_by_side["new"]))
+    result.compared_tests = common
     if not common:
         result.failure_step = "tests"
         result.tried.append("enabled BUILD_TESTING and the project's own test options")
         return reject(FailureCategory.NO_TESTS, "no CTest test exists on both sides")
     if not once.time_identical and backend.binaries_identical(common):
-        result.verdict = result.verdict_paper = Verdict.UNCHANGED_BINARIES
+        result.verdict = result.verdict_paper = result.verdict_strict = Verdict.UNCHANGED_BINARIES
         return result
     if settings.split_cases:
-        tests_by_side, common = _split_cases(backend, tests_by_side, common, phase)
-
-    cpu = pinned_cpu(settings)
-
-    def run_one(side: SideName, name: str) -> RunResult:
-        t = tests_by_side[side][name]
-        return normalise(t, backend.run_test(side, t, limits_for(t, settings, cpu=cpu)))
+        tests_by_side, common = _split_cases(backend, tests_by_side, common, phase, settings)
+        result.compared_tests = common
 
     run_seed = settings.seed if seed is None else seed
-    meas = measure(
-        common,
-        run_one,
-        rounds=settings.runs,
-        warmup=settings.warmup,
-        seed=run_seed,
-        early_stop=settings.early_stop,
-        min_rounds=settings.early_stop_min_rounds,
-        min_improvement=settings.min_improvement,
-        progress=lambda d, t: phase("measure", d, t),
-    )
-    result.measurement = meas
-    if meas.failure is not None:
-        return _reject_failure(meas.failure, run_one, settings, result, reject, phase)
+    with timing_core(settings, phase) as cpu:
+        result.environment["leased_core"] = cpu
+
+        def run_one(side: SideName, name: str) -> RunResult:
+            t = tests_by_side[side][name]
+            limits = limits_for(t, settings, cpu=cpu, instructions=count)
+            return normalise(t, backend.run_test(side, t, limits))
+
+        meas = measure(
+            common,
+            run_one,
+            rounds=settings.runs,
+            warmup=settings.warmup,
+            seed=run_seed,
+            early_stop=settings.early_stop,
+            min_rounds=settings.early_stop_min_rounds,
+            min_improvement=settings.min_improvement,
+            progress=lambda d, t: phase("measure", d, t),
+            metric=settings.metric,
+            multithread_ratio=settings.multithread_ratio,
+            floor=settings.sample_floor,
+            max_repeats=settings.max_repeats,
+        )
+        result.measurement = meas
+        if meas.failure is not None:  # re-runs that say whose fault it is: still on the leased core
+            return _reject_failure(meas.failure, run_one, settings, result, reject, phase)
+        _decide(meas, run_one, settings, run_seed, result, phase)
+        result.environment["load_average_end"] = _loadavg()
+    return result
+
+
+def _decide(
+    meas: Measurement,
+    run_one: Callable[[SideName, str], Any],
+    settings: BuilderSettings,
+    run_seed: int,
+    result: InstanceResult,
+    phase: PhaseCallback,
+) -> None:
+    """Statistics on each test's deciding metric, confirmation runs, verdicts under every rule."""
     decided = compare_all(
-        {n: (s.old, s.new) for n, s in meas.samples.items()},
+        meas.decision_samples(),
         alpha=settings.alpha,
         min_improvement=settings.min_improvement,
         resamples=settings.bootstrap_resamples,
         seed=run_seed,
     )
     if settings.confirm:
-        decided = _confirm(decided, run_one, settings, run_seed, result, phase)
+        decided = _confirm(decided, meas, run_one, settings, run_seed, result, phase)
     result.tests = decided
-    rule = settings.decision_rule
+    rule = settings.effective_rule()
+    result.decision_rule = rule
     result.verdict = verdict(decided, rule=rule)
-    result.verdict_paper = verdict(decided, paper=True)
+    result.verdict_paper = verdict(decided, rule="paper")
+    result.verdict_strict = verdict(decided, rule="strict")
     imp, reg = ("improved", "regressed") if rule == "ours" else (f"{rule}_improved", f"{rule}_regressed")
     result.improved_tests = [t.name for t in decided if getattr(t, imp)]
     result.regressed_tests = [t.name for t in decided if getattr(t, reg)]
-    return result
 
 
 def _reject_failure(
@@ -350,13 +402,16 @@ def _split_cases(
     tests_by_side: dict[SideName, dict[str, TestCase]],
     common: list[str],
     phase: PhaseCallback,
+    settings: BuilderSettings,
 ) -> tuple[dict[SideName, dict[str, TestCase]], list[str]]:
-    """Each common test split into its framework cases on both sides; the cases on both sides."""
+    """Each common test split into its framework cases on both sides; the cases on both sides.
+    Listing runs untimed, on the build cores."""
+    build_cores = core_plan(settings).build if settings.pin_cpu else ()
     split_by_side: dict[SideName, dict[str, TestCase]] = {}
     for side in SIDES:
 
         def listing(tc: TestCase, side: SideName = side) -> RunResult:
-            return backend.run_test(side, tc, Limits(timeout=60))
+            return backend.run_test(side, tc, Limits(timeout=60, cpus=build_cores))
 
         out: dict[str, TestCase] = {}
         for i, name in enumerate(common):
@@ -372,7 +427,8 @@ _CLEARED = {"improved": False, "regressed": False, "strict_improved": False, "st
 
 def _confirm(
     decided: list[TestStats],
-    run_one: Callable[[SideName, str], RunResult],
+    main: Measurement,
+    run_one: Callable[[SideName, str], Any],
     settings: BuilderSettings,
     seed: int,
     result: InstanceResult,
@@ -393,21 +449,28 @@ def _confirm(
             warmup=settings.warmup,
             seed=seed + 7919 * (i + 1),
             early_stop=False,
+            metric=main.metric_of(t.name),
+            repeats={t.name: main.repeats.get(t.name, 1)},
         )
         if meas.failure is not None:
             result.confirmations[t.name] = {"held": False, "failure": meas.failure.output_tail[-500:]}
             out[t.name] = TestStats(**{**t.as_dict(), **_CLEARED})
             continue
         s = meas.samples[t.name]
-        c = compare_test(t.name, s.old, s.new, resamples=settings.bootstrap_resamples, seed=seed + i)
+        metric = main.metric_of(t.name)
+        old, new = s.pair(metric)
+        c = compare_test(t.name, old, new, resamples=settings.bootstrap_resamples, seed=seed + i)
         if t.improved or t.strict_improved:
             held = c.p_improve < settings.alpha and c.median_change >= settings.min_improvement
         else:
             held = c.p_regress < settings.alpha and c.median_change <= -settings.min_improvement
         result.confirmations[t.name] = {
             "held": held,
-            "old": s.old,
-            "new": s.new,
+            "metric": metric,
+            "old": old,
+            "new": new,
+            "old_wall_s": s.old,
+            "new_wall_s": s.new,
             "median_change": c.median_change,
             "p_improve": c.p_improve,
             "p_regress": c.p_regress,

@@ -4,11 +4,15 @@ Published keys (`metadata`, `commit_info`, `issues`, `pull_requests`, `build_inf
 `performance_analysis`, `tests`, `logs`, `raw_timing_data`) are filled the way the published files
 fill them, so tools that read CppPerf-DB read ours. `cppperf` adds: instance id, verdict (ours and
 the paper's rule), per-test statistics with CIs, raw samples both sides (wall and CPU), seed,
-environment, early-stop savings, confirmation runs, failure category.
+environment (cppperf/compiler/CMake versions, leased core, load average), the metric that decided
+each test (`decided_on`), repeats per sample, early-stop savings, confirmation runs, failure
+category, and the instance verdict under all three rules (`decision_rule` says which one is
+`verdict`).
 """
 
 from __future__ import annotations
 
+import shlex
 import statistics
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,6 +39,16 @@ def _ms(xs: list[float]) -> list[float]:
     return [x * 1000.0 for x in xs]
 
 
+def _commands(res: InstanceResult, side: str, settings: BuilderSettings) -> list[str]:
+    """The configure and build commands as they ran on `side`, every option included."""
+    cmds = [shlex.join(s["command"]) for s in res.build_steps if s["side"] == side and s.get("command")]
+    if cmds:
+        return cmds
+    build_type = str(res.environment.get("build_type") or settings.effective_build_type())
+    spec = BuildSpec(build_type=build_type)  # nothing ran: what would have
+    return [shlex.join(configure_argv(Path("src"), Path("build"), spec, options=[])), "cmake --build build"]
+
+
 def build_record(
     commit: CommitSelected, res: InstanceResult, *, diff: str, settings: BuilderSettings
 ) -> dict[str, Any]:
@@ -58,6 +72,8 @@ def build_record(
                 "is_mannwhitney_significant": t.paper_improved,
                 "mannwhitney_p_value": t.p_improve,
                 "relative_improvement": t.mean_change,
+                "relative_improvement_median": t.median_change,
+                "decided_on": meas.metric_of(t.name) if meas else None,
                 "absolute_improvement_ms": (t.mean_old - t.mean_new) * 1000.0,
                 "old_mean_ms": t.mean_old * 1000.0,
                 "new_mean_ms": t.mean_new * 1000.0,
@@ -95,8 +111,12 @@ def build_record(
         }
         for f in commit.files
     ]
-    spec = BuildSpec(build_type=str(res.environment.get("build_type") or settings.build_type))
-    build_cmd = " ".join(configure_argv(Path("src"), Path("build"), spec))
+    if not res.tests and res.verdict == "unchanged-binaries":  # the tests whose binaries matched
+        per_test = [
+            {"test_name": n, "is_significant": False, "unchanged_binary": True} for n in res.compared_tests
+        ]
+    rule_imp = "improved" if res.decision_rule == "ours" else f"{res.decision_rule}_improved"
+    best = max((t for t in res.tests if getattr(t, rule_imp)), key=lambda t: t.median_change, default=None)
     return {
         "metadata": {
             "collection_date": datetime.now(UTC).isoformat(),
@@ -116,15 +136,24 @@ def build_record(
         "issues": issues,
         "pull_requests": pulls,
         "build_info": {
-            "old_build_script": [build_cmd, "cmake --build build"],
-            "new_build_script": [build_cmd, "cmake --build build"],
+            "old_build_script": _commands(res, "old", settings),
+            "new_build_script": _commands(res, "new", settings),
             "old_test_script": ["ctest --test-dir build --show-only=json-v1", "<each test run directly>"],
             "new_test_script": ["ctest --test-dir build --show-only=json-v1", "<each test run directly>"],
             "build_system": "cmake",
         },
         "performance_analysis": {
             "is_significant": res.verdict == Verdict.IMPROVED,
+            # the improved test with the largest median change under the deciding rule (or None)
+            "test_name": best.name if best else None,
+            "test_relative_improvement": best.mean_change if best else None,
+            "test_relative_improvement_median": best.median_change if best else None,
             "relative_improvement": (old_mean - new_mean) / old_mean if old_mean else 0.0,
+            "relative_improvement_median": (
+                (statistics.median(old_total) - statistics.median(new_total)) / statistics.median(old_total)
+                if old_total and new_total
+                else 0.0
+            ),
             "absolute_improvement_ms": (old_mean - new_mean) * 1000.0,
             "old_mean_ms": old_mean * 1000.0,
             "new_mean_ms": new_mean * 1000.0,
@@ -134,7 +163,7 @@ def build_record(
             "new_times_s": new_total,
         },
         "tests": {
-            "total_tests": len(res.tests),
+            "total_tests": len(res.tests) or len(res.compared_tests),
             "significant_improvements": len(improved),
             "significant_improvements_tests": improved,
             "significant_regressions": len(regressed),
@@ -160,7 +189,15 @@ def build_record(
             "record_version": RECORD_VERSION,
             "instance_id": res.instance_id,
             "verdict": res.verdict,
+            "decision_rule": res.decision_rule,
             "verdict_paper_rule": res.verdict_paper,
+            "verdict_strict_rule": res.verdict_strict,
+            "profile": settings.profile,
+            "metric": settings.metric,
+            "decided_on": dict(meas.decided_on) if meas else {},
+            "repeats": dict(meas.repeats) if meas else {},
+            "sample_floor_s": settings.sample_floor,
+            "compared_tests": res.compared_tests,
             "failure_category": res.failure_category,
             "failure_detail": res.failure_detail,
             "failure_step": res.failure_step,
@@ -182,7 +219,14 @@ def build_record(
             "tests": [t.as_dict() for t in res.tests],
             "confirmations": res.confirmations,
             "samples": {
-                n: {"old_s": s.old, "new_s": s.new, "old_cpu_s": s.old_cpu, "new_cpu_s": s.new_cpu}
+                n: {
+                    "old_s": s.old,
+                    "new_s": s.new,
+                    "old_cpu_s": s.old_cpu,
+                    "new_cpu_s": s.new_cpu,
+                    "old_instructions": s.instructions.get("old", []),
+                    "new_instructions": s.instructions.get("new", []),
+                }
                 for n, s in (meas.samples.items() if meas else [])
             },
             "linked_texts_fetched": commit.links_fetched,

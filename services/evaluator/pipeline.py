@@ -41,8 +41,9 @@ from cppperf.shared.domain import EvalVerdict
 from cppperf.shared.engine.backend import Backend, LocalBackend, SideName, build_sides, export_tree
 from cppperf.shared.engine.backends import make_backend
 from cppperf.shared.engine.cmake import StepResult, TestCase, normalise, test_description
-from cppperf.shared.engine.limits import limits_for, pinned_cpu
-from cppperf.shared.engine.protocol import measure
+from cppperf.shared.engine.leases import timing_core
+from cppperf.shared.engine.limits import limits_for
+from cppperf.shared.engine.protocol import check_metric, measure
 from cppperf.shared.engine.sandbox import Limits, RunResult, jail_problem
 from cppperf.shared.files import write_atomic
 from cppperf.shared.logging import get_logger
@@ -362,40 +363,49 @@ def _run(
     if not common:
         return _verdict(EvalVerdict.INSTANCE_BROKEN, "no test exists on all three sides", applied=True)
 
-    def limits(t: TestCase, cpu: int | None = None) -> Limits:
-        return limits_for(t, s.builder, timeout=ev.test_timeout, cpu=cpu)
+    def limits(t: TestCase, cpu: int | None = None, instructions: bool = False) -> Limits:
+        return limits_for(t, s.builder, timeout=ev.test_timeout, cpu=cpu, instructions=instructions)
 
     info = {"applied": True, "applied_with": applied_with, "builds": True, "tests": common}
-    pin = pinned_cpu(s.builder)
-
-    def pinned(t: TestCase) -> Limits:  # checked exactly as timed: a test cannot tell the two apart
-        return limits(t, pin)
-
-    failures = _correctness(backend, {n: tests["agent"][n] for n in common}, pinned, out, phase)
-    if failures:
-        verdict = EvalVerdict.TIMEOUT if all(f["timed_out"] for f in failures) else EvalVerdict.TESTS_FAILED
-        names = ", ".join(f["test"] for f in failures)
-        return {
-            **_verdict(verdict, f"failing tests: {names}"),
-            **info,
-            "tests_pass": False,
-            "failing_tests": failures,
-        }
     timed = [n for n in common if n in set(inst.improved_tests)] or common
+    count = check_metric(backend, s.builder)
+    # the correctness runs hold the timing core too: checked exactly as timed (same core, same
+    # limits), a test cannot tell the two apart and behave only while it is checked
+    with timing_core(s.builder, phase) as pin:
 
-    def run_one(side: str, name: str) -> RunResult:
-        t = tests[side][name]
-        return normalise(t, backend.run_test(side, t, pinned(t)))
+        def pinned(t: TestCase) -> Limits:
+            return limits(t, pin, count)
 
-    meas = measure(
-        timed,
-        run_one,
-        rounds=ev.runs,
-        warmup=s.builder.warmup,
-        seed=s.builder.seed,
-        sides=SIDES,
-        progress=lambda d, t: phase("measure", d, t),
-    )
+        failures = _correctness(backend, {n: tests["agent"][n] for n in common}, pinned, out, phase)
+        if failures:
+            verdict = (
+                EvalVerdict.TIMEOUT if all(f["timed_out"] for f in failures) else EvalVerdict.TESTS_FAILED
+            )
+            names = ", ".join(f["test"] for f in failures)
+            return {
+                **_verdict(verdict, f"failing tests: {names}"),
+                **info,
+                "tests_pass": False,
+                "failing_tests": failures,
+            }
+
+        def run_one(side: str, name: str) -> RunResult:
+            t = tests[side][name]
+            return normalise(t, backend.run_test(side, t, pinned(t)))
+
+        meas = measure(
+            timed,
+            run_one,
+            rounds=ev.runs,
+            warmup=s.builder.warmup,
+            seed=s.builder.seed,
+            sides=SIDES,
+            progress=lambda d, t: phase("measure", d, t),
+            metric=s.builder.metric,
+            multithread_ratio=s.builder.multithread_ratio,
+            floor=s.builder.sample_floor,
+            max_repeats=s.builder.max_repeats,
+        )
     if meas.failure is not None:
         f = meas.failure
         if f.side == "agent":
@@ -412,7 +422,7 @@ def _run(
             **info,
         }
     scores = score(
-        {n: meas.samples[n].wall for n in timed},
+        {n: meas.samples[n].by_metric(meas.metric_of(n)) for n in timed},
         alpha=s.builder.alpha,
         min_improvement=s.builder.min_improvement,
         opt_fraction=ev.opt_fraction,
@@ -429,7 +439,13 @@ def _run(
         "rounds": ev.runs,
         "seed": s.builder.seed,
         **scores,
-        "samples": {n: meas.samples[n].wall for n in timed},
+        "samples": {n: meas.samples[n].by_metric(meas.metric_of(n)) for n in timed},
+        "samples_wall": {n: meas.samples[n].wall for n in timed},
+        "samples_cpu": {n: meas.samples[n].cpu for n in timed},
+        "metric": s.builder.metric,
+        "decided_on": dict(meas.decided_on),
+        "repeats": dict(meas.repeats),
+        "leased_core": pin,
     }
 
 

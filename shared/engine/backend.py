@@ -25,6 +25,7 @@ import hashlib
 import io
 import os
 import shutil
+import subprocess
 import tarfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from cppperf.shared.engine.cmake import (
     discover_tests,
     tool_env,
 )
+from cppperf.shared.engine.runner_script import instructions_unsupported
 from cppperf.shared.engine.sandbox import JAIL_TMP, Jail, Limits, RunResult, hand_over, jail_env, run
 from cppperf.shared.engine.submodules import Sources, archive
 from cppperf.shared.errors import InfraFailure
@@ -75,6 +77,8 @@ class Backend(Protocol):
     def commit(self, image: str, record: dict[str, Any]) -> str: ...
     def push(self, image: str, registry: str) -> str: ...
     def read_record(self) -> dict[str, Any]: ...
+    def instructions_unsupported(self) -> str | None: ...
+    def toolchain(self) -> dict[str, str]: ...
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,14 @@ def tar_tree(root: Path) -> bytes:
         for path in sorted(root.rglob("*")):
             tar.add(path, arcname=str(path.relative_to(root)), recursive=False)
     return buf.getvalue()
+
+
+def _first_line(argv: list[str]) -> str:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return proc.stdout.splitlines()[0] if proc.returncode == 0 and proc.stdout else ""
 
 
 def export_tree(repo_path: Path, sha: str, dest: Path, submodules: Sources | None = None) -> None:
@@ -315,3 +327,11 @@ class LocalBackend:
 
     def read_record(self) -> dict[str, Any]:
         raise NotImplementedError("instance images need the docker backend")
+
+    def instructions_unsupported(self) -> str | None:
+        return instructions_unsupported()
+
+    def toolchain(self) -> dict[str, str]:
+        """Compiler and CMake versions on this host (first line of `--version`)."""
+        cxx = os.environ.get("CXX") or "c++"
+        return {"compiler": _first_line([cxx, "--version"]), "cmake": _first_line(["cmake", "--version"])}

@@ -6,12 +6,12 @@ commit's date and CMake minimum; `from_image` reuses an instance image instead (
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from cppperf.shared.engine.backend import Backend, LocalBackend
 from cppperf.shared.engine.cmake import BuildSpec
+from cppperf.shared.engine.leases import core_plan
 from cppperf.shared.engine.sandbox import jail_problem, mount_namespace_available
 from cppperf.shared.engine.submodules import Sources
 from cppperf.shared.errors import ConfigError, InfraFailure
@@ -22,13 +22,15 @@ log = get_logger(__name__)
 
 
 def build_spec(settings: BuilderSettings) -> BuildSpec:
+    """Build type from the profile; builds on the build cores (never on a timing core)."""
     return BuildSpec(
-        build_type=settings.build_type,
+        build_type=settings.effective_build_type(),
         jobs=settings.jobs,
         configure_timeout=settings.configure_timeout,
         build_timeout=settings.build_timeout,
         memory_mb=settings.memory_limit_mb,
         processes=settings.max_processes,
+        cpus=core_plan(settings).build if settings.pin_cpu else (),
     )
 
 
@@ -108,7 +110,6 @@ def make_backend(
             repo_path, sha, date = source
             texts = cmake_texts(repo_path, sha)
             base = base_image_for(client, settings, date, texts[0] if texts else "")
-        cpus = sorted(os.sched_getaffinity(0))
         return DockerBackend(
             client,
             base,
@@ -117,7 +118,8 @@ def make_backend(
             workspace / "logs",
             memory_mb=settings.memory_limit_mb,
             pids=settings.max_processes,
-            cpuset=settings.cpuset or str(cpus[-1]),
+            # build cores and timing cores: builds run on the first, each timed run on its lease
+            cpuset=settings.cpuset or core_plan(settings).cpuset(),
             output_limit=settings.output_limit,
             from_image=from_image,
             ccache_basedir=settings.ccache_basedir,

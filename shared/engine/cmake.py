@@ -57,16 +57,18 @@ class BuildSpec:
     build_timeout: float = 3600.0
     memory_mb: int | None = None  # per process (RLIMIT_AS) for jailed steps
     processes: int | None = None  # pids cgroup (else RLIMIT_NPROC) for jailed steps
+    cpus: tuple[int, ...] = ()  # the build cores (never a core leased for timing); empty: any
 
 
 def _step_limits(spec: BuildSpec, timeout: float, jail: Jail | None) -> Limits:
     if jail is None:
-        return Limits(timeout=timeout, memory_mb=None)
+        return Limits(timeout=timeout, memory_mb=None, cpus=spec.cpus)
     return Limits(
         timeout=timeout,
         cpu_seconds=int(timeout) + 1,
         memory_mb=spec.memory_mb,
         processes=spec.processes,
+        cpus=spec.cpus,
     )
 
 
@@ -78,6 +80,7 @@ class StepResult:
     category: FailureCategory | None = None
     missing: MissingDeps | None = None
     log_path: Path | None = None
+    argv: tuple[str, ...] = ()  # the command as run (recorded)
 
 
 def tool_env(ccache_dir: Path | None, basedir: Path | None) -> dict[str, str]:
@@ -127,8 +130,9 @@ def configure(
     if mount is None:
         build.mkdir(parents=True, exist_ok=True)
     real_src = src if mount is None else mount[0] / src.relative_to(mount[1])
+    argv = configure_argv(src, build, spec, options=test_options(real_src))
     res = run(
-        configure_argv(src, build, spec, options=test_options(real_src)),
+        argv,
         env=env,
         limits=_step_limits(spec, spec.configure_timeout, jail),
         sandbox=jail is not None,
@@ -139,9 +143,9 @@ def configure(
         cwd=str(mount[1]) if mount else None,
     )
     if res.ok:
-        return StepResult("configure", True, res, log_path=log)
+        return StepResult("configure", True, res, log_path=log, argv=tuple(argv))
     if res.timed_out:
-        return StepResult("configure", False, res, FailureCategory.TIMEOUT, log_path=log)
+        return StepResult("configure", False, res, FailureCategory.TIMEOUT, log_path=log, argv=tuple(argv))
     missing = diagnose(res.output, build / "CMakeCache.txt")
     return StepResult(
         "configure",
@@ -150,6 +154,7 @@ def configure(
         FailureCategory.DEPENDENCY if missing else FailureCategory.CONFIGURE,
         missing,
         log,
+        argv=tuple(argv),
     )
 
 
@@ -162,9 +167,10 @@ def build(
     mount: tuple[Path, Path] | None = None,
     jail: Jail | None = None,
 ) -> StepResult:
-    jobs = spec.jobs or os.cpu_count() or 1
+    jobs = spec.jobs or len(spec.cpus) or os.cpu_count() or 1
+    argv = ("cmake", "--build", str(build_dir), "-j", str(jobs))
     res = run(
-        ["cmake", "--build", str(build_dir), "-j", str(jobs)],
+        argv,
         env=env,
         limits=_step_limits(spec, spec.build_timeout, jail),
         sandbox=jail is not None,
@@ -175,12 +181,12 @@ def build(
         cwd=str(build_dir) if mount else None,
     )
     if res.ok:
-        return StepResult("build", True, res, log_path=log)
+        return StepResult("build", True, res, log_path=log, argv=argv)
     if res.timed_out:
-        return StepResult("build", False, res, FailureCategory.TIMEOUT, log_path=log)
+        return StepResult("build", False, res, FailureCategory.TIMEOUT, log_path=log, argv=argv)
     if res.returncode < 0 or "Killed signal terminated program" in res.output:
-        return StepResult("build", False, res, FailureCategory.INFRA, log_path=log)
-    return StepResult("build", False, res, FailureCategory.COMPILE, log_path=log)
+        return StepResult("build", False, res, FailureCategory.INFRA, log_path=log, argv=argv)
+    return StepResult("build", False, res, FailureCategory.COMPILE, log_path=log, argv=argv)
 
 
 @dataclass(frozen=True)

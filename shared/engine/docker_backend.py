@@ -2,7 +2,8 @@
 podman's Docker-compatible API works too).
 
 One container per instance, from the env image of the commit's era: `network_mode=none`, memory
-and pids limits, pinned to one core (`cpuset_cpus`), removed in `cleanup()`. Sources go in with
+and pids limits, on the host's build and timing cores (`cpuset_cpus`; builds run on the build cores, each timed
+run on its leased core), removed in `cleanup()`. Sources go in with
 `put_archive` (git archive), into the same-shaped trees the local backend uses (`/work/old`,
 `/work/new`); every command runs through `/opt/cppperf/runner.py` as uid 1000, which times the
 test inside the container. A configure that fails for missing Debian packages is retried once in
@@ -150,6 +151,8 @@ class DockerBackend:
         timeout: float,
         env: dict[str, str] | None = None,
         cpu: int | None = None,
+        cpus: tuple[int, ...] = (),
+        instructions: bool = False,
         output_limit: int | None = None,
         uid: int = UID,
     ) -> RunResult:
@@ -161,6 +164,8 @@ class DockerBackend:
             "timeout": timeout,
             "output_limit": output_limit or self.output_limit,
             "cpu": cpu,
+            "cpus": list(cpus),
+            "instructions": instructions,
             "uid": uid,
             "fresh_tmp": self.hardened,
         }
@@ -177,6 +182,7 @@ class DockerBackend:
             timed_out=bool(ans["timed_out"]),
             truncated=bool(ans["truncated"]),
             max_rss_kb=int(ans.get("max_rss_kb", 0)),
+            instructions=None if ans.get("instructions") is None else int(ans["instructions"]),
         )
 
     @property
@@ -227,15 +233,17 @@ class DockerBackend:
             cwd=f"{WORK}/{side}",
             timeout=timeout,
             env=self._build_env(side),
+            cpus=self.spec.cpus,
             output_limit=256 * 1024,
             uid=self.uid(side),
         )
         log = self.logs / f"{side}-{step}.log"
         log.write_text(res.output)
+        cmd = tuple(argv)
         if res.ok:
-            return StepResult(step, True, res, log_path=log)
+            return StepResult(step, True, res, log_path=log, argv=cmd)
         if res.timed_out:
-            return StepResult(step, False, res, FailureCategory.TIMEOUT, log_path=log)
+            return StepResult(step, False, res, FailureCategory.TIMEOUT, log_path=log, argv=cmd)
         if step == "configure":
             missing = diagnose(res.output)
             return StepResult(
@@ -245,10 +253,11 @@ class DockerBackend:
                 FailureCategory.DEPENDENCY if missing else FailureCategory.CONFIGURE,
                 missing,
                 log,
+                argv=cmd,
             )
         if res.returncode in (-9, 137):
-            return StepResult(step, False, res, FailureCategory.RESOURCE_LIMIT, log_path=log)
-        return StepResult(step, False, res, FailureCategory.COMPILE, log_path=log)
+            return StepResult(step, False, res, FailureCategory.RESOURCE_LIMIT, log_path=log, argv=cmd)
+        return StepResult(step, False, res, FailureCategory.COMPILE, log_path=log, argv=cmd)
 
     def build(self, side: SideName) -> list[StepResult]:
         src, bld = Path(f"{WORK}/{side}/src"), Path(f"{WORK}/{side}/build")
@@ -316,8 +325,32 @@ class DockerBackend:
             **test.env,
         }
         return self._run(
-            test.command, cwd=test.cwd, timeout=limits.timeout, env=env, cpu=limits.cpu, uid=self.uid(side)
+            test.command,
+            cwd=test.cwd,
+            timeout=limits.timeout,
+            env=env,
+            cpu=limits.cpu,
+            cpus=limits.cpus,
+            instructions=limits.instructions,
+            uid=self.uid(side),
         )
+
+    def instructions_unsupported(self) -> str | None:
+        """Why the container cannot count instructions (seccomp, no PMU), or None."""
+        code, out = self.container.exec_run(["python3", RUNNER, json.dumps({"op": "probe"})], user=str(UID))
+        try:
+            why: str | None = json.loads(out)["instructions_unsupported"]
+        except (ValueError, KeyError):
+            return f"probe failed in the container (exit {code})"
+        return why
+
+    def toolchain(self) -> dict[str, str]:
+        """Compiler and CMake versions inside the container (first line of `--version`)."""
+        out: dict[str, str] = {}
+        for key, argv in (("compiler", ["c++", "--version"]), ("cmake", ["cmake", "--version"])):
+            code, text = self.container.exec_run(argv, user=str(UID))
+            out[key] = text.decode(errors="replace").splitlines()[0] if code == 0 and text else ""
+        return out
 
     # ------------------------------------------------------------------ images
     def commit(self, image: str, record: dict[str, Any]) -> str:

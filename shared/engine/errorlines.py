@@ -16,17 +16,21 @@ _MATTERS = re.compile(
     r"|assert|Segmentation fault|Aborted|terminate called|Expected|Which is|exception",
     re.IGNORECASE,
 )
-_NOISE = re.compile(r"^-- |^\[\d+/\d+\] |Werror|-Wno-error|Looking for|Performing Test", re.IGNORECASE)
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # compilers colour their diagnostics under Ninja
+_NOISE = re.compile(  # progress lines and compiler command lines (their -Werror flags)
+    r"^-- |^\[\d+/\d+\] |Looking for|Performing Test|^\S*(?:ccache|c\+\+|g\+\+|gcc|clang\+\+|cc)\s+-",
+    re.IGNORECASE,
+)
 
 
 def first_error_lines(output: str, limit: int = 8, width: int = 300) -> list[str]:
     """Up to `limit` lines that explain a failure (a CMake error keeps its indented message)."""
-    lines = output.splitlines()
+    lines = _ANSI.sub("", output).splitlines()
     out: list[str] = []
     i = 0
     while i < len(lines) and len(out) < limit:
         line = lines[i]
-        if _MATTERS.search(line) and not _NOISE.search(line):
+        if _MATTERS.search(line) and not _NOISE.search(line) and line.strip()[:width] not in out:
             out.append(line.strip()[:width])
             if line.startswith("CMake Error"):  # its message follows, indented
                 j = i + 1
@@ -39,4 +43,5 @@ def first_error_lines(output: str, limit: int = 8, width: int = 300) -> list[str
         i += 1
     if not out:
         out = [ln.strip()[:width] for ln in lines if ln.strip()][-limit:]
-    return out
+    # a compiler's own diagnosis before the build tool's "FAILED: <object>"
+    return sorted(out, key=lambda ln: 1 if ln.startswith(("FAILED:", "ninja:")) else 0)

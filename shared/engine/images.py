@@ -110,10 +110,13 @@ def bootstrap_base(
         subprocess.run(
             ["chroot", root, "useradd", "-u", "1000", "-m", "runner"], capture_output=True, check=False
         )
-        tar = subprocess.Popen(["tar", "-C", root, "-c", "."], stdout=subprocess.PIPE)
-        assert tar.stdout is not None
-        answer = client.api.import_image_from_stream(tar.stdout, repository="cppperf/base", tag=release)
-        tar.wait()
+        # `with`: the pipe is closed and tar reaped even if the import fails (an unclosed pipe was a
+        # ResourceWarning, an error under the tests' filterwarnings, on a machine's first bootstrap)
+        with subprocess.Popen(["tar", "-C", root, "-c", "."], stdout=subprocess.PIPE) as tar:
+            assert tar.stdout is not None
+            answer = client.api.import_image_from_stream(tar.stdout, repository="cppperf/base", tag=release)
+        if tar.returncode != 0:
+            raise InfraFailure(f"tar of the {release} root file system failed (exit {tar.returncode})")
     image_id = _imported_id(answer)
     client.images.get(image_id).tag("cppperf/base", release)
     return name

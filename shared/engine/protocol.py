@@ -5,32 +5,67 @@ side goes first are drawn from a seeded RNG (seed recorded), so drift hits both 
 first `warmup` rounds are discarded. Every run must pass: the first failure ends the protocol with
 the test and side named. After `min_rounds` kept rounds a test whose ratio CI is clearly inside ±1 %
 or clearly beyond the threshold stops being run (rounds saved are counted).
+
+Every run records wall time, CPU time (user+sys of the process tree, from `wait4`) and, where the
+kernel allows, user-space instructions. One of them decides (`metric`): CPU time by default, which
+a busy neighbour does not move for a single-threaded test; a test whose CPU time exceeds its wall
+time by `multithread_ratio` is multi-threaded and is decided on wall time (`decided_on` says so per
+test). A test whose warm-up run is shorter than `floor` seconds (CPU time, or wall time when that
+is shorter) is run `repeats` times back to back inside every sample (the sample is the mean), so
+process start-up does not dominate it.
 """
 
 from __future__ import annotations
 
+import math
 import random
+import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from cppperf.shared.engine.backend import SideName
+from cppperf.shared.engine.backend import Backend, SideName
 from cppperf.shared.engine.sandbox import RunResult
 from cppperf.shared.engine.stats import clearly_settled
+from cppperf.shared.errors import ConfigError
+from cppperf.shared.settings import BuilderSettings
 
 RunOne = Callable[[SideName, str], RunResult]
 Progress = Callable[[int, int], None]
 
 
+METRICS = ("cpu", "wall", "instructions")
+
+
+def check_metric(backend: Backend, settings: BuilderSettings) -> bool:
+    """Whether instructions can be counted (then every run counts them); a clear error when
+    `builder.metric=instructions` must decide and the kernel or CPU does not allow it."""
+    why = backend.instructions_unsupported()
+    if why is not None and settings.metric == "instructions":
+        raise ConfigError(f"builder.metric=instructions is not possible here: {why}; use cpu or wall")
+    return why is None
+
+
 @dataclass
 class Samples:
-    """Wall and CPU seconds per side (`old`/`new` for the builder; any names for the evaluator)."""
+    """Wall seconds, CPU seconds and instructions per side (`old`/`new` for the builder; any names
+    for the evaluator). With `repeats` > 1 each value is the mean of that many back-to-back runs."""
 
     wall: dict[str, list[float]] = field(default_factory=dict)
     cpu: dict[str, list[float]] = field(default_factory=dict)
+    instructions: dict[str, list[float]] = field(default_factory=dict)
 
     def add(self, side: SideName, res: RunResult) -> None:
         self.wall.setdefault(side, []).append(res.wall_s)
         self.cpu.setdefault(side, []).append(res.cpu_s)
+        if res.instructions is not None:
+            self.instructions.setdefault(side, []).append(float(res.instructions))
+
+    def by_metric(self, metric: str) -> dict[str, list[float]]:
+        return {"wall": self.wall, "cpu": self.cpu, "instructions": self.instructions}[metric]
+
+    def pair(self, metric: str) -> tuple[list[float], list[float]]:
+        m = self.by_metric(metric)
+        return m.get("old", []), m.get("new", [])
 
     @property
     def old(self) -> list[float]:
@@ -47,6 +82,26 @@ class Samples:
     @property
     def new_cpu(self) -> list[float]:
         return self.cpu.get("new", [])
+
+
+def cpu_wall_ratio(s: Samples) -> float:
+    """The largest median(CPU)/median(wall) over the sides: above ~1 the test runs threads."""
+    ratios = [
+        statistics.median(cpu) / max(statistics.median(s.wall[side]), 1e-9)
+        for side, cpu in s.cpu.items()
+        if cpu and s.wall.get(side)
+    ]
+    return max(ratios, default=0.0)
+
+
+def decision_metric(s: Samples, metric: str, multithread_ratio: float) -> str:
+    """The metric that decides this test: `metric`, except a multi-threaded test under `cpu`
+    (CPU time markedly above wall time) is decided on wall time; `instructions` needs counts."""
+    if metric == "cpu" and cpu_wall_ratio(s) > multithread_ratio:
+        return "wall"
+    if metric == "instructions" and not all(s.instructions.get(side) for side in s.wall):
+        return "cpu"
+    return metric
 
 
 @dataclass(frozen=True)
@@ -68,10 +123,105 @@ class Measurement:
     rounds_run: dict[str, int]
     settled: dict[str, str] = field(default_factory=dict)
     failure: RunFailure | None = None
+    metric: str = "wall"
+    decided_on: dict[str, str] = field(default_factory=dict)  # test -> metric that decides it
+    repeats: dict[str, int] = field(default_factory=dict)  # test -> runs inside one sample
+    multithread_ratio: float = 1.2
 
     @property
     def rounds_saved(self) -> int:
         return sum(self.rounds - n for n in self.rounds_run.values())
+
+    def metric_of(self, name: str) -> str:
+        return self.decided_on.get(name) or decision_metric(
+            self.samples[name], self.metric, self.multithread_ratio
+        )
+
+    def decision_samples(self) -> dict[str, tuple[list[float], list[float]]]:
+        """Per test, the old and new samples of the metric that decides it."""
+        return {n: s.pair(self.metric_of(n)) for n, s in self.samples.items()}
+
+    def decide_metrics(self) -> None:
+        self.decided_on = {
+            n: decision_metric(s, self.metric, self.multithread_ratio) for n, s in self.samples.items()
+        }
+
+
+def repeated(run_one: RunOne, side: SideName, name: str, times: int) -> RunResult:
+    """`times` runs back to back as one sample (mean of each metric); the first failure returned."""
+    if times <= 1:
+        return run_one(side, name)
+    results = []
+    for _ in range(times):
+        res = run_one(side, name)
+        if not res.ok:
+            return res
+        results.append(res)
+    counts = [r.instructions for r in results]
+    return replace(
+        results[-1],
+        wall_s=sum(r.wall_s for r in results) / times,
+        cpu_s=sum(r.cpu_s for r in results) / times,
+        instructions=None if None in counts else sum(c or 0 for c in counts) // times,
+    )
+
+
+def _length(res: RunResult) -> float:
+    """How long a run is for the floor: its CPU time when single-threaded (a busy host stretches
+    wall time, not the work), its wall time when it ran threads (CPU time above wall time)."""
+    return min(res.wall_s, res.cpu_s) if res.cpu_s > 0 else res.wall_s
+
+
+def repeats_for(seconds: float, floor: float, max_repeats: int) -> int:
+    """How many runs one sample needs so that together they last at least `floor` seconds."""
+    if floor <= 0 or seconds >= floor:
+        return 1
+    return max(1, min(max_repeats, math.ceil(floor / max(seconds, 1e-6))))
+
+
+def _calibrate(
+    tests: list[str], sides: tuple[SideName, ...], run_one: RunOne, shortest: dict[str, float]
+) -> RunFailure | None:
+    for name in tests:
+        for side in sides:
+            res = run_one(side, name)
+            if not res.ok:
+                return RunFailure(name, side, -1, res.returncode, res.timed_out, res.output[-2000:])
+            shortest[name] = min(shortest.get(name, math.inf), _length(res))
+    return None
+
+
+def _settle(meas: Measurement, active: list[str], min_improvement: float, seed: int) -> list[str]:
+    """The active tests that early stop may drop now (their state recorded in `settled`)."""
+    out = []
+    for name in active:
+        old, new = meas.samples[name].pair(meas.metric_of(name))
+        state = clearly_settled(old, new, min_improvement=min_improvement, seed=seed)
+        if state is not None:
+            meas.settled[name] = state
+            out.append(name)
+    return out
+
+
+def _run_sides(
+    meas: Measurement,
+    run_one: RunOne,
+    name: str,
+    sides: list[SideName],
+    r: int,
+    shortest: dict[str, float],
+) -> RunFailure | None:
+    """One round of one test: each side once (a sample of `repeats` runs); warm-up runs only
+    teach how long the test is."""
+    for side in sides:
+        res = repeated(run_one, side, name, meas.repeats[name])
+        if not res.ok:
+            return RunFailure(name, side, r, res.returncode, res.timed_out, res.output[-2000:])
+        if r >= meas.warmup:
+            meas.samples[name].add(side, res)
+        else:
+            shortest[name] = min(shortest.get(name, math.inf), _length(res))
+    return None
 
 
 def measure(
@@ -86,11 +236,33 @@ def measure(
     min_improvement: float = 0.05,
     progress: Progress | None = None,
     sides: tuple[SideName, ...] = ("old", "new"),
+    metric: str = "wall",
+    multithread_ratio: float = 1.2,
+    floor: float = 0.0,
+    max_repeats: int = 200,
+    repeats: dict[str, int] | None = None,
 ) -> Measurement:
+    """Run the rounds. `repeats` fixes the runs per sample (confirmation runs reuse the main
+    protocol's); else tests shorter than `floor` get theirs from the warm-up runs."""
     rng = random.Random(seed)
     samples = {t: Samples() for t in tests}
     rounds_run = dict.fromkeys(tests, 0)
-    meas = Measurement(seed=seed, rounds=rounds, warmup=warmup, samples=samples, rounds_run=rounds_run)
+    meas = Measurement(
+        seed=seed,
+        rounds=rounds,
+        warmup=warmup,
+        samples=samples,
+        rounds_run=rounds_run,
+        metric=metric,
+        multithread_ratio=multithread_ratio,
+        repeats={t: (repeats or {}).get(t, 1) for t in tests},
+    )
+    shortest: dict[str, float] = {}  # test -> shortest warm-up (or calibration) run, seconds
+    if floor > 0 and repeats is None and warmup == 0:  # no warm-up to learn from: one calibration run
+        meas.failure = _calibrate(tests, sides, run_one, shortest)
+        if meas.failure is not None:
+            return meas
+        meas.repeats = {n: repeats_for(shortest[n], floor, max_repeats) for n in tests}
     active = list(tests)
     total = rounds * len(tests)
     done = 0
@@ -100,30 +272,23 @@ def measure(
         for name in order:
             order_sides = list(sides)
             rng.shuffle(order_sides)
-            for side in order_sides:
-                res = run_one(side, name)
-                if not res.ok:
-                    meas.failure = RunFailure(
-                        name, side, r, res.returncode, res.timed_out, res.output[-2000:]
-                    )
-                    return meas
-                if r >= warmup:
-                    samples[name].add(side, res)
+            meas.failure = _run_sides(meas, run_one, name, order_sides, r, shortest)
+            if meas.failure is not None:
+                return meas
             rounds_run[name] += 1
             done += 1
             if progress:
                 progress(done, total)
+        if r == warmup - 1 and floor > 0 and repeats is None:
+            meas.repeats = {n: repeats_for(shortest.get(n, floor), floor, max_repeats) for n in tests}
         kept = r + 1 - warmup
         if early_stop and kept >= min_rounds and set(sides) == {"old", "new"}:
-            for name in list(active):
-                s = samples[name]
-                state = clearly_settled(s.old, s.new, min_improvement=min_improvement, seed=seed + r)
-                if state is not None:
-                    meas.settled[name] = state
-                    active.remove(name)
-                    done += rounds - r - 1
+            for name in _settle(meas, active, min_improvement, seed + r):
+                active.remove(name)
+                done += rounds - r - 1
         if not active:
             break
     if progress:
         progress(total, total)
+    meas.decide_metrics()
     return meas

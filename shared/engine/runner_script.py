@@ -4,9 +4,12 @@ It times commands *inside* the container, so the engine's exec overhead never en
 Takes one JSON request as its argument, writes one JSON answer on stdout:
 
     {"op": "run", "argv": [...], "cwd": "...", "env": {...}, "timeout": 600, "output_limit": 65536,
-     "cpu": 0, "uid": 1000}
+     "cpu": 0, "cpus": [0, 1], "uid": 1000, "instructions": false}
         → {"returncode": 0, "wall_s": 0.1, "cpu_s": 0.09, "timed_out": false, "output": "...",
-           "truncated": false}
+           "truncated": false, "instructions": null}
+    (`cpu`: pin a timed run to its leased core; `cpus`: the build cores for builds;
+     `instructions`: count user-space instructions with perf_event_open where the kernel allows)
+    {"op": "probe"} → {"instructions_unsupported": null | "why"}
     {"op": "hash", "root": "/work/old/build", "replace": ["/work/old", "/work/new"]}
         → {"files": {"test_x": "<sha256>", "lib/libcore.so": "..."}}   (executables and .so files;
            embedded occurrences of the first path are replaced by the second before hashing)
@@ -52,15 +55,117 @@ class OutputKeeper:
         return bytes(self.head + mid + self.tail).decode("utf-8", "replace")
 
 
-def _preexec(cpu: int | None, uid: int | None) -> None:
-    os.setsid()
-    if cpu is not None:
+_PERF_SYSCALL = {"x86_64": 298, "aarch64": 241, "ppc64le": 319, "s390x": 331, "riscv64": 241}
+# perf_event_attr flag bits: disabled, inherit, exclude_kernel, exclude_hv, enable_on_exec
+_PERF_FLAGS = (1 << 0) | (1 << 1) | (1 << 5) | (1 << 6) | (1 << 12)
+_PERF_FLAG_FD_CLOEXEC = 8
+
+
+def _perf_open_self() -> int:
+    """A user-space instruction counter on the calling process and its future children, enabled
+    at the next exec; raises OSError (with the kernel's errno) where the kernel refuses."""
+    import ctypes
+    import platform
+    import struct
+
+    nr = _PERF_SYSCALL.get(platform.machine())
+    if nr is None:
+        raise OSError(38, f"perf_event_open: unknown syscall number on {platform.machine()}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    # type=PERF_TYPE_HARDWARE, size=128, config=PERF_COUNT_HW_INSTRUCTIONS
+    attr = ctypes.create_string_buffer(struct.pack("<IIQQQQQ", 0, 128, 1, 0, 0, 0, _PERF_FLAGS), 128)
+    fd = int(libc.syscall(nr, attr, 0, -1, -1, _PERF_FLAG_FD_CLOEXEC))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"perf_event_open: {os.strerror(err)}")
+    return fd
+
+
+def instructions_unsupported() -> str | None:
+    """Why hardware instruction counting is not possible here, or None when it is."""
+    try:
+        os.close(_perf_open_self())
+    except OSError as exc:
+        hint = {
+            2: "no hardware performance counters (PMU) exposed, e.g. in a VM",
+            1: "not permitted (kernel.perf_event_paranoid, seccomp or missing CAP_PERFMON)",
+            13: "not permitted (kernel.perf_event_paranoid, seccomp or missing CAP_PERFMON)",
+        }.get(exc.errno or 0, "refused by the kernel")
+        return f"{exc.strerror or exc}: {hint}"
+    return None
+
+
+class InstructionCounter:
+    """Counts user-space instructions of one child's process tree. The child opens the counter on
+    itself just before exec (`in_child`, from preexec) and hands the descriptor to the parent over
+    a socket pair (`receive`), so nothing it runs escapes the count; `read` after the exit."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self._parent, self._child = socket.socketpair()
+        self.fd = -1
+
+    def in_child(self) -> None:
+        import socket
+
+        try:
+            fd = _perf_open_self()
+        except OSError:
+            self._child.send(b"-")
+            return
+        socket.send_fds(self._child, [b"+"], [fd])
+        os.close(fd)
+
+    def receive(self) -> None:
+        import socket
+
+        self._child.close()
+        self._parent.settimeout(10)
+        try:
+            msg, fds, _flags, _addr = socket.recv_fds(self._parent, 1, 1)
+        except OSError:
+            msg, fds = b"", []
+        if msg == b"+" and fds:
+            self.fd = fds[0]
+
+    def read(self) -> int | None:
+        try:
+            if self.fd < 0:
+                return None
+            data = os.read(self.fd, 8)
+            return int.from_bytes(data, "little") if len(data) == 8 else None
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self._parent.close()
+        self._child.close()
+
+
+def set_affinity(cpus: set[int]) -> None:
+    """Pin the calling process (before exec) to `cpus`; a core outside the cpuset is ignored."""
+    if cpus:
         with contextlib.suppress(OSError):
-            os.sched_setaffinity(0, {cpu})
+            os.sched_setaffinity(0, cpus)
+
+
+def _preexec(
+    cpu: int | None, uid: int | None, cpus: set[int] | None = None, counter: InstructionCounter | None = None
+) -> None:
+    os.setsid()
+    set_affinity(cpus or set())
+    if cpu is not None:
+        set_affinity({cpu})
     if uid is not None:
         os.setgroups([])  # not root's supplementary groups
         os.setgid(uid)
         os.setuid(uid)
+    if counter is not None:  # last: count from the exec on, as the test's own user
+        counter.in_child()
 
 
 def supervise(
@@ -131,6 +236,8 @@ def _run(req: dict[str, Any]) -> dict[str, Any]:
     keep = OutputKeeper(int(req.get("output_limit", 65536)))
     cpu = None if req.get("cpu") is None else int(req["cpu"])
     uid = None if req.get("uid") is None else int(req["uid"])
+    cpus = {int(c) for c in req.get("cpus") or []}
+    counter = InstructionCounter() if req.get("instructions") else None
     start = time.perf_counter_ns()
     try:
         proc = subprocess.Popen(
@@ -140,9 +247,11 @@ def _run(req: dict[str, Any]) -> dict[str, Any]:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            preexec_fn=lambda: _preexec(cpu, uid),  # noqa: PLW1509 - the runner is single-threaded here
+            preexec_fn=lambda: _preexec(cpu, uid, cpus, counter),  # noqa: PLW1509 - single-threaded here
         )
     except OSError as exc:
+        if counter is not None:
+            counter.close()
         return {
             "returncode": 127,
             "wall_s": 0.0,
@@ -151,8 +260,13 @@ def _run(req: dict[str, Any]) -> dict[str, Any]:
             "output": f"cannot start: {exc}",
             "truncated": False,
         }
+    if counter is not None:
+        counter.receive()
     status, usage, wall, timed_out = supervise(proc, keep, float(req.get("timeout", 600)), start)
+    assert proc.stdout is not None
+    proc.stdout.close()
     return {
+        "instructions": counter.read() if counter is not None else None,
         "returncode": os.waitstatus_to_exitcode(status),
         "wall_s": wall,
         "cpu_s": usage.ru_utime + usage.ru_stime,
@@ -192,6 +306,9 @@ def _not_dumpable() -> None:
 def main() -> None:
     _not_dumpable()
     req = json.loads(sys.argv[1])
+    if req["op"] == "probe":
+        sys.stdout.write(json.dumps({"instructions_unsupported": instructions_unsupported()}))
+        return
     sys.stdout.write(json.dumps(_run(req) if req["op"] == "run" else _hash(req)))
 
 

@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cppperf.shared.engine.runner_script import OutputKeeper, supervise
+from cppperf.shared.engine.runner_script import InstructionCounter, OutputKeeper, set_affinity, supervise
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,9 @@ class Limits:
     file_size_mb: int | None = 1024
     processes: int | None = None
     network: bool = False  # False = unshare the network namespace
-    cpu: int | None = None  # pin to this CPU
+    cpu: int | None = None  # pin to this CPU (a timed run: the leased core)
+    cpus: tuple[int, ...] = ()  # else run on these CPUs (builds: the build cores)
+    instructions: bool = False  # count user-space instructions (perf_event_open)
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class RunResult:
     timed_out: bool
     truncated: bool
     max_rss_kb: int = 0
+    instructions: int | None = None  # user-space instructions when counted and allowed
 
     @property
     def ok(self) -> bool:
@@ -322,6 +325,7 @@ def _stage_binds(stage: str, sources: Sequence[str]) -> None:
 def _preexec(
     limits: Limits,
     cgroup: PidsCgroup | None,
+    counter: InstructionCounter | None = None,
     uid: int | None = None,
     stage: tuple[str, list[str]] | None = None,
 ) -> None:
@@ -338,15 +342,15 @@ def _preexec(
         resource.setrlimit(resource.RLIMIT_FSIZE, (b, b))
     if limits.processes and (cgroup is None or cgroup.path is None):
         resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
-    if limits.cpu is not None:
-        with contextlib.suppress(OSError):
-            os.sched_setaffinity(0, {limits.cpu})
+    set_affinity({limits.cpu} if limits.cpu is not None else set(limits.cpus))
     if uid is not None and os.geteuid() == 0:  # jailed: drop root before bwrap even starts
         if stage is not None:
             _stage_binds(*stage)
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
+    if counter is not None:  # last: count from the exec on, as the run's own user
+        counter.in_child()
 
 
 _MOUNT_SCRIPT = 'mount --bind "$1" "$2" && cd "$3" && shift 3 && exec "$@"'
@@ -409,6 +413,7 @@ def run(
     if jail is not None and inner:
         req: dict[str, object] = {"op": "run", "argv": list(argv), "cwd": str(cwd) if cwd else None}
         req.update(env=dict(env or {}), timeout=limits.timeout, output_limit=output_limit)
+        req.update(instructions=limits.instructions)  # counted inside: bwrap's never enter it
         jail = Jail(
             rw=jail.rw,
             ro=(*jail.ro, (RUNNER_PATH, Path(INNER_RUNNER))),
@@ -418,7 +423,7 @@ def run(
         )
         argv = [INNER_PYTHON, "-I", "-S", INNER_RUNNER, json.dumps(req)]
         # the outer timeout is a backstop: the runner kills its command at `timeout` itself
-        limits = Limits(**{**limits.__dict__, "timeout": limits.timeout + 30})
+        limits = Limits(**{**limits.__dict__, "timeout": limits.timeout + 30, "instructions": False})
         output_limit = 8 * output_limit + 65536  # the JSON answer, escapes included
     if jail is not None:
         if os.geteuid() == 0:
@@ -457,6 +462,7 @@ def _inner_result(outer: RunResult) -> RunResult:
             timed_out=bool(ans["timed_out"]),
             truncated=bool(ans["truncated"]),
             max_rss_kb=int(ans.get("max_rss_kb", 0)),
+            instructions=None if ans.get("instructions") is None else int(ans["instructions"]),
         )
     except (ValueError, KeyError, TypeError):
         return outer
@@ -475,6 +481,7 @@ def _start_and_supervise(
 ) -> RunResult:
     keep = OutputKeeper(output_limit)
     cgroup = PidsCgroup(limits.processes) if limits.processes else None
+    counter = InstructionCounter() if limits.instructions else None
     start = time.perf_counter_ns()
     try:
         proc = subprocess.Popen(
@@ -485,13 +492,17 @@ def _start_and_supervise(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             preexec_fn=lambda: _preexec(  # noqa: PLW1509 - rlimits need preexec
-                limits, cgroup, jail.uid if jail is not None else None, stage
+                limits, cgroup, counter, jail.uid if jail is not None else None, stage
             ),
         )
     except (OSError, subprocess.SubprocessError) as exc:
+        if counter is not None:
+            counter.close()
         if cgroup is not None:
             cgroup.kill_all_and_remove()
         return RunResult(127, 0.0, 0.0, f"cannot start {argv[0]}: {exc}", False, False)
+    if counter is not None:
+        counter.receive()
     status, usage, wall, timed_out = supervise(
         proc,
         keep,
@@ -514,4 +525,5 @@ def _start_and_supervise(
         timed_out=timed_out,
         truncated=keep.dropped > 0,
         max_rss_kb=usage.ru_maxrss,
+        instructions=counter.read() if counter is not None else None,
     )

@@ -199,9 +199,12 @@ def benjamini_hochberg(pvalues: Sequence[float]) -> list[float]:
 def decide(
     tests: Sequence[TestStats], *, alpha: float = 0.05, min_improvement: float = 0.05
 ) -> list[TestStats]:
-    """Apply BH across the instance's tests and both decision rules."""
-    adj_i = benjamini_hochberg([t.p_improve for t in tests])
-    adj_r = benjamini_hochberg([t.p_regress for t in tests])
+    """Apply BH across the instance's tests and both decision rules.
+
+    The family is every hypothesis tested: both directions of every test (an instance is flagged
+    by an improvement *or* a regression), so BH runs over the 2m one-sided p-values together."""
+    both = benjamini_hochberg([t.p_improve for t in tests] + [t.p_regress for t in tests])
+    adj_i, adj_r = both[: len(tests)], both[len(tests) :]
     out = []
     for t, pi, pr in zip(tests, adj_i, adj_r, strict=True):
         out.append(
