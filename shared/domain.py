@@ -63,6 +63,7 @@ class EvalVerdict(StrEnum):
     TOO_LARGE = "too-large"
     UNSAFE_PATCH = "unsafe-patch"
     TEST_EDIT = "test-edit"
+    FORBIDDEN_FILE = "forbidden-file"
     INSTANCE_BROKEN = "instance-broken"
     UNKNOWN_INSTANCE = "unknown-instance"
     UNTRUSTED_REFUSED = "untrusted-refused"
@@ -291,7 +292,9 @@ class EvalReport(msgspec.Struct, kw_only=True, omit_defaults=True):
     run_id: str = ""
     model: str = ""
     evaluation_id: str = ""
+    patch_sha256: str = ""  # the evaluated patch: a report is reused only for the same patch
     wall_seconds: float | None = None
+    sandbox: str | None = None  # bwrap | docker | none (trust_patches without a jail)
     multi_file: bool | None = None
     files: list[str] | None = None
     applied: bool | None = None

@@ -143,7 +143,7 @@ def test_bad_patches_are_refused_before_running(
 
 def test_patch_that_does_not_apply(instance_env: Any) -> None:
     rep = run(instance_env, core_patch(core(1), old_text=core(7).replace("x = 0", "y = 0")), "stale")
-    assert rep["verdict"] == "apply-failed" and "patch --fuzz" in rep["apply_log"]
+    assert rep["verdict"] == "apply-failed" and "git apply --recount" in rep["apply_log"]
 
 
 def test_compile_error_patch(instance_env: Any) -> None:

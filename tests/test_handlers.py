@@ -18,7 +18,7 @@ from cppperf.services.classifier.handlers import StoreCache, on_selected
 from cppperf.services.classifier.service import Classifier
 from cppperf.services.evaluator.handlers import on_request
 from cppperf.services.evaluator.instances import EvalInstance
-from cppperf.services.evaluator.pipeline import EvalRequest
+from cppperf.services.evaluator.pipeline import EvalRequest, patch_sha256
 from cppperf.services.filter.handlers import on_repo_found
 from cppperf.services.filter.links import LinkResolver
 from cppperf.shared import messages as m
@@ -200,7 +200,12 @@ class FakeEvaluatorOps:
 
     def evaluate(self, req: EvalRequest, instance: EvalInstance | None) -> dict[str, Any]:
         self.seen.append((req, instance))
-        return {"verdict": self.verdict, "opt": self.verdict == EvalVerdict.OPT, "samples": {"t": {}}}
+        return {
+            "verdict": self.verdict,
+            "opt": self.verdict == EvalVerdict.OPT,
+            "patch_sha256": patch_sha256(req.patch),
+            "samples": {"t": {}},
+        }
 
 
 def request(**kw: Any) -> m.EvalRequested:
@@ -247,6 +252,14 @@ async def test_evaluator_answers_a_finished_request_from_the_store(fctx: FakeCon
     assert len(ops.seen) == 1  # not re-run
     assert len(fctx.bus.on(m.EVAL_COMPLETED)) == 1  # the re-publish is a duplicate id
     assert fctx.bus.replies[-1][0] == "_INBOX.y" and fctx.bus.replies[-1][1].verdict == "opt"
+
+
+async def test_evaluator_reevaluates_the_same_request_with_another_patch(fctx: FakeContext) -> None:
+    ops = FakeEvaluatorOps()
+    await on_request(fctx, ops, request())
+    other = request(patch=DIFF.replace("reserve(n)", "reserve(2 * n)"))
+    assert await on_request(fctx, ops, other) == "evaluated"  # a stored report is for its patch only
+    assert [req.patch for req, _ in ops.seen] == [DIFF, other.patch]
 
 
 async def test_evaluator_reads_a_large_patch_by_reference(fctx: FakeContext) -> None:

@@ -1,14 +1,25 @@
 """The sandboxed runner: network unshared, timeouts as values, bounded output, memory limit,
-process-group kill, CPU time measured."""
+process-group kill, CPU time measured; the bubblewrap jail (unprivileged, private, fresh /tmp,
+whole namespace killed on timeout, timed inside)."""
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
-from cppperf.shared.engine.sandbox import Limits, _pids_root, network_prefix, run
+from cppperf.shared.engine.sandbox import (
+    Jail,
+    Limits,
+    _pids_root,
+    hand_over,
+    jail_available,
+    jail_env,
+    network_prefix,
+    run,
+)
 
 
 def test_success_and_cpu_time_measured() -> None:
@@ -55,3 +66,59 @@ def test_fork_bomb_is_contained() -> None:
 
     after = subprocess.run(["pgrep", "-fc", "bomb"], capture_output=True, text=True, check=False)
     assert int(after.stdout.strip() or 0) <= 1  # pgrep may count itself
+
+
+jail_only = pytest.mark.skipif(not jail_available(), reason="bubblewrap cannot create its namespaces here")
+
+
+@jail_only
+def test_jail_is_unprivileged_private_and_fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The jail: uid 65534, no capabilities, no_new_privs, own pid namespace, only its binds,
+    a private /tmp each run, an allow-listed environment, a read-only bind stays read-only."""
+    monkeypatch.setenv("CPPPERF_JAIL_SECRET", "hunter2")
+    tree, other = tmp_path / "tree", tmp_path / "other"
+    tree.mkdir()
+    other.mkdir()
+    (other / "secret").write_text("hunter2")
+    hand_over(tree)
+    inside = tmp_path / "seen"
+    jail = Jail(rw=((tree, inside),))
+    probe = (
+        "id -u; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status; echo pid=$$; env; ls /tmp;"
+        f" touch /tmp/mine; echo x > {inside}/made; cat {other}/secret; ls /root /home 2>&1 | head -2"
+    )
+    first = run(["sh", "-c", probe], cwd=inside, env=jail_env(), jail=jail)
+    second = run(["sh", "-c", "ls /tmp/mine"], cwd=inside, env=jail_env(), jail=jail)
+    assert first.ok or "No such file" in first.output, first.output
+    out = first.output
+    assert out.startswith("65534\n") and "CapEff:\t0000000000000000" in out and "NoNewPrivs:\t1" in out
+    assert "pid=2" in out or "pid=1" in out or "pid=3" in out  # a fresh pid namespace
+    assert "hunter2" not in out and "CPPPERF_" not in out
+    assert (tree / "made").read_text() == "x\n"
+    assert not second.ok and "No such file" in second.output  # /tmp is fresh for every run
+    ro = run(
+        ["sh", "-c", f"echo y > {inside}/made"], cwd=inside, env=jail_env(), jail=Jail(ro=((tree, inside),))
+    )
+    assert not ro.ok and (tree / "made").read_text() == "x\n"
+
+
+@jail_only
+def test_jail_timeout_kills_every_process_in_it(tmp_path: Path) -> None:
+    tag = f"7{os.getpid()}.5"
+    res = run(
+        ["sh", "-c", f"setsid sleep {tag} & (setsid sleep {tag} &); sleep {tag}"],
+        env=jail_env(),
+        jail=Jail(),
+        limits=Limits(timeout=1),
+    )
+    assert res.timed_out
+    import subprocess
+
+    ps = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True, check=True).stdout
+    assert [ln for ln in ps.splitlines() if tag in ln and not ln.lstrip().startswith("Z")] == []
+
+
+@jail_only
+def test_jailed_timing_happens_inside(tmp_path: Path) -> None:
+    res = run(["sleep", "0.2"], env=jail_env(), jail=Jail(), timed=True)
+    assert res.ok and 0.19 < res.wall_s < 0.6  # bwrap's setup is not in the sample

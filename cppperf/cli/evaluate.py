@@ -163,7 +163,14 @@ def evaluate(  # noqa: PLR0912, PLR0915 - one verb, its input checks and its two
     runs: Runs = None,
     force: Annotated[bool, typer.Option("--force", help="recompute finished reports")] = False,
     trust_patches: Annotated[
-        bool, typer.Option("--trust-patches", help="run without network isolation")
+        bool,
+        typer.Option("--trust-patches", help="run agents' code even without the bubblewrap jail (unsafe)"),
+    ] = False,
+    allow_build_changes: Annotated[
+        bool,
+        typer.Option(
+            "--allow-build-changes", help="trusted mode: patches may change build files and scripts"
+        ),
     ] = False,
     out_dir: OutDir = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
@@ -203,6 +210,7 @@ def evaluate(  # noqa: PLR0912, PLR0915 - one verb, its input checks and its two
         out_dir=str(out_dir) if out_dir else None,
         evaluator__runs=runs,
         evaluator__trust_patches=trust_patches or None,
+        evaluator__allow_build_changes=allow_build_changes or None,
     )
     if predictions is not None:
         rows = _load_predictions(predictions)

@@ -1,13 +1,25 @@
-"""Apply a patch like SWE-bench: `git apply`, then `git apply --3way`, then `patch --fuzz`.
-Returns which one applied, or why none did."""
+"""Apply an agent's patch to a plain exported tree: `git apply`, then `git apply --recount -C1`.
+
+The tree has no `.git` (an export), git runs with no system or global config and a ceiling
+directory just above the tree (it cannot find any repository, so no hooks, filters, fsmonitor or
+config commands can run), and — where bubblewrap works — inside the jail as the sandbox uid with
+only the tree writable. `git apply` is all-or-nothing and refuses paths outside the tree or behind
+a symlink; there is no `patch` fallback (GNU patch follows `---` names, symlinks and C-quoted
+names its own way). What the patch really changed is then checked on the tree (checks.check_tree).
+"""
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-_GIT = ["git", "-c", "user.name=cppperf", "-c", "user.email=cppperf@localhost"]
+from cppperf.shared.engine.sandbox import Jail, Limits, hand_over, jail_env, run
+
+ATTEMPTS = (
+    ("git apply", ["apply", "--verbose", "--whitespace=nowarn"]),
+    ("git apply --recount -C1", ["apply", "--verbose", "--whitespace=nowarn", "--recount", "-C1"]),
+)
+_LOG_LIMIT = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -17,31 +29,40 @@ class ApplyResult:
     log: str = ""
 
 
-def init_tree(src: Path) -> None:
-    """Make `src` a one-commit git repository so `git apply --3way` has blobs to merge with."""
-    subprocess.run([*_GIT, "-C", str(src), "init", "-q"], check=True, capture_output=True)
-    subprocess.run([*_GIT, "-C", str(src), "add", "-A", "-f"], check=True, capture_output=True)
-    subprocess.run(
-        [*_GIT, "-C", str(src), "commit", "-q", "-m", "base", "--no-verify"], check=True, capture_output=True
-    )
+def git_env(tree: Path) -> dict[str, str]:
+    """Git with nothing configured: no system/global config, no repository discovery above `tree`."""
+    return {
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_CEILING_DIRECTORIES": str(tree.parent),
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_ATTR_NOSYSTEM": "1",
+    }
 
 
-def apply_patch(src: Path, patch_file: Path, *, timeout: float = 120) -> ApplyResult:
-    attempts = [
-        ("git apply", [*_GIT, "-C", str(src), "apply", "--verbose", "--whitespace=nowarn", str(patch_file)]),
-        ("git apply --3way", [*_GIT, "-C", str(src), "apply", "--verbose", "--3way", str(patch_file)]),
-        (
-            "patch --fuzz",
-            ["patch", "--batch", "--forward", "-p1", "--fuzz=3", "-d", str(src), "-i", str(patch_file)],
-        ),
-    ]
+def apply_patch(src: Path, patch_file: Path, *, jailed: bool, timeout: float = 120) -> ApplyResult:
+    """Apply `patch_file` to the plain tree `src`; which attempt applied it, or why none did."""
+    if (src / ".git").exists():
+        raise ValueError(f"{src} must be a plain tree (it has a .git)")
+    jail: Jail | None = None
+    if jailed:
+        hand_over(src)
+        jail = Jail(rw=((src, src),), ro=((patch_file, patch_file),))
+        env = jail_env(git_env(src))
+    else:
+        env = {**jail_env(git_env(src))}
     log: list[str] = []
-    for name, argv in attempts:
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=timeout)
-        log.append(f"$ {name}\n{proc.stdout}{proc.stderr}")
-        if proc.returncode == 0:
+    for name, args in ATTEMPTS:
+        res = run(
+            ["git", *args, str(patch_file)],
+            cwd=src,
+            env=env,
+            limits=Limits(timeout=timeout, memory_mb=2048, processes=64),
+            sandbox=jailed,
+            jail=jail,
+            output_limit=_LOG_LIMIT,
+        )
+        log.append(f"$ {name}\n{res.output}")
+        if res.ok:
             return ApplyResult(True, name, "\n".join(log))
-        # a failed attempt must not leave a half-applied tree for the next one
-        subprocess.run([*_GIT, "-C", str(src), "reset", "-q", "--hard"], capture_output=True, check=False)
-        subprocess.run([*_GIT, "-C", str(src), "clean", "-q", "-fdx"], capture_output=True, check=False)
     return ApplyResult(False, "", "\n".join(log))

@@ -2,7 +2,8 @@
 request's reply subject).
 
 State lives in the `evaluations` bucket: a request already evaluated is answered from the stored
-report (a redelivery or a re-sent request never re-runs the work but still gets its answer). The
+report (a redelivery or a re-sent request never re-runs the work but still gets its answer), only
+when that report is for the very same patch (its `patch_sha256`); another patch is evaluated. The
 patch comes inline or by `patch_ref` from the object store; the instance from the `instances`
 bucket (its file under OUT/instances when the bucket has none, e.g. an imported dataset).
 """
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from cppperf.services.evaluator.instances import EvalInstance, from_record
-from cppperf.services.evaluator.pipeline import EvalRequest, evaluate
+from cppperf.services.evaluator.pipeline import EvalRequest, evaluate, patch_sha256
 from cppperf.shared import messages as m
 from cppperf.shared.domain import EvaluationState, to_json_dict, to_struct
 from cppperf.shared.errors import BadInput
@@ -75,15 +76,16 @@ def completed(msg: m.EvalRequested, report: dict[str, Any]) -> m.EvalCompleted:
 
 
 async def on_request(ctx: StageContext, ops: EvaluatorOps, msg: m.EvalRequested) -> Outcome:
+    patch = await _patch(ctx, msg)
     prior = to_struct(await ctx.store.get("evaluations", msg.id) or {}, EvaluationState)
     if prior.verdict is not None and (prior.report or prior.report_ref):
         report: dict[str, Any] = json.loads(await ctx.store.resolve_text(prior.report, prior.report_ref))
-        done = completed(msg, report)
-        await ctx.bus.publish(m.EVAL_COMPLETED, done)  # deduplicated by its id if already there
-        if msg.reply_to:
-            await ctx.bus.reply(msg.reply_to, done)
-        return "answered-from-store"
-    patch = await _patch(ctx, msg)
+        if report.get("patch_sha256") == patch_sha256(patch):  # the same patch, not just the same id
+            done = completed(msg, report)
+            await ctx.bus.publish(m.EVAL_COMPLETED, done)  # deduplicated by its id if already there
+            if msg.reply_to:
+                await ctx.bus.reply(msg.reply_to, done)
+            return "answered-from-store"
     instance = await _instance(ctx, msg.instance_id)
     req = EvalRequest(run_id=msg.run_id, model=msg.model, instance_id=msg.instance_id, patch=patch)
     report = await asyncio.to_thread(ops.evaluate, req, instance)

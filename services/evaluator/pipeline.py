@@ -3,15 +3,21 @@
     runs/<run_id>/<model>/<instance_id>/report.json, patch.diff, build.log, test.log
     runs/<run_id>/<model>.summary.json
 
-Steps: checks (nothing runs on a bad patch) → three trees in one workspace, `old` (base), `agent`
-(base + patch, applied by `git apply`, `--3way`, then `patch --fuzz`) and `expert` (the
-instance's commit) → builds sharing one ccache (the agent tree reuses the original's objects) →
-every test once on the agent tree (all must pass) → original, agent and expert timed interleaved
-with the builder's protocol → scores. Every test run is sandboxed (network unshared, memory, CPU
-time, process and output limits). A finished report is not recomputed unless `force`.
+Steps: the instance id is validated before any path is built → checks on the patch text (nothing
+runs on a bad patch, checks.py) → three trees, `old` (base), `agent` (base + patch, applied to a
+plain export by `git apply` in the jail, apply.py) and `expert` (the instance's commit); the
+agent's tree is compared with the base after applying (checks.check_tree) → builds in the jail,
+one tree visible per build: `old` and `expert` first, sharing a ccache, then `agent`, which may
+only read it → the tests' meaning (`ctest --show-only=json-v1`) of the agent tree must equal the
+original's (else `test-edit`) → every test once on the agent tree (all must pass) → original,
+agent and expert timed interleaved with the builder's protocol, each tree read-only in its jail
+with a fresh /tmp → scores. Without a working jail (bubblewrap) the evaluator refuses
+(`untrusted-refused`) unless `evaluator.trust_patches`. Reports are written here only, outside
+anything a jail sees, and reused only for the same patch (its sha256) unless `force`.
 
 Verdicts: opt | correct | tests-failed | timeout | build-failed | apply-failed | empty-patch |
-malformed-patch | too-large | unsafe-patch | test-edit | instance-broken | untrusted-refused.
+malformed-patch | too-large | unsafe-patch | test-edit | forbidden-file | instance-broken |
+untrusted-refused | unknown-instance.
 """
 
 from __future__ import annotations
@@ -26,26 +32,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cppperf.services.evaluator.apply import apply_patch, init_tree
-from cppperf.services.evaluator.checks import check_patch
+from cppperf.services.evaluator.apply import apply_patch
+from cppperf.services.evaluator.checks import check_patch, check_tree, snapshot
 from cppperf.services.evaluator.instances import EvalInstance, load_instance
 from cppperf.services.evaluator.score import score
 from cppperf.services.filter.rules import Rules
 from cppperf.shared.domain import EvalVerdict
-from cppperf.shared.engine.backend import Backend, SideName, build_sides, export_tree
+from cppperf.shared.engine.backend import Backend, LocalBackend, SideName, build_sides, export_tree
 from cppperf.shared.engine.backends import make_backend
-from cppperf.shared.engine.cmake import StepResult, TestCase, normalise
+from cppperf.shared.engine.cmake import StepResult, TestCase, normalise, test_description
 from cppperf.shared.engine.leases import timing_core
 from cppperf.shared.engine.limits import limits_for
 from cppperf.shared.engine.protocol import check_metric, measure
-from cppperf.shared.engine.sandbox import Limits, RunResult, network_prefix
+from cppperf.shared.engine.sandbox import Limits, RunResult, jail_problem
 from cppperf.shared.files import write_atomic
+from cppperf.shared.logging import get_logger
 from cppperf.shared.messages import evaluation_id
 from cppperf.shared.mirror import ensure_local
 from cppperf.shared.settings import Settings
 
+log = get_logger(__name__)
+
 Phase = Callable[[str, int, int], None]
 SIDES = ("old", "agent", "expert")
+BUILD_ORDER = ("old", "expert", "agent")  # the trusted trees fill the ccache the agent only reads
+INSTANCE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,150}__[A-Za-z0-9._-]{1,150}-[0-9a-f]{12}$")
+LOG_HEAD_TAIL = 100_000  # bytes of each build step's log kept on disk (head and tail each)
 
 
 @dataclass(frozen=True)
@@ -72,6 +84,17 @@ def _write(path: Path, text: str) -> None:
     write_atomic(path, text)
 
 
+def patch_sha256(patch: str) -> str:
+    return hashlib.sha256(patch.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def bounded(text: str, limit: int = LOG_HEAD_TAIL) -> str:
+    """The first and last `limit` characters of `text` (a marker says how much was dropped)."""
+    if len(text) <= 2 * limit:
+        return text
+    return f"{text[:limit]}\n[... {len(text) - 2 * limit} characters dropped ...]\n{text[-limit:]}"
+
+
 def evaluate(
     req: EvalRequest,
     settings: Settings,
@@ -80,13 +103,28 @@ def evaluate(
     on_phase: Phase | None = None,
     instance: EvalInstance | None = None,
 ) -> dict[str, Any]:
-    """The report for one request (from disk when already finished). `instance` is the
-    instance (from the `instances` bucket); without it, its record is read from OUT/instances."""
+    """The report for one request (from disk when already finished for this very patch).
+    `instance` is the instance (from the `instances` bucket); without it, its record is read from
+    OUT/instances."""
+    digest = patch_sha256(req.patch)
+    if not INSTANCE_ID.fullmatch(req.instance_id):  # before any path is built from it
+        return {
+            **_verdict(
+                EvalVerdict.UNKNOWN_INSTANCE,
+                f"invalid instance id {req.instance_id[:200]!r} (owner__name-<sha12>)",
+            ),
+            "instance_id": req.instance_id[:200],
+            "run_id": req.run_id,
+            "model": req.model,
+            "patch_sha256": digest,
+        }
     out = run_dir(settings, req)
     report_path = out / "report.json"
     if report_path.is_file() and not force:
         cached: dict[str, Any] = json.loads(report_path.read_text())
-        return cached
+        if cached.get("patch_sha256") == digest:
+            return cached
+    report_path.unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     _write(out / "patch.diff", req.patch)
     t0 = time.perf_counter()
@@ -96,6 +134,7 @@ def evaluate(
         run_id=req.run_id,
         model=req.model,
         evaluation_id=req.id,
+        patch_sha256=digest,
         wall_seconds=round(time.perf_counter() - t0, 2),
     )
     _write(report_path, json.dumps(report, indent=1))
@@ -114,23 +153,37 @@ def _evaluate(
         inst = instance or load_instance(req.instance_id, Path(s.out_dir))
     except Exception as exc:
         return _verdict(EvalVerdict.UNKNOWN_INSTANCE, str(exc))
-    base = {"multi_file": inst.multi_file, "files": inst.files}
-    check = check_patch(req.patch, Rules.from_settings(s.mining), max_bytes=ev.max_patch_bytes)
+    base: dict[str, Any] = {"multi_file": inst.multi_file, "files": inst.files}
+    rules = Rules.from_settings(s.mining)
+    check = check_patch(
+        req.patch, rules, max_bytes=ev.max_patch_bytes, allow_build_changes=ev.allow_build_changes
+    )
     if not check.ok:
         return _verdict(check.verdict or EvalVerdict.MALFORMED_PATCH, check.reason, applied=False, **base)
-    if not ev.trust_patches and not network_prefix(True):
+    docker = s.builder.backend == "docker"
+    why_not = jail_problem()
+    if why_not and not ev.trust_patches and not docker:
         return _verdict(
             EvalVerdict.UNTRUSTED_REFUSED,
-            "no network isolation here (needs unshare or bwrap); "
-            "pass --trust-patches to run agents' code anyway",
+            f"no sandbox for agents' code here: {why_not} (install bubblewrap; or pass --trust-patches "
+            "to run it unsandboxed, only for patches you trust)",
             **base,
         )
+    if why_not and not docker:
+        log.warning("evaluating without the jail (trust_patches)", reason=why_not, evaluation=req.id)
     repo_path = ensure_local(inst.url, inst.repo, s.mirror_dir())
     ws = s.work_dir() / "eval" / hashlib.sha256(req.id.encode()).hexdigest()[:16]
-    # local: always sandboxed; docker: network none, memory/pids limits, one core
+    # local: always sandboxed, jailed when bubblewrap works; docker: see docker_backend.py
     backend = make_backend(s.builder, ws, source=(repo_path, inst.expert_sha, inst.date), sandbox=True)
+    if isinstance(backend, LocalBackend):
+        backend.readonly_tests = True  # each tree read-only in its jail while its tests run
+        backend.readonly_ccache = frozenset({"agent"})  # the agent only reads the trusted objects
+    elif hasattr(backend, "hardened"):
+        backend.hardened = True  # a DockerBackend: a uid per tree, read-only trees while tested
+    base["sandbox"] = "docker" if docker else ("none" if why_not else "bwrap")
+    jailed = not why_not  # the patch is applied on the host: in the jail when there is one
     try:
-        return {**base, **_run(req, inst, s, backend, repo_path, out, phase, ws)}
+        return {**base, **_run(req, inst, s, backend, repo_path, out, phase, ws, rules, jailed)}
     finally:
         if not s.builder.keep:
             backend.cleanup()
@@ -141,29 +194,52 @@ class _Stop(Exception):
         self.report = report
 
 
-def _prepare(req: EvalRequest, inst: EvalInstance, backend: Backend, repo: Path, out: Path, ws: Path) -> str:
+def _prepare(
+    req: EvalRequest,
+    inst: EvalInstance,
+    backend: Backend,
+    repo: Path,
+    out: Path,
+    ws: Path,
+    rules: Rules,
+    *,
+    jailed: bool,
+    allow_build_changes: bool,
+) -> str:
     """Export the three trees and apply the patch to `agent`; the method that applied it.
-    The patch is always applied on the host (git, patch); the three trees are then the backend's
-    three sides (with the docker backend they go into the container)."""
+    The patch is applied to a plain export (no .git), in the jail when there is one, and the
+    applied tree is checked against the base; the three trees are then the backend's three sides
+    (with the docker backend they go into the container)."""
     if ws.exists():
         shutil.rmtree(ws)
     (ws / "logs").mkdir(parents=True)
     (ws / "current").mkdir()
     agent_src = ws / "agent" / "src"
     export_tree(repo, inst.base_sha, agent_src, backend.submodules)
-    init_tree(agent_src)
-    patch_file = ws / "agent.patch"
+    before = snapshot(agent_src)
+    (ws / "patch").mkdir()
+    patch_file = ws / "patch" / "agent.patch"
     patch_file.write_text(req.patch)
-    applied = apply_patch(agent_src, patch_file)
-    shutil.rmtree(agent_src / ".git", ignore_errors=True)
+    applied = apply_patch(agent_src, patch_file, jailed=jailed)
     if applied.ok:
+        tree = check_tree(before, snapshot(agent_src), rules, allow_build_changes=allow_build_changes)
+        if not tree.ok:
+            _write(out / "build.log", bounded(applied.log) + "\n")
+            raise _Stop(
+                _verdict(
+                    tree.verdict or EvalVerdict.UNSAFE_PATCH,
+                    tree.reason,
+                    applied=False,
+                    apply_log=applied.log[-3000:],
+                )
+            )
         backend.prepare(repo, {"old": inst.base_sha, "agent": agent_src, "expert": inst.expert_sha})
-    _write(out / "build.log", applied.log + "\n")
+    _write(out / "build.log", bounded(applied.log) + "\n")
     if not applied.ok:
         raise _Stop(
             _verdict(
                 EvalVerdict.APPLY_FAILED,
-                "no method applied the patch (git apply, --3way, patch --fuzz)",
+                "no method applied the patch (git apply, git apply --recount -C1)",
                 applied=False,
                 apply_log=applied.log[-3000:],
             )
@@ -177,11 +253,11 @@ def _build_all(backend: Backend, out: Path, applied_with: str, phase: Phase) -> 
             for st in steps:
                 if st.log_path and st.log_path.is_file():
                     fh.write(
-                        f"\n===== {side} {st.step} =====\n{st.log_path.read_text(errors='replace')[-200_000:]}"
+                        f"\n===== {side} {st.step} =====\n{bounded(st.log_path.read_text(errors='replace'))}"
                     )
 
     failed = build_sides(
-        backend, SIDES, on_built=keep_logs, phase=lambda _p, done, total: phase("build", done, total)
+        backend, BUILD_ORDER, on_built=keep_logs, phase=lambda _p, done, total: phase("build", done, total)
     )
     if failed is not None:
         side, last = failed.side, failed.step
@@ -204,6 +280,21 @@ def _build_all(backend: Backend, out: Path, applied_with: str, phase: Phase) -> 
             )
         )
     phase("build", 3, 3)
+
+
+def _same_tests(backend: Backend, applied_with: str) -> None:
+    """The agent's tree must define the original's tests, by meaning (cmake.test_description)."""
+    agent = test_description(backend.tests_json("agent"), backend.tree_root("agent"))
+    if agent != test_description(backend.tests_json("old"), backend.tree_root("old")):
+        raise _Stop(
+            _verdict(
+                EvalVerdict.TEST_EDIT,
+                "the agent's tree defines different tests "
+                "(ctest --show-only=json-v1 differs from the original's)",
+                applied=True,
+                applied_with=applied_with,
+            )
+        )
 
 
 def _correctness(
@@ -245,13 +336,26 @@ def _run(
     out: Path,
     phase: Phase,
     ws: Path,
+    rules: Rules,
+    jailed: bool,
 ) -> dict[str, Any]:
     ev = s.evaluator
     try:
         phase("prepare", 0, 1)
-        applied_with = _prepare(req, inst, backend, repo, out, ws)
+        applied_with = _prepare(
+            req,
+            inst,
+            backend,
+            repo,
+            out,
+            ws,
+            rules,
+            jailed=jailed,
+            allow_build_changes=ev.allow_build_changes,
+        )
         phase("prepare", 1, 1)
         _build_all(backend, out, applied_with, phase)
+        _same_tests(backend, applied_with)
     except _Stop as stop:
         return stop.report
     tests = {side: {t.name: t for t in backend.tests(side) if not t.disabled} for side in SIDES}
@@ -263,23 +367,31 @@ def _run(
         return limits_for(t, s.builder, timeout=ev.test_timeout, cpu=cpu, instructions=instructions)
 
     info = {"applied": True, "applied_with": applied_with, "builds": True, "tests": common}
-    failures = _correctness(backend, {n: tests["agent"][n] for n in common}, limits, out, phase)
-    if failures:
-        verdict = EvalVerdict.TIMEOUT if all(f["timed_out"] for f in failures) else EvalVerdict.TESTS_FAILED
-        names = ", ".join(f["test"] for f in failures)
-        return {
-            **_verdict(verdict, f"failing tests: {names}"),
-            **info,
-            "tests_pass": False,
-            "failing_tests": failures,
-        }
     timed = [n for n in common if n in set(inst.improved_tests)] or common
     count = check_metric(backend, s.builder)
+    # the correctness runs hold the timing core too: checked exactly as timed (same core, same
+    # limits), a test cannot tell the two apart and behave only while it is checked
     with timing_core(s.builder, phase) as pin:
+
+        def pinned(t: TestCase) -> Limits:
+            return limits(t, pin, count)
+
+        failures = _correctness(backend, {n: tests["agent"][n] for n in common}, pinned, out, phase)
+        if failures:
+            verdict = (
+                EvalVerdict.TIMEOUT if all(f["timed_out"] for f in failures) else EvalVerdict.TESTS_FAILED
+            )
+            names = ", ".join(f["test"] for f in failures)
+            return {
+                **_verdict(verdict, f"failing tests: {names}"),
+                **info,
+                "tests_pass": False,
+                "failing_tests": failures,
+            }
 
         def run_one(side: str, name: str) -> RunResult:
             t = tests[side][name]
-            return normalise(t, backend.run_test(side, t, limits(t, pin, count)))
+            return normalise(t, backend.run_test(side, t, pinned(t)))
 
         meas = measure(
             timed,

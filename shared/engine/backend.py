@@ -11,6 +11,12 @@
 Both trees have the same shape and path length, so ccache hits across sides and binaries can be
 compared byte for byte after mapping `old` → `new` in embedded paths. The docker backend
 (containers issue) implements the same `Backend` protocol.
+
+`jailed=True`: every configure, build, test discovery and test run is under bubblewrap
+(sandbox.Jail) as the sandbox uid, with only its own tree bound at `<workspace>/current` (the same
+path for every side without mount namespaces), the workspace's ccache (read-only for the sides in
+`readonly_ccache`), a fresh `/tmp`, and an allow-listed environment; with `readonly_tests` the tree
+is read-only while its tests run.
 """
 
 from __future__ import annotations
@@ -32,11 +38,12 @@ from cppperf.shared.engine.cmake import (
     TestCase,
     build,
     configure,
+    ctest_json,
     discover_tests,
     tool_env,
 )
 from cppperf.shared.engine.runner_script import instructions_unsupported
-from cppperf.shared.engine.sandbox import Limits, RunResult, run
+from cppperf.shared.engine.sandbox import JAIL_TMP, Jail, Limits, RunResult, hand_over, jail_env, run
 from cppperf.shared.engine.submodules import Sources, archive
 from cppperf.shared.errors import InfraFailure
 
@@ -64,6 +71,8 @@ class Backend(Protocol):
     def tests(self, side: SideName) -> list[TestCase]: ...
     def binaries_identical(self, tests: list[str]) -> bool: ...
     def run_test(self, side: SideName, test: TestCase, limits: Limits) -> RunResult: ...
+    def tree_root(self, side: SideName) -> str: ...
+    def tests_json(self, side: SideName) -> str | None: ...
     def cleanup(self) -> None: ...
     def commit(self, image: str, record: dict[str, Any]) -> str: ...
     def push(self, image: str, registry: str) -> str: ...
@@ -143,6 +152,9 @@ class LocalBackend:
     submodules: Sources = field(default_factory=Sources)
     name: str = "local"
     installed: list[str] = field(default_factory=list)  # nothing is installed on the host
+    jailed: bool = False  # every step under bubblewrap (module docstring)
+    readonly_tests: bool = False  # jailed: the tree is read-only while its tests run
+    readonly_ccache: frozenset[SideName] = frozenset()  # jailed: these sides only read the ccache
 
     def side_dir(self, side: SideName) -> Path:
         return self.workspace / side
@@ -151,12 +163,27 @@ class LocalBackend:
     def current(self) -> Path:
         return self.workspace / "current"
 
+    @property
+    def ccache(self) -> Path:
+        return self.workspace / "ccache"
+
     def _mount(self, side: SideName) -> tuple[Path, Path] | None:
-        return (self.side_dir(side), self.current) if self.same_path else None
+        return (self.side_dir(side), self.current) if self.same_path or self.jailed else None
 
     def _view(self, side: SideName) -> Path:
         """Where the side's tree is seen by its builds and tests."""
-        return self.current if self.same_path else self.side_dir(side)
+        return self.current if self.same_path or self.jailed else self.side_dir(side)
+
+    def _jail(self, side: SideName, *, building: bool) -> Jail | None:
+        if not self.jailed:
+            return None
+        tree = ((self.side_dir(side), self.current),)
+        if not building:
+            return Jail(rw=() if self.readonly_tests else tree, ro=tree if self.readonly_tests else ())
+        cache = ((self.ccache, self.ccache),)
+        if side in self.readonly_ccache:
+            return Jail(rw=tree, ro=cache)
+        return Jail(rw=tree + cache)
 
     @property
     def logs(self) -> Path:
@@ -182,22 +209,60 @@ class LocalBackend:
                 continue
             export_source(repo_path, source, dest, self.submodules)
 
-    def _env(self) -> dict[str, str]:
-        return tool_env(self.workspace / "ccache", self.workspace if self.ccache_basedir else None)
+    def _env(self, side: SideName = "") -> dict[str, str]:
+        basedir = self.workspace if self.ccache_basedir else None
+        if not self.jailed:
+            return tool_env(self.ccache, basedir)
+        cc = {k: v for k, v in tool_env(self.ccache, basedir).items() if k.startswith("CCACHE_")}
+        if side in self.readonly_ccache:  # hits from the trusted trees' objects, never a write
+            cc.update(CCACHE_READONLY="1", CCACHE_TEMPDIR=JAIL_TMP)
+        return jail_env(cc)
 
     def build(self, side: SideName) -> list[StepResult]:
         d, mount = self._view(side), self._mount(side)
-        env = self._env()
+        env = self._env(side)
+        jail = self._jail(side, building=True)
+        if jail is not None:
+            (self.side_dir(side) / "build").mkdir(parents=True, exist_ok=True)
+            self.ccache.mkdir(parents=True, exist_ok=True)
+            hand_over(self.side_dir(side), self.ccache)
         log = self.logs / f"{side}-configure.log"
-        steps = [configure(d / "src", d / "build", self.spec, env=env, log=log, mount=mount)]
+        steps = [configure(d / "src", d / "build", self.spec, env=env, log=log, mount=mount, jail=jail)]
         if steps[-1].ok:
             steps.append(
-                build(d / "build", self.spec, env=env, log=self.logs / f"{side}-build.log", mount=mount)
+                build(
+                    d / "build",
+                    self.spec,
+                    env=env,
+                    log=self.logs / f"{side}-build.log",
+                    mount=mount,
+                    jail=jail,
+                )
             )
         return steps
 
     def tests(self, side: SideName) -> list[TestCase]:
-        return discover_tests(self._view(side) / "build", mount=self._mount(side))
+        env = jail_env() if self.jailed else None
+        return discover_tests(
+            self._view(side) / "build",
+            env=env,
+            mount=self._mount(side),
+            jail=self._jail(side, building=False),
+        )
+
+    def tree_root(self, side: SideName) -> str:
+        """The side's tree as its builds and tests see it."""
+        return str(self._view(side))
+
+    def tests_json(self, side: SideName) -> str | None:
+        """The raw `ctest --show-only=json-v1` of a side (the evaluator compares meanings)."""
+        env = jail_env() if self.jailed else None
+        return ctest_json(
+            self._view(side) / "build",
+            env=env,
+            mount=self._mount(side),
+            jail=self._jail(side, building=False),
+        )
 
     def _artifacts(self, side: SideName, tests: list[str]) -> dict[str, str] | None:
         """Hash of each test executable and shared library in the build tree, paths normalised."""
@@ -231,7 +296,11 @@ class LocalBackend:
         return old is not None and old == new
 
     def run_test(self, side: SideName, test: TestCase, limits: Limits) -> RunResult:
-        env = {**os.environ, **self.env_overrides, **test.env}
+        jail = self._jail(side, building=False)
+        if jail is not None:
+            env = jail_env(self.env_overrides, test.env)
+        else:
+            env = {**os.environ, **self.env_overrides, **test.env}
         try:
             return run(
                 test.command,
@@ -239,8 +308,10 @@ class LocalBackend:
                 env=env,
                 limits=limits,
                 output_limit=self.output_limit,
-                sandbox=self.sandbox,
-                mount=self._mount(side),
+                sandbox=self.sandbox or jail is not None,
+                mount=self._mount(side) if jail is None else None,
+                jail=jail,
+                timed=True,
             )
         except OSError as exc:
             raise InfraFailure(f"cannot run {test.name}: {exc}") from exc

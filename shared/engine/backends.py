@@ -12,10 +12,13 @@ from typing import Any
 from cppperf.shared.engine.backend import Backend, LocalBackend
 from cppperf.shared.engine.cmake import BuildSpec
 from cppperf.shared.engine.leases import core_plan
-from cppperf.shared.engine.sandbox import mount_namespace_available
+from cppperf.shared.engine.sandbox import jail_problem, mount_namespace_available
 from cppperf.shared.engine.submodules import Sources
 from cppperf.shared.errors import ConfigError, InfraFailure
+from cppperf.shared.logging import get_logger
 from cppperf.shared.settings import BuilderSettings, default_mirror_dir
+
+log = get_logger(__name__)
 
 
 def build_spec(settings: BuilderSettings) -> BuildSpec:
@@ -25,6 +28,8 @@ def build_spec(settings: BuilderSettings) -> BuildSpec:
         jobs=settings.jobs,
         configure_timeout=settings.configure_timeout,
         build_timeout=settings.build_timeout,
+        memory_mb=settings.memory_limit_mb,
+        processes=settings.max_processes,
         cpus=core_plan(settings).build if settings.pin_cpu else (),
     )
 
@@ -76,14 +81,21 @@ def make_backend(
     """`sandbox` overrides `builder.sandbox` for the local backend (the evaluator always sandboxes
     agents' code; containers are isolated anyway)."""
     if settings.backend == "local":
+        # the builder mines repositories it chose: jailed when bubblewrap works, else (logged) the
+        # older isolation, network namespace and rlimits only; the evaluator refuses instead
+        sandboxed = settings.sandbox if sandbox is None else sandbox
+        why_not = jail_problem() if sandboxed else "builder.sandbox=false"
+        if why_not:
+            log.warning("builds and tests run without the bubblewrap jail", reason=why_not)
         return LocalBackend(
             workspace,
             build_spec(settings),
             dict(settings.thread_env),
-            sandbox=settings.sandbox if sandbox is None else sandbox,
+            sandbox=sandboxed,
             output_limit=settings.output_limit,
             ccache_basedir=settings.ccache_basedir,
-            same_path=settings.same_path and mount_namespace_available(),
+            same_path=not why_not or (settings.same_path and mount_namespace_available()),
+            jailed=not why_not,
             submodules=submodule_sources(settings),
         )
     if settings.backend == "docker":

@@ -4,6 +4,10 @@ Configure: `-DCMAKE_BUILD_TYPE=Release` (setting), Ninja when available, ccache 
 launcher when installed, `BUILD_TESTING=ON` plus the project's own `<X>_TEST`/`<X>_BUILD_TESTS`
 style options found in its CMakeLists. Tests: `ctest --show-only=json-v1` gives each test's
 command, working directory and environment so the protocol can run them directly.
+
+Every step takes an optional `jail` (sandbox.Jail): configure, build and test discovery then run
+under bubblewrap as the sandbox uid with only the tree (and ccache) visible — a project's CMake
+code, compilers and generated `CTestTestfile.cmake` are code from the tree, trusted or not.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from pathlib import Path
 
 from cppperf.shared.domain import FailureCategory
 from cppperf.shared.engine.deps import MissingDeps, diagnose
-from cppperf.shared.engine.sandbox import Limits, RunResult, run
+from cppperf.shared.engine.sandbox import Jail, Limits, RunResult, run
 
 _TEST_OPTION = re.compile(
     r"option\s*\(\s*(\w*(?:BUILD_TESTS?|BUILD_TESTING|_TESTS?|_TESTING|_UNIT_TESTS|ENABLE_TESTS?|WITH_TESTS?))\b",
@@ -51,7 +55,21 @@ class BuildSpec:
     extra_args: tuple[str, ...] = ()
     configure_timeout: float = 600.0
     build_timeout: float = 3600.0
+    memory_mb: int | None = None  # per process (RLIMIT_AS) for jailed steps
+    processes: int | None = None  # pids cgroup (else RLIMIT_NPROC) for jailed steps
     cpus: tuple[int, ...] = ()  # the build cores (never a core leased for timing); empty: any
+
+
+def _step_limits(spec: BuildSpec, timeout: float, jail: Jail | None) -> Limits:
+    if jail is None:
+        return Limits(timeout=timeout, memory_mb=None, cpus=spec.cpus)
+    return Limits(
+        timeout=timeout,
+        cpu_seconds=int(timeout) + 1,
+        memory_mb=spec.memory_mb,
+        processes=spec.processes,
+        cpus=spec.cpus,
+    )
 
 
 @dataclass
@@ -105,7 +123,10 @@ def configure(
     env: dict[str, str],
     log: Path,
     mount: tuple[Path, Path] | None = None,
+    jail: Jail | None = None,
 ) -> StepResult:
+    """`mount=(host, seen)`: the tree at `host` is seen at `seen` (a mount namespace, or the
+    jail's bind); `src`/`build` are paths as seen."""
     if mount is None:
         build.mkdir(parents=True, exist_ok=True)
     real_src = src if mount is None else mount[0] / src.relative_to(mount[1])
@@ -113,11 +134,12 @@ def configure(
     res = run(
         argv,
         env=env,
-        limits=Limits(timeout=spec.configure_timeout, memory_mb=None, cpus=spec.cpus),
-        sandbox=False,
+        limits=_step_limits(spec, spec.configure_timeout, jail),
+        sandbox=jail is not None,
         log_file=log,
         output_limit=256 * 1024,
-        mount=mount,
+        mount=mount if jail is None else None,
+        jail=jail,
         cwd=str(mount[1]) if mount else None,
     )
     if res.ok:
@@ -143,17 +165,19 @@ def build(
     env: dict[str, str],
     log: Path,
     mount: tuple[Path, Path] | None = None,
+    jail: Jail | None = None,
 ) -> StepResult:
     jobs = spec.jobs or len(spec.cpus) or os.cpu_count() or 1
     argv = ("cmake", "--build", str(build_dir), "-j", str(jobs))
     res = run(
         argv,
         env=env,
-        limits=Limits(timeout=spec.build_timeout, memory_mb=None, cpus=spec.cpus),
-        sandbox=False,
+        limits=_step_limits(spec, spec.build_timeout, jail),
+        sandbox=jail is not None,
         log_file=log,
         output_limit=256 * 1024,
-        mount=mount,
+        mount=mount if jail is None else None,
+        jail=jail,
         cwd=str(build_dir) if mount else None,
     )
     if res.ok:
@@ -197,29 +221,54 @@ def _search(pattern: str, text: str) -> bool:
         return pattern in text
 
 
-def discover_tests(
-    build_dir: Path, *, env: dict[str, str] | None = None, mount: tuple[Path, Path] | None = None
-) -> list[TestCase]:
-    """Every CTest test with its command line, working directory and environment."""
-    if mount is None:
-        proc = subprocess.run(
-            ["ctest", "--test-dir", str(build_dir), "--show-only=json-v1"],
-            capture_output=True,
-            check=False,
-            env=env,
-            timeout=300,
-        )
-        return parse_ctest_json(proc.stdout, str(build_dir)) if proc.returncode == 0 else []
+def ctest_json(
+    build_dir: Path,
+    *,
+    env: dict[str, str] | None = None,
+    mount: tuple[Path, Path] | None = None,
+    jail: Jail | None = None,
+) -> str | None:
+    """`ctest --show-only=json-v1` of a build tree (None when ctest fails)."""
+    argv = ["ctest", "--test-dir", str(build_dir), "--show-only=json-v1"]
+    if mount is None and jail is None:
+        proc = subprocess.run(argv, capture_output=True, check=False, env=env, timeout=300)
+        return proc.stdout.decode(errors="replace") if proc.returncode == 0 else None
     res = run(
-        ["ctest", "--test-dir", str(build_dir), "--show-only=json-v1"],
+        argv,
         env=env,
-        sandbox=False,
-        limits=Limits(timeout=300, memory_mb=None),
+        sandbox=jail is not None,
+        limits=Limits(timeout=300, memory_mb=None if jail is None else 4096),
         output_limit=256 * 1024 * 1024,
-        mount=mount,
+        mount=mount if jail is None else None,
+        jail=jail,
         cwd=str(build_dir),
     )
-    return parse_ctest_json(res.output, str(build_dir)) if res.ok else []
+    return res.output if res.ok else None
+
+
+def discover_tests(
+    build_dir: Path,
+    *,
+    env: dict[str, str] | None = None,
+    mount: tuple[Path, Path] | None = None,
+    jail: Jail | None = None,
+) -> list[TestCase]:
+    """Every CTest test with its command line, working directory and environment."""
+    data = ctest_json(build_dir, env=env, mount=mount, jail=jail)
+    return parse_ctest_json(data, str(build_dir)) if data is not None else []
+
+
+def test_description(data: str | None, root: str = "") -> list[dict[str, object]]:
+    """What the tests *mean*, from `ctest --show-only=json-v1`: each test's name, command,
+    arguments and properties (working directory, environment, regexes, …) without the
+    backtraces (file/line of the definitions), with the tree's own path `root` written as
+    `<tree>`. Two trees whose descriptions differ do not run the same tests — the evaluator's
+    `test-edit` check."""
+    if data and root:
+        data = re.sub(re.escape(json.dumps(root)[1:-1]) + r'(?=[/"])', "<tree>", data)
+    parsed = json.loads(data or "{}")
+    tests = [{k: v for k, v in t.items() if k != "backtrace"} for t in parsed.get("tests", [])]
+    return sorted(tests, key=lambda t: json.dumps(t, sort_keys=True))
 
 
 def _as_list(value: object) -> list[str]:

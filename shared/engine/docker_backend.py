@@ -10,6 +10,17 @@ test inside the container. A configure that fails for missing Debian packages is
 an env image with those packages. `commit()` turns the finished container into the instance
 image `cppperf/<owner>__<name>:<sha12>` with both trees built and the record at
 `/work/instance.json`; `from_image` reproduces an instance from that image alone.
+
+Security: every container drops all capabilities but the few the root-side setup needs (chown of
+the trees, the runner's switch to the build uid, cleaning temp dirs); `no-new-privileges`; no
+network; memory and pids limits. Configure, build, test discovery and tests run as a uid ≠ 0
+with no capabilities. `hardened=True` (the evaluator, agents' code): each tree has its own uid
+(`SIDE_UIDS`) and is private to it (0700) while it builds, then root's and read-only (group
+read for its uid) while its tests run; the ccache is read-only for the agent's build; `/tmp`,
+`/var/tmp` and `/dev/shm` are emptied before every run and HOME is /tmp. The root filesystem
+stays writable for root (sources and the runner go in with put_archive, instance images are
+committed from it): the jailed uids can write nothing outside their tree and the emptied temp
+dirs.
 """
 
 from __future__ import annotations
@@ -41,6 +52,9 @@ RUNNER = "/opt/cppperf/runner.py"
 WORK = "/work"
 UID = 1000
 HOME = "/work/home"  # a home inside the per-instance tree, never a shared temp dir
+SIDE_UIDS = {"old": 1001, "expert": 1002, "new": 1001}  # hardened: every other side (agent) is UID
+# root in the container may only set up: chown trees, switch to the build uid, clean temp dirs
+CAPS = ["CHOWN", "SETUID", "SETGID", "FOWNER", "DAC_OVERRIDE"]
 
 
 def runner_source() -> bytes:
@@ -62,6 +76,7 @@ class DockerBackend:
     from_image: str | None = None
     ccache_basedir: bool = False
     submodules: Sources = field(default_factory=Sources)
+    hardened: bool = False  # agents' code: a uid per tree, read-only trees while tested (docstring)
     name: str = "docker"
     container: Any = None
     installed: list[str] = field(default_factory=list)
@@ -75,6 +90,9 @@ class DockerBackend:
             "network_mode": "none",
             "mem_limit": f"{self.memory_mb}m",
             "pids_limit": self.pids,
+            "cap_drop": ["ALL"],
+            "cap_add": CAPS,
+            "security_opt": ["no-new-privileges"],
             "working_dir": WORK,
             "command": ["sleep", "infinity"],
         }
@@ -136,18 +154,20 @@ class DockerBackend:
         cpus: tuple[int, ...] = (),
         instructions: bool = False,
         output_limit: int | None = None,
+        uid: int = UID,
     ) -> RunResult:
         req = {
             "op": "run",
             "argv": argv,
             "cwd": cwd,
-            "env": env or {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": HOME, "LC_ALL": "C"},
+            "env": env or {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self._home, "LC_ALL": "C"},
             "timeout": timeout,
             "output_limit": output_limit or self.output_limit,
             "cpu": cpu,
             "cpus": list(cpus),
             "instructions": instructions,
-            "uid": UID,
+            "uid": uid,
+            "fresh_tmp": self.hardened,
         }
         code, out = self.container.exec_run(["python3", RUNNER, json.dumps(req)], user="0")
         try:
@@ -165,24 +185,57 @@ class DockerBackend:
             instructions=None if ans.get("instructions") is None else int(ans["instructions"]),
         )
 
-    def _build_env(self) -> dict[str, str]:
-        return {
+    @property
+    def _home(self) -> str:
+        return "/tmp" if self.hardened else HOME  # noqa: S108 - emptied before every hardened run
+
+    def uid(self, side: SideName) -> int:
+        return SIDE_UIDS.get(side, UID) if self.hardened else UID
+
+    def _build_env(self, side: SideName = "") -> dict[str, str]:
+        env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": HOME,
+            "HOME": self._home,
             "LC_ALL": "C",
             "CCACHE_DIR": f"{WORK}/ccache",
             **({"CCACHE_BASEDIR": WORK} if self.ccache_basedir else {}),
             "CCACHE_NOHASHDIR": "1",
         }
+        if self.hardened and side not in SIDE_UIDS:  # the agent reads the trusted trees' objects only
+            env.update(CCACHE_READONLY="1", CCACHE_TEMPDIR="/tmp")  # noqa: S108 - emptied per run
+        elif self.hardened:
+            env["CCACHE_UMASK"] = "000"  # shared by the two trusted uids
+        return env
+
+    def _own(self, side: SideName, *, building: bool) -> None:
+        """Hardened: the tree private and writable to its uid while it builds, then root's and
+        read-only (group-readable by its uid) while it is tested; the ccache read-only for the
+        agent."""
+        if not self.hardened:
+            return
+        tree, uid = f"{WORK}/{side}", self.uid(side)
+        if building:
+            self._root(["mkdir", "-p", f"{WORK}/ccache", f"{tree}/build"])
+            self._root(["chown", "-R", f"{uid}:{uid}", tree])
+            self._root(["chmod", "0700", tree])
+            if side in SIDE_UIDS:
+                self._root(["chmod", "-R", "a+rwX", f"{WORK}/ccache"])
+            else:
+                self._root(["chown", "-R", "0:0", f"{WORK}/ccache"])
+                self._root(["chmod", "-R", "go-w,a+rX", f"{WORK}/ccache"])
+        else:
+            self._root(["chown", "-R", f"0:{uid}", tree])
+            self._root(["chmod", "-R", "g-w,g+rX,o-rwx", tree])
 
     def _step(self, side: SideName, step: str, argv: list[str], timeout: float) -> StepResult:
         res = self._run(
             argv,
             cwd=f"{WORK}/{side}",
             timeout=timeout,
-            env=self._build_env(),
+            env=self._build_env(side),
             cpus=self.spec.cpus,
             output_limit=256 * 1024,
+            uid=self.uid(side),
         )
         log = self.logs / f"{side}-{step}.log"
         log.write_text(res.output)
@@ -213,6 +266,7 @@ class DockerBackend:
                 self._step(side, "build", ["cmake", "--build", str(bld), "-j", "1"], self.spec.build_timeout)
             ]
         argv = configure_argv(src, bld, self.spec, ninja=True, ccache=True, options=self._test_options)
+        self._own(side, building=True)
         steps = [self._step(side, "configure", argv, self.spec.configure_timeout)]
         last = steps[-1]
         if not last.ok and last.missing is not None and last.missing.debian and not self.installed:
@@ -225,13 +279,27 @@ class DockerBackend:
                     side, "build", ["cmake", "--build", str(bld), "-j", str(jobs)], self.spec.build_timeout
                 )
             )
+        self._own(side, building=False)
         return steps
 
-    def tests(self, side: SideName) -> list[TestCase]:
-        code, out = self.container.exec_run(
-            ["ctest", "--test-dir", f"{WORK}/{side}/build", "--show-only=json-v1"], user="0"
+    def tree_root(self, side: SideName) -> str:
+        return f"{WORK}/{side}"
+
+    def tests_json(self, side: SideName) -> str | None:
+        """`ctest --show-only=json-v1` of a side, run as the build user (CTestTestfile.cmake is
+        code the tree generated)."""
+        res = self._run(
+            ["ctest", "--test-dir", f"{WORK}/{side}/build", "--show-only=json-v1"],
+            cwd=f"{WORK}/{side}",
+            timeout=300,
+            output_limit=256 * 1024 * 1024,
+            uid=self.uid(side),
         )
-        return parse_ctest_json(out, f"{WORK}/{side}/build") if code == 0 else []
+        return res.output if res.ok else None
+
+    def tests(self, side: SideName) -> list[TestCase]:
+        data = self.tests_json(side)
+        return parse_ctest_json(data, f"{WORK}/{side}/build") if data is not None else []
 
     def _hashes(self, side: SideName) -> dict[str, str]:
         req = {
@@ -251,7 +319,7 @@ class DockerBackend:
     def run_test(self, side: SideName, test: TestCase, limits: Limits) -> RunResult:
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": HOME,
+            "HOME": self._home,
             "LC_ALL": "C",
             **self.env_overrides,
             **test.env,
@@ -264,6 +332,7 @@ class DockerBackend:
             cpu=limits.cpu,
             cpus=limits.cpus,
             instructions=limits.instructions,
+            uid=self.uid(side),
         )
 
     def instructions_unsupported(self) -> str | None:

@@ -161,6 +161,7 @@ def _preexec(
     if cpu is not None:
         set_affinity({cpu})
     if uid is not None:
+        os.setgroups([])  # not root's supplementary groups
         os.setgid(uid)
         os.setuid(uid)
     if counter is not None:  # last: count from the exec on, as the test's own user
@@ -213,7 +214,25 @@ def supervise(
     return status, usage, wall, timed_out.is_set()
 
 
+def _empty_temp_dirs() -> None:
+    """A fresh /tmp for every run: nothing one run leaves there is seen by the next."""
+    import shutil
+
+    for top in ("/tmp", "/var/tmp", "/dev/shm"):  # noqa: S108 - inside the container, as root
+        if not os.path.isdir(top):
+            continue
+        for name in os.listdir(top):
+            path = os.path.join(top, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+
+
 def _run(req: dict[str, Any]) -> dict[str, Any]:
+    if req.get("fresh_tmp"):
+        _empty_temp_dirs()
     keep = OutputKeeper(int(req.get("output_limit", 65536)))
     cpu = None if req.get("cpu") is None else int(req["cpu"])
     uid = None if req.get("uid") is None else int(req["uid"])
@@ -275,7 +294,17 @@ def _hash(req: dict[str, Any]) -> dict[str, Any]:
     return {"files": out}
 
 
+def _not_dumpable() -> None:
+    """Other processes of our uid (the command we run, in the host's jail) may not open our
+    /proc/<pid>/fd nor ptrace us: they cannot write a forged answer on our stdout."""
+    with contextlib.suppress(Exception):  # not Linux, or no libc: nothing to protect here
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+
+
 def main() -> None:
+    _not_dumpable()
     req = json.loads(sys.argv[1])
     if req["op"] == "probe":
         sys.stdout.write(json.dumps({"instructions_unsupported": instructions_unsupported()}))
