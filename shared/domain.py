@@ -151,6 +151,7 @@ class BuildStep(msgspec.Struct, kw_only=True):
     seconds: float
     category: FailureCategory | None = None
     log: str | None = None
+    command: list[str] = msgspec.field(default_factory=list)  # the argv exactly as it ran
 
 
 class StatsRecord(msgspec.Struct, kw_only=True):
@@ -197,6 +198,8 @@ class SideSamples(msgspec.Struct, kw_only=True):
     new_s: list[float]
     old_cpu_s: list[float] = msgspec.field(default_factory=list)
     new_cpu_s: list[float] = msgspec.field(default_factory=list)
+    old_instructions: list[float] = msgspec.field(default_factory=list)  # `builder.metric = instructions`
+    new_instructions: list[float] = msgspec.field(default_factory=list)
 
 
 class Environment(msgspec.Struct, kw_only=True):
@@ -207,6 +210,15 @@ class Environment(msgspec.Struct, kw_only=True):
     build_type: str = ""
     thread_env: dict[str, str] = msgspec.field(default_factory=dict)
     pinned_cpu: bool = False
+    cppperf_version: str = ""
+    profile: str = ""
+    timing_cores: list[int] = msgspec.field(default_factory=list)  # host core leases
+    build_cores: list[int] = msgspec.field(default_factory=list)
+    leased_core: int | None = None  # the core this instance was timed on
+    load_average_start: list[float] | None = None
+    load_average_end: list[float] | None = None
+    compiler_version: str = ""
+    cmake_version: str = ""
 
 
 class Attempt(msgspec.Struct, kw_only=True):
@@ -230,7 +242,15 @@ class InstanceMeta(msgspec.Struct, kw_only=True):
     imported_from: str | None = None  # a published CppPerf-DB file (`cppperf dataset import`)
     statistics: str | None = None  # how an imported record's verdicts were recomputed
     verdict: Verdict
+    decision_rule: str = ""  # which rule decided `verdict` (default | strict | paper)
     verdict_paper_rule: Verdict | None = None
+    verdict_strict_rule: Verdict | None = None
+    profile: str = ""  # default | paper
+    metric: str = ""  # cpu | wall | instructions
+    decided_on: dict[str, str] = msgspec.field(default_factory=dict)  # per test: the metric that decided
+    repeats: dict[str, int] = msgspec.field(default_factory=dict)  # per test: runs inside one sample
+    sample_floor_s: float | None = None
+    compared_tests: list[str] = msgspec.field(default_factory=list)
     improved_tests: list[str] = msgspec.field(default_factory=list)  # imported records
     regressed_tests: list[str] = msgspec.field(default_factory=list)
     failure_category: FailureCategory | None = None
