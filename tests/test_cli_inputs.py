@@ -419,6 +419,24 @@ def test_instance_page_shows_regressions_with_their_p(tmp_path: Path) -> None:
     assert row["ci"] is not None
 
 
+def test_imported_instance_page_shows_a_ci_for_every_timed_test() -> None:
+    """Import keeps a CI only where the verdict needs one; the instance page bootstraps the rest
+    from the published raw times, so no timed test shows "–"."""
+    from cppperf.dataset.records import to_record
+    from cppperf.dataset.report import _test_rows, instance_section
+
+    rec = to_record(
+        published("o/n", [timed("same", 0.010, 0.010), timed("slow", 0.010, 0.020)], improved=0), "x.json"
+    )
+    same = next(t for t in rec["cppperf"]["tests"] if t["name"] == "same")
+    assert same["ci_high"] == float("inf")  # undecided at import: no CI stored
+    rows = {r["name"]: r for r in _test_rows(rec)}
+    low, high = rows["same"]["ci"]
+    assert 0.98 < low <= high < 1.02  # (nearly) equal times: a narrow CI at 1
+    assert rows["slow"]["ci"][1] < 0.6  # a 2× slowdown: speed-up CI near 0.5
+    assert "<td>–</td><td>" not in instance_section(rec).split("<table")[1]
+
+
 # ------------------------------------------------------------------------------------------ state, ids, API
 def test_state_lives_in_the_output_folder(tmp_path: Path) -> None:
     from cppperf.shared.settings import load_settings

@@ -57,22 +57,45 @@ def test_samples(record: dict[str, Any]) -> dict[str, tuple[list[float], list[fl
     return out
 
 
+def _speedup_ci(
+    samples: dict[str, tuple[list[float], list[float]]], t: dict[str, Any], seed: int
+) -> tuple[float, float] | None:
+    """The old/new speed-up CI of one test: the stored ratio CI inverted, or, for imported records
+    (which keep a CI only where the verdict needed one), bootstrapped from the raw times now."""
+    if t["ci_low"] > 0 and t["ci_high"] < float("inf"):
+        return (1 / t["ci_high"], 1 / t["ci_low"])
+    old, new = samples.get(t["name"], ([], []))
+    if len(old) < 2 or len(new) < 2 or min(*old, *new) <= 0:
+        return None
+    import numpy as np
+
+    from cppperf.dataset.records import IMPORT_RESAMPLES
+    from cppperf.shared.engine.stats import bootstrap_ratio_ci
+
+    low, high = bootstrap_ratio_ci(
+        np.asarray(old, dtype=np.float64),
+        np.asarray(new, dtype=np.float64),
+        resamples=IMPORT_RESAMPLES,
+        rng=np.random.default_rng(seed),
+    )
+    return (1 / high, 1 / low)
+
+
 def _test_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
     ours = (record.get("cppperf") or {}).get("tests") or []
     if ours:
+        samples = test_samples(record)
         return [
             {
                 "name": t["name"],
                 "change": t["median_change"],
-                "ci": (1 / t["ci_high"], 1 / t["ci_low"])
-                if t["ci_low"] > 0 and t["ci_high"] < float("inf")
-                else None,
+                "ci": _speedup_ci(samples, t, seed=i),
                 # the p of the side that was decided: a regression shows its own (small) p
                 "p": t["p_regress_adj"] if t["regressed"] or t["median_change"] < 0 else t["p_improve_adj"],
                 "improved": t["improved"],
                 "regressed": t["regressed"],
             }
-            for t in ours
+            for i, t in enumerate(ours)
         ]
     improved = set((record.get("tests") or {}).get("significant_improvements_tests") or [])
     regressed = set((record.get("tests") or {}).get("significant_regressions_tests") or [])
