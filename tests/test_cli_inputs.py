@@ -652,3 +652,40 @@ def test_mine_in_a_terminal_sends_logs_to_a_file(git_repo: Path, tmp_path: Path)
     assert "event" in first
     # no log line among the live view's output, whether rendered as JSON or for the console
     assert '"event"' not in screen and "[info" not in screen and "[warning" not in screen
+
+
+@pytest.mark.nats
+def test_mine_exits_1_when_a_message_was_dead_lettered(git_repo: Path, tmp_path: Path) -> None:
+    """A run whose only failure is a dead letter (a garbage `repo.found` already queued) still
+    finishes, says how many were dead-lettered and where to look, and exits 1."""
+    import asyncio
+
+    from cppperf.shared.bus import Bus
+    from cppperf.shared.embedded import EmbeddedNats
+    from cppperf.shared.messages import REPO_FOUND
+    from tests.conftest import make_settings
+
+    with EmbeddedNats(tmp_path / "nats") as server:
+
+        async def queue_garbage() -> None:
+            bus = await Bus.connect(server.url, make_settings(tmp_path).bus)
+            try:
+                await bus.provision()
+                await bus.js.publish(REPO_FOUND, b"\x00 not a message")
+            finally:
+                await bus.close()
+
+        asyncio.run(queue_garbage())
+        res = subprocess.run(
+            [
+                sys.executable, "-m", "cppperf", "mine", "--repo", str(git_repo), "--no-validate",
+                "--nats-url", server.url, "--out", str(tmp_path / "o"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )  # fmt: skip
+    assert res.returncode == FAILURES, res.stderr[-2000:]
+    assert "dead-lettered: see `cppperf dlq list`" in res.stdout + res.stderr
+    assert "Traceback" not in res.stderr
