@@ -229,6 +229,7 @@ def test_summary_splits_single_and_multi_file(tmp_path: Path) -> None:
 
 @pytest.mark.nats
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # three instances built, then six trees per evaluation on two cores
 def test_predictions_over_the_bus_with_two_workers(
     nats_server: Any, demo_repo: DemoRepo, tmp_path: Path
 ) -> None:
