@@ -259,6 +259,7 @@ def test_predictions_over_the_bus_with_two_workers(
         "CPPPERF_EVALUATOR_RUNS": "5",
         "CPPPERF_BUILDER_WORK_DIR": str(tmp_path / "work"),
         "CPPPERF_BUS_ACK_WAIT": "10",
+        "CPPPERF_BUS_STOP_GRACE": "5",
     }
     workers = [
         subprocess.Popen(
@@ -285,13 +286,13 @@ def test_predictions_over_the_bus_with_two_workers(
             env={**env, "CPPPERF_EVALUATOR_RUNS_DIR": str(tmp_path / "cli-runs")},
             capture_output=True,
             text=True,
-            timeout=600,
+            timeout=780,
             check=False,
         )
     finally:
         for w in workers:
             w.terminate()
-        logs = [w.communicate(timeout=20)[1] for w in workers]
+        logs = [w.communicate(timeout=60)[1] for w in workers]
     assert cli.returncode == 0, cli.stderr[-3000:]
     result = json.loads(cli.stdout)
     assert sorted(r["instance_id"] for r in result["reports"]) == sorted(i for i, _ in ids)
