@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from cppperf.shared.engine import cgroups
+from cppperf.shared.engine.cgroups import hierarchy
 from cppperf.shared.engine.sandbox import (
+    INNER_PYTHON,
     Jail,
     Limits,
-    _pids_root,
     hand_over,
     jail_available,
     jail_env,
@@ -48,13 +50,76 @@ def test_network_is_unshared() -> None:
     assert "Network is unreachable" in res.output or "unreachable" in res.output.lower()
 
 
+HOG = "import time\nx = b'x' * ({} << 20)\ntime.sleep(0.3)"
+
+
+def test_memory_limit_per_process_without_a_cgroup() -> None:
+    """The fallback where no memory cgroup can be made: RLIMIT_AS per process."""
+    limits = Limits(memory_mb=300, memory_cgroup=False)
+    res = run([sys.executable, "-c", HOG.format(800)], limits=limits)
+    assert not res.ok and "MemoryError" in res.output and not res.memory_exceeded
+
+
 def test_memory_limit_stops_a_hog() -> None:
-    res = run([sys.executable, "-c", "x = bytearray(800 * 1024 * 1024)"], limits=Limits(memory_mb=300))
-    assert not res.ok and "MemoryError" in res.output
+    res = run([sys.executable, "-c", HOG.format(800)], limits=Limits(memory_mb=300))
+    assert not res.ok
+    assert res.memory_exceeded or (hierarchy("memory") is None and "MemoryError" in res.output)
+
+
+memory_cgroup = pytest.mark.skipif(
+    hierarchy("memory") is None, reason="the host delegates no memory cgroup to us (RLIMIT_AS fallback)"
+)
+
+
+@memory_cgroup
+def test_memory_cgroup_caps_the_whole_run_not_each_process() -> None:
+    """Four processes of 150 MiB each stay under a per-process cap of 400 MiB, but not under a
+    cap of 400 MiB for the run (what a `-j N` build is); the same run at 1 GiB passes."""
+    script = f'for i in 1 2 3 4; do {sys.executable} -c "{HOG.format(150)}" & done; wait'
+    big = run(["sh", "-c", script], limits=Limits(memory_mb=1024, timeout=60))
+    assert big.ok and not big.memory_exceeded, big.output
+    small = run(["sh", "-c", script + "; sleep 0.5"], limits=Limits(memory_mb=400, timeout=60))
+    assert small.memory_exceeded and "memory limit of 400 MiB" in small.output
+
+
+@memory_cgroup
+def test_memory_cgroup_leaves_nothing_behind() -> None:
+    own = hierarchy("memory")
+    assert own is not None
+    before = {p.name for p in own.own.iterdir() if p.name.startswith("cppperf-")}
+    run([sys.executable, "-c", HOG.format(50)], limits=Limits(memory_mb=200, processes=32))
+    after = {p.name for p in own.own.iterdir() if p.name.startswith("cppperf-")}
+    assert after <= before
+
+
+def test_cgroup_discovery_inside_a_container_view(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Our own cgroup is found through mountinfo + /proc/self/cgroup, also when the mount shows
+    only a subtree (a container), for v2 only where the controller is enabled for children."""
+    v1 = tmp_path / "v1mem"
+    (v1 / "kids").mkdir(parents=True)
+    (v1 / "kids" / "cgroup.procs").write_text("")
+    v2 = tmp_path / "unified"
+    (v2 / "svc").mkdir(parents=True)
+    (v2 / "svc" / "cgroup.subtree_control").write_text("cpu pids\n")
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        f"35 31 0:32 /box {v1} rw,relatime - cgroup cgroup rw,memory\n"
+        f"41 31 0:38 / {v2} rw,relatime - cgroup2 cgroup2 rw\n"
+    )
+    proc = tmp_path / "cgroup"
+    proc.write_text("4:memory:/box/kids\n0::/svc\n")
+    monkeypatch.setattr(cgroups, "MOUNTINFO", mountinfo)
+    monkeypatch.setattr(cgroups, "PROC_CGROUP", proc)
+    pids = cgroups.find_hierarchy("pids")
+    assert pids == cgroups.Hierarchy("pids", v2 / "svc", True)
+    mem = cgroups.find_hierarchy("memory")  # v2 does not delegate memory: the v1 subtree does
+    assert mem == cgroups.Hierarchy("memory", v1 / "kids", False)
+    proc.write_text("4:memory:/elsewhere\n0::/svc\n")  # a path the mount cannot see
+    assert cgroups.find_hierarchy("memory") is None
 
 
 @pytest.mark.skipif(
-    _pids_root() is None and os.geteuid() == 0,
+    hierarchy("pids") is None and os.geteuid() == 0,
     reason="no writable pids cgroup and running as root: RLIMIT_NPROC would not hold a fork bomb",
 )
 def test_fork_bomb_is_contained() -> None:
@@ -116,6 +181,34 @@ def test_jail_timeout_kills_every_process_in_it(tmp_path: Path) -> None:
 
     ps = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True, check=True).stdout
     assert [ln for ln in ps.splitlines() if tag in ln and not ln.lstrip().startswith("Z")] == []
+
+
+@jail_only
+@memory_cgroup
+def test_jail_tmp_writes_count_against_the_memory_cap(tmp_path: Path) -> None:
+    """The private /tmp is a tmpfs: what the jailed code writes there is memory of the run."""
+    fill = "dd if=/dev/zero of=/tmp/fill bs=1M count=600 2>&1; sleep 0.5"
+    res = run(
+        ["sh", "-c", fill], env=jail_env(), jail=Jail(tmp_mb=1024), limits=Limits(memory_mb=300, timeout=60)
+    )
+    assert not res.ok and res.memory_exceeded
+    ok = run(
+        ["sh", "-c", fill], env=jail_env(), jail=Jail(tmp_mb=1024), limits=Limits(memory_mb=900, timeout=60)
+    )
+    assert ok.ok, ok.output
+
+
+@jail_only
+@memory_cgroup
+def test_jailed_timed_run_reports_the_memory_cap() -> None:
+    res = run(
+        [INNER_PYTHON, "-c", HOG.format(500)],
+        env=jail_env(),
+        jail=Jail(),
+        timed=True,
+        limits=Limits(memory_mb=200),
+    )
+    assert not res.ok and res.memory_exceeded and "memory limit of 200 MiB" in res.output
 
 
 @jail_only

@@ -55,7 +55,7 @@ class BuildSpec:
     extra_args: tuple[str, ...] = ()
     configure_timeout: float = 600.0
     build_timeout: float = 3600.0
-    memory_mb: int | None = None  # per process (RLIMIT_AS) for jailed steps
+    memory_mb: int | None = None  # the whole step (memory cgroup), else per process (RLIMIT_AS)
     processes: int | None = None  # pids cgroup (else RLIMIT_NPROC) for jailed steps
     cpus: tuple[int, ...] = ()  # the build cores (never a core leased for timing); empty: any
 

@@ -7,17 +7,22 @@
   namespaces; a read-only system (`/usr`, the few `/etc` files compilers need), a fresh size-capped
   tmpfs `/tmp` per run, only the binds the caller names (its own tree, writable or not, and a
   ccache dir), no view of other trees, the store, `runs/` or any home; an environment from an
-  allow-list (`jail_env`). rlimits and the pids cgroup are set on the child before exec, so the
+  allow-list (`jail_env`). rlimits and the run's cgroups are set on the child before exec, so the
   jailed code cannot raise them; on timeout bwrap (pid 1 of the namespace) is killed, which kills
   every process in the namespace, and the cgroup is emptied. `jail_available()` says whether
   bwrap works here; callers decide what to do without it (the evaluator refuses, see README).
 - Network (no jail): unshared (`bwrap --unshare-net` when installed, else `unshare --net`, with
   `--map-root-user` when not root); `sandbox=False` runs it plainly.
-- rlimits: CPU seconds, address space, file size; own process group, killed whole on timeout.
+- rlimits: CPU seconds, file size; own process group, killed whole on timeout.
   A timeout is a value (`timed_out=True`), not an exception.
-- Processes: a pids cgroup (`pids.max`) per run where one can be created (root, cgroup v1 `pids`
-  hierarchy or v2 with the pids controller) so a fork bomb hits a wall and every leftover
-  process is killed afterwards; else RLIMIT_NPROC (effective for non-root users only).
+- Processes and memory: a per-run cgroup (`cgroups.RunCgroup`) where the host delegates one
+  (cgroup v2 with the controllers enabled for our cgroup, or v1 `pids`/`memory` hierarchies as
+  root): `pids.max` so a fork bomb hits a wall, and one memory cap for the whole run — all its
+  processes together and what they write into the jail's tmpfs `/tmp` (`memory_exceeded` and a
+  line in the output when the kernel killed for it; such a run has failed, exit 137 if it said 0);
+  every leftover process is killed afterwards.
+  Without such a cgroup: RLIMIT_NPROC (effective for non-root users only) and RLIMIT_AS per
+  process.
 - Pinned to one CPU when asked (`os.sched_setaffinity`).
 - Output: a pipe drained by a thread that keeps the first and last `output_limit/2` bytes.
 - Time: wall via `perf_counter_ns`, CPU via `os.wait4` rusage (user + sys of the process tree
@@ -26,14 +31,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import fnmatch
 import json
 import os
 import resource
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -41,6 +44,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cppperf.shared.engine.cgroups import RunCgroup
 from cppperf.shared.engine.runner_script import InstructionCounter, OutputKeeper, set_affinity, supervise
 
 
@@ -48,7 +52,8 @@ from cppperf.shared.engine.runner_script import InstructionCounter, OutputKeeper
 class Limits:
     timeout: float = 600.0
     cpu_seconds: int | None = None
-    memory_mb: int | None = 4096
+    memory_mb: int | None = 4096  # the whole run (memory cgroup) where delegated, else per process
+    memory_cgroup: bool = True  # False: always per process (RLIMIT_AS)
     file_size_mb: int | None = 1024
     processes: int | None = None
     network: bool = False  # False = unshare the network namespace
@@ -67,6 +72,7 @@ class RunResult:
     truncated: bool
     max_rss_kb: int = 0
     instructions: int | None = None  # user-space instructions when counted and allowed
+    memory_exceeded: bool = False  # the kernel killed a process of the run at its memory cgroup cap
 
     @property
     def ok(self) -> bool:
@@ -237,60 +243,6 @@ def network_prefix(sandbox: bool = True) -> list[str]:
     return _NET_CHECKED[sandbox]
 
 
-def _pids_root() -> Path | None:
-    for cand in (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")):
-        procs = cand / "cgroup.procs"
-        if not procs.exists() or not os.access(cand, os.W_OK):
-            continue
-        if cand.name == "cgroup":  # v2: the pids controller must be enabled for children
-            ctl = cand / "cgroup.subtree_control"
-            if not ctl.exists() or "pids" not in ctl.read_text():
-                continue
-        return cand
-    return None
-
-
-class PidsCgroup:
-    """A throw-away pids cgroup limiting one run's process count."""
-
-    _counter = 0
-
-    def __init__(self, limit: int) -> None:
-        root = _pids_root()
-        self.path: Path | None = None
-        if root is None:
-            return
-        PidsCgroup._counter += 1
-        path = root / f"cppperf-{os.getpid()}-{PidsCgroup._counter}"
-        try:
-            path.mkdir(exist_ok=True)
-            (path / "pids.max").write_text(str(limit))
-        except OSError:
-            return
-        self.path = path
-
-    def join_self(self) -> None:  # runs in the child before exec
-        if self.path is not None:
-            (self.path / "cgroup.procs").write_text(str(os.getpid()))
-
-    def kill_all_and_remove(self) -> None:
-        if self.path is None:
-            return
-        # no new processes from here on (a fork bomb would otherwise refill what we kill)
-        with contextlib.suppress(OSError):
-            (self.path / "pids.max").write_text("0")
-        for _ in range(500):
-            pids = [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
-            if not pids:
-                break
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.01)
-        with contextlib.suppress(OSError):
-            self.path.rmdir()
-
-
 def _check(ret: int, what: str) -> None:
     if ret != 0:
         err = ctypes.get_errno()
@@ -324,7 +276,7 @@ def _stage_binds(stage: str, sources: Sequence[str]) -> None:
 
 def _preexec(
     limits: Limits,
-    cgroup: PidsCgroup | None,
+    cgroup: RunCgroup | None,
     counter: InstructionCounter | None = None,
     uid: int | None = None,
     stage: tuple[str, list[str]] | None = None,
@@ -334,13 +286,13 @@ def _preexec(
         cgroup.join_self()
     if limits.cpu_seconds:
         resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 5))
-    if limits.memory_mb:
+    if limits.memory_mb and (cgroup is None or cgroup.memory is None):  # else the cgroup caps the run
         b = limits.memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (b, b))
     if limits.file_size_mb:
         b = limits.file_size_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_FSIZE, (b, b))
-    if limits.processes and (cgroup is None or cgroup.path is None):
+    if limits.processes and (cgroup is None or cgroup.pids is None):
         resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
     set_affinity({limits.cpu} if limits.cpu is not None else set(limits.cpus))
     if uid is not None and os.geteuid() == 0:  # jailed: drop root before bwrap even starts
@@ -444,25 +396,31 @@ def run(
         full = [*prefix, *argv]
     try:
         res = _start_and_supervise(full, argv, cwd, env, limits, output_limit, log_file, jail, stage)
-        return _inner_result(res) if inner else res
+        return _inner_result(res, limits.memory_mb) if inner else res
     finally:
         if stage is not None:  # mounted only in the (finished) child's namespace: empty here
             shutil.rmtree(stage[0], ignore_errors=True)
 
 
-def _inner_result(outer: RunResult) -> RunResult:
+_OOM_LINE = "\ncppperf: memory limit of {} MiB for the whole run reached: the kernel killed a process\n"
+
+
+def _inner_result(outer: RunResult, memory_mb: int | None) -> RunResult:
     """The runner's own measurement; the outer one when it gave none (killed by the backstop)."""
     try:
         ans = json.loads(outer.output)
+        oom = outer.memory_exceeded
+        code = int(ans["returncode"])
         return RunResult(
-            returncode=int(ans["returncode"]),
+            returncode=137 if oom and code == 0 else code,
             wall_s=float(ans["wall_s"]),
             cpu_s=float(ans["cpu_s"]),
-            output=str(ans["output"]),
+            output=str(ans["output"]) + (_OOM_LINE.format(memory_mb) if oom else ""),
             timed_out=bool(ans["timed_out"]),
             truncated=bool(ans["truncated"]),
             max_rss_kb=int(ans.get("max_rss_kb", 0)),
             instructions=None if ans.get("instructions") is None else int(ans["instructions"]),
+            memory_exceeded=oom,
         )
     except (ValueError, KeyError, TypeError):
         return outer
@@ -480,7 +438,11 @@ def _start_and_supervise(
     stage: tuple[str, list[str]] | None,
 ) -> RunResult:
     keep = OutputKeeper(output_limit)
-    cgroup = PidsCgroup(limits.processes) if limits.processes else None
+    cgroup = (
+        RunCgroup(processes=limits.processes, memory_mb=limits.memory_mb if limits.memory_cgroup else None)
+        if limits.processes or (limits.memory_mb and limits.memory_cgroup)
+        else None
+    )
     counter = InstructionCounter() if limits.instructions else None
     start = time.perf_counter_ns()
     try:
@@ -511,19 +473,24 @@ def _start_and_supervise(
         # also what left the process group (setsid'd daemons)
         after_exit=cgroup.kill_all_and_remove if cgroup is not None else None,
     )
+    oom = cgroup is not None and cgroup.oom_killed()
+    output = keep.text() + (_OOM_LINE.format(limits.memory_mb) if oom else "")
     if log_file is not None:  # bounded on disk too: never more than the kept head and tail
         with log_file.open("ab") as fh:
-            fh.write(keep.text().encode())
+            fh.write(output.encode())
     assert proc.stdout is not None
     proc.stdout.close()
     proc.returncode = os.waitstatus_to_exitcode(status)
+    if oom and proc.returncode == 0:  # a process of the run was killed: the run failed, as killed
+        proc.returncode = 137
     return RunResult(
         returncode=proc.returncode,
         wall_s=wall,
         cpu_s=usage.ru_utime + usage.ru_stime,
-        output=keep.text(),
+        output=output,
         timed_out=timed_out,
         truncated=keep.dropped > 0,
         max_rss_kb=usage.ru_maxrss,
         instructions=counter.read() if counter is not None else None,
+        memory_exceeded=oom,
     )
