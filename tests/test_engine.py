@@ -76,3 +76,41 @@ def test_limits_for_uses_the_ctest_timeout_first() -> None:
     assert limits_for(none, s).cpus == core_plan(s).build  # untimed: the build cores
     off = load_settings(env={}, builder={"pin_cpu": False}).builder
     assert limits_for(none, off).cpus == ()
+
+
+def test_a_parallel_build_over_the_memory_cap_is_a_resource_limit(tmp_path: Path) -> None:
+    """Four build jobs of 150 MiB each: each under a per-process cap, together over the run's
+    memory cgroup cap of 400 MiB — a `resource-limit` failure, not a compile error."""
+    import pytest
+
+    from cppperf.shared.domain import FailureCategory
+    from cppperf.shared.engine.cgroups import hierarchy
+    from cppperf.shared.engine.cmake import build, configure
+    from cppperf.shared.engine.sandbox import INNER_PYTHON, Jail, hand_over, jail_available, jail_env
+
+    if not jail_available() or hierarchy("memory") is None:
+        pytest.skip("needs bubblewrap and a delegated memory cgroup")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "hog.py").write_text("import time\nx = b'x' * (150 << 20)\ntime.sleep(1)\n")
+    targets = "\n".join(f"add_custom_target(hog{i} ALL COMMAND {INNER_PYTHON} /w/hog.py)" for i in range(4))
+    (tree / "CMakeLists.txt").write_text(
+        f"cmake_minimum_required(VERSION 3.13)\nproject(h NONE)\n{targets}\n"
+    )
+    hand_over(tree)
+    inside = Path("/w")
+    jail = Jail(rw=((tree, inside),))
+    env = jail_env()
+
+    def attempt(memory_mb: int) -> StepResult:
+        spec = BuildSpec(jobs=4, memory_mb=memory_mb, processes=256)
+        conf = configure(
+            inside, inside / "b", spec, env=env, log=tmp_path / "c.log", mount=(tree, inside), jail=jail
+        )
+        assert conf.ok, conf.result.output
+        return build(inside / "b", spec, env=env, log=tmp_path / "b.log", mount=(tree, inside), jail=jail)
+
+    assert attempt(1536).ok
+    over = attempt(400)
+    assert not over.ok and over.category == FailureCategory.RESOURCE_LIMIT
+    assert "memory limit of 400 MiB" in over.result.output

@@ -146,6 +146,10 @@ def configure(
         return StepResult("configure", True, res, log_path=log, argv=tuple(argv))
     if res.timed_out:
         return StepResult("configure", False, res, FailureCategory.TIMEOUT, log_path=log, argv=tuple(argv))
+    if res.memory_exceeded:
+        return StepResult(
+            "configure", False, res, FailureCategory.RESOURCE_LIMIT, log_path=log, argv=tuple(argv)
+        )
     missing = diagnose(res.output, build / "CMakeCache.txt")
     return StepResult(
         "configure",
@@ -184,6 +188,8 @@ def build(
         return StepResult("build", True, res, log_path=log, argv=argv)
     if res.timed_out:
         return StepResult("build", False, res, FailureCategory.TIMEOUT, log_path=log, argv=argv)
+    if res.memory_exceeded:  # the run's memory cgroup: the build needs more than builder.memory_limit_mb
+        return StepResult("build", False, res, FailureCategory.RESOURCE_LIMIT, log_path=log, argv=argv)
     if res.returncode < 0 or "Killed signal terminated program" in res.output:
         return StepResult("build", False, res, FailureCategory.INFRA, log_path=log, argv=argv)
     return StepResult("build", False, res, FailureCategory.COMPILE, log_path=log, argv=argv)
