@@ -184,6 +184,17 @@ def test_jail_timeout_kills_every_process_in_it(tmp_path: Path) -> None:
 
 
 @jail_only
+def test_jail_network_is_off_unless_the_limits_allow_it() -> None:
+    """Only loopback in the jail's own namespace; `Limits(network=True)` keeps the host's."""
+    host = len(Path("/proc/net/dev").read_text().splitlines())
+    off = run(["cat", "/proc/net/dev"], env=jail_env(), jail=Jail())
+    on = run(["cat", "/proc/net/dev"], env=jail_env(), jail=Jail(), limits=Limits(network=True))
+    assert off.ok and on.ok
+    assert [ln.split(":")[0].strip() for ln in off.output.splitlines()[2:]] == ["lo"]
+    assert len(on.output.splitlines()) == host
+
+
+@jail_only
 @memory_cgroup
 def test_jail_tmp_writes_count_against_the_memory_cap(tmp_path: Path) -> None:
     """The private /tmp is a tmpfs: what the jailed code writes there is memory of the run."""

@@ -139,12 +139,16 @@ def jail_env(*layers: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def bwrap_argv(jail: Jail, cwd: str | None, *, stage: str | None = None) -> list[str]:
+def bwrap_argv(
+    jail: Jail, cwd: str | None, *, stage: str | None = None, share_net: bool = False
+) -> list[str]:
     """The bwrap command line for `jail` (the command follows). `stage`: the bind sources are
-    read from `<stage>/<i>` (`ro` then `rw`), where `run` mounted them (`_stage_binds`)."""
+    read from `<stage>/<i>` (`ro` then `rw`), where `run` mounted them (`_stage_binds`).
+    `share_net` (`Limits.network=True`, never for agents' code) keeps the host's network."""
     argv = [
         "bwrap",
         "--unshare-all",
+        *(["--share-net"] if share_net else []),
         "--unshare-user",
         "--disable-userns",
         "--uid",
@@ -381,7 +385,8 @@ def run(
         if os.geteuid() == 0:
             sources = [host for host, _ in (*jail.ro, *jail.rw)]
             stage = (_make_stage(sources), [str(h) for h in sources])
-        full = [*bwrap_argv(jail, str(cwd) if cwd else None, stage=stage[0] if stage else None), *argv]
+        where = str(cwd) if cwd else None
+        full = [*bwrap_argv(jail, where, stage=stage[0] if stage else None, share_net=limits.network), *argv]
         cwd = "/"
     elif mount is not None:
         full = [
