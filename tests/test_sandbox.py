@@ -226,3 +226,16 @@ def test_jailed_timed_run_reports_the_memory_cap() -> None:
 def test_jailed_timing_happens_inside(tmp_path: Path) -> None:
     res = run(["sleep", "0.2"], env=jail_env(), jail=Jail(), timed=True)
     assert res.ok and 0.19 < res.wall_s < 0.6  # bwrap's setup is not in the sample
+
+
+def test_missing_caps_names_what_falls_back_to_rlimits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        cgroups, "_FOUND", {"memory": None, "pids": cgroups.Hierarchy("pids", tmp_path, True)}
+    )
+    assert cgroups.missing_caps() == ["memory"]
+    limits = Limits(memory_mb=300, processes=16)
+    cg = cgroups.RunCgroup(processes=limits.processes, memory_mb=limits.memory_mb)
+    assert cg.memory is None  # so the run falls back to RLIMIT_AS (see _preexec)
+    cg.kill_all_and_remove()

@@ -6,10 +6,12 @@ commit's date and CMake minimum; `from_image` reuses an instance image instead (
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
 from cppperf.shared.engine.backend import Backend, LocalBackend
+from cppperf.shared.engine.cgroups import missing_caps
 from cppperf.shared.engine.cmake import BuildSpec
 from cppperf.shared.engine.leases import core_plan
 from cppperf.shared.engine.sandbox import jail_problem, mount_namespace_available
@@ -70,6 +72,16 @@ def base_image_for(client: Any, settings: BuilderSettings, commit_date: str, cma
     return name
 
 
+@functools.cache
+def _warn_caps_once() -> None:
+    if missing := missing_caps():
+        log.warning(
+            "no delegated cgroup for these caps: they hold per process only (RLIMIT_AS / RLIMIT_NPROC)",
+            caps=missing,
+            see="README, Security model: what a machine needs",
+        )
+
+
 def make_backend(
     settings: BuilderSettings,
     workspace: Path,
@@ -87,6 +99,7 @@ def make_backend(
         why_not = jail_problem() if sandboxed else "builder.sandbox=false"
         if why_not:
             log.warning("builds and tests run without the bubblewrap jail", reason=why_not)
+        _warn_caps_once()
         return LocalBackend(
             workspace,
             build_spec(settings),

@@ -127,6 +127,11 @@ def hierarchy(controller: str) -> Hierarchy | None:
     return _FOUND[controller]
 
 
+def missing_caps() -> list[str]:
+    """The whole-run caps this host does not let us set (they fall back to per-process rlimits)."""
+    return [c for c in ("memory", "pids") if hierarchy(c) is None]
+
+
 def _write(path: Path, value: str) -> bool:
     try:
         path.write_text(value)
