@@ -264,10 +264,17 @@ def classify_negatives(
         skip = {e.sha for e in load_cppperf_db(db)} if db else set()
         for f in labels or []:
             skip |= {e.sha for e in load_labelled(f)}
+        rows = 0
         for row in mine_negatives(repo, name, s.mining, limit=limit, exclude=skip):
             sys.stdout.write(json.dumps(row) + "\n")
+            rows += 1
     except (OSError, ValueError, subprocess.CalledProcessError) as exc:
         raise _fail(exc) from exc
+    if not rows:  # an unreadable git directory walks as an empty history: say so rather than write nothing
+        console.print(
+            f"[yellow]no structurally selected commits in {repo}[/] (history empty or unreadable by git, "
+            f"or nothing between mining.since {s.mining.since} and mining.until {s.mining.until})"
+        )
 
 
 @classify_app.command("train")
@@ -286,7 +293,7 @@ def classify_train(
     ] = None,
     gate_recall: Annotated[
         float, typer.Option("--gate-recall", help="share of held-out positives the cascade gate keeps")
-    ] = 0.98,
+    ] = 0.95,
 ) -> None:
     """Train the scorer (no-model backend `model` and the cascade's gate) and write its JSON.
 
