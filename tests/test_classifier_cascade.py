@@ -260,15 +260,15 @@ def test_shipped_model_is_small_json_and_loads() -> None:
 
 @pytest.mark.skipif(not LABELS.exists(), reason="../shared (hand-over folder) not present")
 def test_shipped_gate_halves_calls_and_keeps_positives_on_labelled_commits() -> None:
-    """The shipped model was trained without dev.jsonl (CppPerf-DB positives + mined negatives).
-    Measured: 12 of 14 positives kept, 62 % of commits passed (the README's figures); two
-    positives have no words or code a scorer could use (see the README)."""
+    """The shipped model was trained without dev.jsonl's commits (CppPerf-DB positives + mined
+    negatives). Measured: 14 of 14 positives kept, 35 % of commits passed (the README's figures;
+    the cross-validated figures there are the out-of-sample ones)."""
     model = load_model()
     rows = load_labelled(LABELS)
     passed = [gate(model, model.gate_threshold, r.message, r.issue_text, r.diff).passed for r in rows]
     pos = [p for p, r in zip(passed, rows, strict=True) if r.label]
-    assert sum(pos) / len(pos) >= 0.85
-    assert sum(passed) / len(passed) <= 0.7
+    assert sum(pos) / len(pos) >= 0.95
+    assert sum(passed) / len(passed) <= 0.5
 
 
 # ------------------------------------------------------------------ the cascade against an HTTP server
