@@ -440,6 +440,19 @@ def test_negatives_command_mines_structurally_selected_commits(tmp_path: Path) -
     rows = [json.loads(x) for x in r.stdout.splitlines()]
     assert {x["message"] for x in rows} <= {"Initial import", "Set a"} and rows
     assert all(x["manual_label"] is False and x["repo"] == "o/r" and "a.cpp" in x["diff"] for x in rows)
+    assert "no structurally selected commits" not in r.stderr
+
+
+def test_negatives_command_says_so_when_a_clone_yields_nothing(tmp_path: Path) -> None:
+    repo = tmp_path / "r"
+    commit_files(repo, {"a.cpp": "int a;\n"}, "Initial import")
+    cfg = tmp_path / "cppperf.toml"
+    cfg.write_text('[mining]\nsince = "2000-01-01"\nuntil = "2000-12-31"\n')  # the commit is later
+    r = CliRunner().invoke(
+        app, ["classify", "negatives", "--repo", str(repo), "--name", "o/r", "--config", str(cfg)]
+    )
+    assert r.exit_code == 0 and r.stdout == ""
+    assert "no structurally selected commits" in r.stderr and "2000-12-31" in r.stderr
 
 
 async def test_model_backend_labels_with_evidence_and_keys_the_cache_by_model() -> None:
