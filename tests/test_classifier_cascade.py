@@ -418,6 +418,12 @@ def test_train_and_eval_cv_commands(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     rep = json.loads(r.stdout)
     assert rep["crossval"]["summary"]["folds"] >= 1 and "cascade" in rep
+    assert set(rep["crossval"]["summary"]["targets"]) == {"no_model", "cascade"}
+    assert rep["cascade"]["paper_calls_per_1000"] > 0 and "recall_kept" in rep["cascade"]
+    args = ["classify", "--config", str(cfg), "eval", "--labels", str(labels), "--db", str(db)]
+    text = CliRunner().invoke(app, [*args, "--negatives", str(neg), "--folds", "3"])
+    assert text.exit_code == 0, text.output
+    assert "targets: no-model F1 >= 0.55" in " ".join(text.stdout.split())
     bad = CliRunner().invoke(app, ["classify", "train", "--db", str(tmp_path / "nothing")])
     assert bad.exit_code != 0 and "no CppPerf-DB entries" in " ".join(bad.output.split())
     (db / "entries" / "broken.json").write_text('{"metadata": {}}')

@@ -158,6 +158,7 @@ def classify_eval(
     if rep.crossval is not None:
         out.print(_crossval_table(rep.crossval))
         out.print(_gate_curve_table(rep.crossval))
+        out.print(_targets_line(rep.crossval["summary"]["targets"]))
 
 
 def _crossval(labels: Path, db: Path, negatives: list[Path], folds: int, progress: Progress) -> Any:
@@ -233,6 +234,21 @@ def _gate_curve_table(cv: dict[str, Any]) -> Table:
             "-" if row["cppperf_db_recall_kept"] is None else f"{row['cppperf_db_recall_kept']:.3f}",
         )
     return t
+
+
+def _targets_line(t: dict[str, Any]) -> str:
+    nm, c = t["no_model"], t["cascade"]
+
+    def yes(b: bool) -> str:
+        return "met" if b else "not met"
+
+    gates = ", ".join(f"{g:.2f}" for g in c["met_at_gates"])
+    return (
+        f"targets: no-model F1 >= {nm['f1_min']} at precision >= {nm['precision_min']}: "
+        f"trained scorer {yes(nm['model_met'])}, rules {yes(nm['heuristic_met'])}; "
+        f"cascade <= {c['calls_ratio_max']}x calls keeping >= {c['recall_min']} of positives: "
+        + (f"met at gate {gates}" if gates else "not met")
+    )
 
 
 @classify_app.command("negatives")
