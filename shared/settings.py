@@ -125,7 +125,7 @@ class ClassifierSettings(msgspec.Struct, kw_only=True):
     heuristic_threshold: float = 2.0
     # the cascade (openai/vllm): the trained scorer answers clear negatives without an LLM call
     cascade: bool = True
-    cascade_threshold: float | None = None  # None: the model's own, chosen to keep 98 % of positives
+    cascade_threshold: float | None = None  # None: the model's own, chosen to keep 95 % of positives
     model_path: str = ""  # the trained scorer's JSON (`cppperf classify train`); "": the shipped one
 
 

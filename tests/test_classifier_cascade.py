@@ -16,13 +16,15 @@ from cppperf.cli import app
 from cppperf.services.classifier.cascade import gate
 from cppperf.services.classifier.corpus import load_cppperf_db, load_labelled, without_overlap
 from cppperf.services.classifier.cost import commit_cost, cost_report
-from cppperf.services.classifier.crossval import cross_validate
+from cppperf.services.classifier.crossval import cross_validate, targets
 from cppperf.services.classifier.features import commit_features
 from cppperf.services.classifier.scorer import (
     MODEL_PATH,
     Example,
     Model,
     TrainConfig,
+    average_precision,
+    fit_weights,
     load_model,
     recall_threshold,
     repo_folds,
@@ -86,6 +88,74 @@ def test_features_ignore_merge_headers_file_names_and_trailers() -> None:
     assert "d:reserve" in f and "s:files<=1" in f
 
 
+LOOP_DIFF = (
+    "diff --git a/src/a.cpp b/src/a.cpp\n--- a/src/a.cpp\n+++ b/src/a.cpp\n@@ -1,4 +1,3 @@\n"
+    "-  for (int i = 0; i < n; ++i) {\n-    out.push_back(std::string(v[i]));\n-  }\n"
+    "+  out.reserve(n);\n+  std::copy(v.begin(), v.end(), std::back_inserter(out));\n"
+)
+
+
+def test_concepts_count_a_word_never_seen_through_its_family() -> None:
+    a = commit_features("Accelerate the decoder", "", "")
+    b = commit_features("Make the decoder quicker", "", "")
+    assert "c:speed:title" in a and "c:speed:title" in b  # different words, one concept
+    assert "w:accelerate" in a and "w:accelerate" not in b
+    fix = commit_features("Correct an off-by-one in the decoder", "", "")
+    assert "c:fix" in fix and "c:speed" not in fix
+    body = commit_features("Decoder changes\n\nThis avoids a heap allocation per call.", "", "")
+    assert {"c:avoid", "c:memory"} <= body and "c:memory:title" not in body
+
+
+def test_diff_structure_features_say_which_kinds_of_lines_change() -> None:
+    f = commit_features("x", "", LOOP_DIFF)
+    assert "k:loop:fewer" in f and "k:loop-<30%" not in f and "k:loop->=30%" in f  # 1 of 3 removed lines
+    assert "k:reserve:more" in f and "k:algorithm:more" in f and "k:container:fewer" in f
+    assert "k:simd+0" in f and "s:hunks<=1" in f
+    tests_only = LOOP_DIFF.replace("src/a.cpp", "tests/a_test.cpp")
+    assert "k:no-code" in commit_features("x", "", tests_only)  # test files are not the code changed
+
+
+def test_words_of_a_single_repository_are_not_learned() -> None:
+    data = [
+        Example(
+            f"o{r}/l",
+            f"{r}-{i}",
+            f"{'Speed up' if i % 2 else 'Fix'} the frobnicator{r}",
+            "",
+            DIFF,
+            bool(i % 2),
+            "x",
+        )
+        for r in range(4)
+        for i in range(6)
+    ]
+    w, _ = fit_weights(data, TrainConfig(l2=1.0, min_repos=3))
+    assert "w:speed" in w and "c:speed" in w
+    assert not [f for f in w if "frobnicator" in f]  # each spelling is one repository's
+    w1, _ = fit_weights(data, TrainConfig(l2=1.0, min_repos=1))
+    assert [f for f in w1 if "frobnicator" in f]
+
+
+def test_average_precision_ranks_and_handles_ties() -> None:
+    assert average_precision([0.9, 0.8, 0.1], [True, True, False]) == 1.0
+    assert average_precision([0.1, 0.8, 0.9], [True, False, False]) == pytest.approx(1 / 3)
+    assert average_precision([0.5, 0.5], [True, False]) == 0.5  # a tie is one step, not the best order
+
+
+def test_regularisation_is_chosen_on_held_out_repositories_and_recorded() -> None:
+    data = synthetic()
+    model = train(data, TrainConfig(inner_folds=3, l2_grid=(0.1, 100.0)))
+    cfg = model.meta["config"]
+    assert cfg["l2"] in (0.1, 100.0) and cfg["l2_grid"] == [100.0, 0.1]
+    assert 0 < model.meta["inner_average_precision"] <= 1
+    fixed = train(data, TrainConfig(inner_folds=3, l2=100.0))
+    assert fixed.meta["config"]["l2_grid"] == [100.0]
+    # a strong penalty shrinks the weights: the choice matters
+    assert max(abs(w) for w in fixed.weights.values()) < max(
+        abs(w) for w in train(data, TrainConfig(inner_folds=3, l2=0.1)).weights.values()
+    )
+
+
 def test_training_is_deterministic_and_learns_vocabulary() -> None:
     data = synthetic()
     cfg = TrainConfig(inner_folds=3)
@@ -139,7 +209,33 @@ def test_cross_validation_reports_folds_mean_and_spread() -> None:
     curve = s["gate_curve"]
     assert [c["gate_recall_target"] for c in curve] == [0.9, 0.95, 0.98, 0.99]
     assert curve[0]["passed_share"] <= curve[-1]["passed_share"]  # a stricter gate passes fewer
+    assert set(s["targets"]) == {"no_model", "cascade"}
+    assert s["targets"]["no_model"]["model_met"] == (
+        s["model"]["f1"]["mean"] >= 0.55 and s["model"]["precision"]["mean"] >= 0.6
+    )
     json.dumps(rep.as_dict())
+
+
+def test_targets_say_which_gate_meets_the_cascade_target() -> None:
+    def row(r: float, passed: float, recall: float, db: float | None) -> dict[str, float | None]:
+        return {
+            "gate_recall_target": r,
+            "passed_share": passed,
+            "recall_kept": recall,
+            "mined_passed_share": passed,
+            "cppperf_db_recall_kept": db,
+        }
+
+    prf = {k: {"mean": 0.7, "sd": 0.1} for k in ("precision", "recall", "f1")}
+    low = {k: {"mean": 0.5, "sd": 0.1} for k in ("precision", "recall", "f1")}
+    summary = {
+        "model": prf,
+        "heuristic": low,
+        "gate_curve": [row(0.9, 0.4, 0.9, 0.96), row(0.95, 0.45, 1.0, 0.97), row(0.98, 0.6, 1.0, 0.99)],
+    }
+    t = targets(summary)
+    assert t["cascade"]["met_at_gates"] == [0.95]  # 0.90 loses positives, 0.98 asks too much
+    assert t["no_model"]["model_met"] and not t["no_model"]["heuristic_met"]
 
 
 # ------------------------------------------------------------------ cost
@@ -164,15 +260,15 @@ def test_shipped_model_is_small_json_and_loads() -> None:
 
 @pytest.mark.skipif(not LABELS.exists(), reason="../shared (hand-over folder) not present")
 def test_shipped_gate_halves_calls_and_keeps_positives_on_labelled_commits() -> None:
-    """The shipped model was trained without dev.jsonl (CppPerf-DB positives + mined negatives).
-    Measured: 12 of 14 positives kept, 62 % of commits passed (the README's figures); two
-    positives have no words or code a scorer could use (see the README)."""
+    """The shipped model was trained without dev.jsonl's commits (CppPerf-DB positives + mined
+    negatives). Measured: 14 of 14 positives kept, 38 % of commits passed (the README's figures;
+    the cross-validated figures there are the out-of-sample ones)."""
     model = load_model()
     rows = load_labelled(LABELS)
     passed = [gate(model, model.gate_threshold, r.message, r.issue_text, r.diff).passed for r in rows]
     pos = [p for p, r in zip(passed, rows, strict=True) if r.label]
-    assert sum(pos) / len(pos) >= 0.85
-    assert sum(passed) / len(passed) <= 0.7
+    assert sum(pos) / len(pos) >= 0.95
+    assert sum(passed) / len(passed) <= 0.5
 
 
 # ------------------------------------------------------------------ the cascade against an HTTP server
@@ -322,6 +418,12 @@ def test_train_and_eval_cv_commands(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     rep = json.loads(r.stdout)
     assert rep["crossval"]["summary"]["folds"] >= 1 and "cascade" in rep
+    assert set(rep["crossval"]["summary"]["targets"]) == {"no_model", "cascade"}
+    assert rep["cascade"]["paper_calls_per_1000"] > 0 and "recall_kept" in rep["cascade"]
+    args = ["classify", "--config", str(cfg), "eval", "--labels", str(labels), "--db", str(db)]
+    text = CliRunner().invoke(app, [*args, "--negatives", str(neg), "--folds", "3"])
+    assert text.exit_code == 0, text.output
+    assert "targets: no-model F1 >= 0.55" in " ".join(text.stdout.split())
     bad = CliRunner().invoke(app, ["classify", "train", "--db", str(tmp_path / "nothing")])
     assert bad.exit_code != 0 and "no CppPerf-DB entries" in " ".join(bad.output.split())
     (db / "entries" / "broken.json").write_text('{"metadata": {}}')
@@ -344,6 +446,19 @@ def test_negatives_command_mines_structurally_selected_commits(tmp_path: Path) -
     rows = [json.loads(x) for x in r.stdout.splitlines()]
     assert {x["message"] for x in rows} <= {"Initial import", "Set a"} and rows
     assert all(x["manual_label"] is False and x["repo"] == "o/r" and "a.cpp" in x["diff"] for x in rows)
+    assert "no structurally selected commits" not in r.stderr
+
+
+def test_negatives_command_says_so_when_a_clone_yields_nothing(tmp_path: Path) -> None:
+    repo = tmp_path / "r"
+    commit_files(repo, {"a.cpp": "int a;\n"}, "Initial import")
+    cfg = tmp_path / "cppperf.toml"
+    cfg.write_text('[mining]\nsince = "2000-01-01"\nuntil = "2000-12-31"\n')  # the commit is later
+    r = CliRunner().invoke(
+        app, ["classify", "negatives", "--repo", str(repo), "--name", "o/r", "--config", str(cfg)]
+    )
+    assert r.exit_code == 0 and r.stdout == ""
+    assert "no structurally selected commits" in r.stderr and "2000-12-31" in r.stderr
 
 
 async def test_model_backend_labels_with_evidence_and_keys_the_cache_by_model() -> None:

@@ -158,6 +158,7 @@ def classify_eval(
     if rep.crossval is not None:
         out.print(_crossval_table(rep.crossval))
         out.print(_gate_curve_table(rep.crossval))
+        out.print(_targets_line(rep.crossval["summary"]["targets"]))
 
 
 def _crossval(labels: Path, db: Path, negatives: list[Path], folds: int, progress: Progress) -> Any:
@@ -235,6 +236,21 @@ def _gate_curve_table(cv: dict[str, Any]) -> Table:
     return t
 
 
+def _targets_line(t: dict[str, Any]) -> str:
+    nm, c = t["no_model"], t["cascade"]
+
+    def yes(b: bool) -> str:
+        return "met" if b else "not met"
+
+    gates = ", ".join(f"{g:.2f}" for g in c["met_at_gates"])
+    return (
+        f"targets: no-model F1 >= {nm['f1_min']} at precision >= {nm['precision_min']}: "
+        f"trained scorer {yes(nm['model_met'])}, rules {yes(nm['heuristic_met'])}; "
+        f"cascade <= {c['calls_ratio_max']}x calls keeping >= {c['recall_min']} of positives: "
+        + (f"met at gate {gates}" if gates else "not met")
+    )
+
+
 @classify_app.command("negatives")
 def classify_negatives(
     repo: Annotated[Path, typer.Option("--repo", help="local clone (bare is fine)")],
@@ -264,10 +280,17 @@ def classify_negatives(
         skip = {e.sha for e in load_cppperf_db(db)} if db else set()
         for f in labels or []:
             skip |= {e.sha for e in load_labelled(f)}
+        rows = 0
         for row in mine_negatives(repo, name, s.mining, limit=limit, exclude=skip):
             sys.stdout.write(json.dumps(row) + "\n")
+            rows += 1
     except (OSError, ValueError, subprocess.CalledProcessError) as exc:
         raise _fail(exc) from exc
+    if not rows:  # an unreadable git directory walks as an empty history: say so rather than write nothing
+        console.print(
+            f"[yellow]no structurally selected commits in {repo}[/] (history empty or unreadable by git, "
+            f"or nothing between mining.since {s.mining.since} and mining.until {s.mining.until})"
+        )
 
 
 @classify_app.command("train")
@@ -286,7 +309,7 @@ def classify_train(
     ] = None,
     gate_recall: Annotated[
         float, typer.Option("--gate-recall", help="share of held-out positives the cascade gate keeps")
-    ] = 0.98,
+    ] = 0.95,
 ) -> None:
     """Train the scorer (no-model backend `model` and the cascade's gate) and write its JSON.
 

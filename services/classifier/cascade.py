@@ -1,7 +1,7 @@
 """The cascade's gate: which commits the LLM vote never needs to see.
 
 A commit goes on to the vote when the trained scorer gives it at least the gate threshold (chosen
-on held-out repositories to keep ~98 % of positives) or when the rule heuristic calls it positive
+on held-out repositories to keep ~95 % of positives) or when the rule heuristic calls it positive
 (its rules are precise, and a rule hit costs two calls at most). Everything else is answered "no"
 here, with the scorer's evidence.
 """

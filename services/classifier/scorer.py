@@ -13,7 +13,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +25,8 @@ if TYPE_CHECKING:  # training only: scoring needs neither, so the service never 
     from scipy import sparse
 
 MODEL_PATH = Path(__file__).with_name("model.json")
-MODEL_VERSION = 1
+# 2: concept and diff-structure features, words kept only when several repositories use them
+MODEL_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -101,13 +102,18 @@ def load_model(path: Path | None = None) -> Model:
 GATE_RECALLS = (0.9, 0.95, 0.98, 0.99)
 
 
+L2_GRID = (1.0, 3.0, 10.0)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    l2: float = 1.0
+    l2: float | None = None  # None: chosen from `l2_grid` by cross-validation over the training repositories
+    l2_grid: tuple[float, ...] = L2_GRID
     min_df: int = 2
+    min_repos: int = 3  # a word (`w:`/`b:`) is a feature only if this many training repositories use it
     max_features: int = 4000
-    gate_recall: float = 0.98  # the cascade threshold keeps this share of out-of-fold positives
-    inner_folds: int = 4
+    gate_recall: float = 0.95  # the cascade threshold keeps this share of out-of-fold positives
+    inner_folds: int = 3
 
 
 def _design(feats: Sequence[frozenset[str]], vocab: dict[str, int]) -> sparse.csr_matrix:
@@ -148,11 +154,19 @@ def _fit(x: sparse.csr_matrix, y: np.ndarray, l2: float) -> tuple[np.ndarray, fl
     return res.x[:n], float(res.x[n])
 
 
-def _vocabulary(feats: Sequence[frozenset[str]], cfg: TrainConfig) -> dict[str, int]:
+def _vocabulary(feats: Sequence[frozenset[str]], repos: Sequence[str], cfg: TrainConfig) -> dict[str, int]:
     df: Counter[str] = Counter()
-    for fs in feats:
+    seen_in: dict[str, set[str]] = {}
+    for fs, repo in zip(feats, repos, strict=True):
         df.update(fs)
-    kept = sorted((f for f, c in df.items() if c >= cfg.min_df), key=lambda f: (-df[f], f))
+        for f in fs:
+            if f.startswith(("w:", "b:")):
+                seen_in.setdefault(f, set()).add(repo)
+
+    def keep(f: str) -> bool:
+        return df[f] >= cfg.min_df and (f not in seen_in or len(seen_in[f]) >= cfg.min_repos)
+
+    kept = sorted((f for f in df if keep(f)), key=lambda f: (-df[f], f))
     return {f: i for i, f in enumerate(sorted(kept[: cfg.max_features]))}
 
 
@@ -160,9 +174,9 @@ def fit_weights(examples: Sequence[Example], cfg: TrainConfig) -> tuple[dict[str
     import numpy as np
 
     feats = [commit_features(e.message, e.issue_text, e.diff) for e in examples]
-    vocab = _vocabulary(feats, cfg)
+    vocab = _vocabulary(feats, [e.repo for e in examples], cfg)
     y = np.array([1.0 if e.label else 0.0 for e in examples])
-    w, b = _fit(_design(feats, vocab), y, cfg.l2)
+    w, b = _fit(_design(feats, vocab), y, cfg.l2 if cfg.l2 is not None else 1.0)
     return {f: float(w[j]) for f, j in vocab.items() if abs(w[j]) >= 1e-3}, b
 
 
@@ -213,13 +227,45 @@ def out_of_fold_scores(examples: Sequence[Example], cfg: TrainConfig, k: int) ->
     return scores
 
 
+def average_precision(scores: Sequence[float], labels: Sequence[bool]) -> float:
+    """Area under the precision-recall curve (ranking quality, threshold-free); ties count together."""
+    pos = sum(labels)
+    if not pos:
+        return 0.0
+    pairs = sorted(zip(scores, labels, strict=True), key=lambda sl: -sl[0])
+    ap = 0.0
+    tp = seen = 0
+    i = 0
+    while i < len(pairs):
+        j = i
+        while j < len(pairs) and pairs[j][0] == pairs[i][0]:
+            j += 1
+        hits = sum(1 for _, y in pairs[i:j] if y)
+        tp += hits
+        seen += j - i
+        ap += hits / pos * (tp / seen)
+        i = j
+    return ap
+
+
 def train(examples: Sequence[Example], cfg: TrainConfig | None = None) -> Model:
-    """Fit on everything; choose both thresholds on out-of-fold (held-out repository) scores."""
+    """Fit on everything; choose the regularisation and both thresholds on out-of-fold scores
+    (models trained without the scored commit's repository): the L2 strength with the best average
+    precision over the grid, the gate for recall, the label threshold for F1."""
     cfg = cfg or TrainConfig()
     if not any(e.label for e in examples) or all(e.label for e in examples):
         raise ValueError("training needs both positive and negative examples")
-    oof = out_of_fold_scores(examples, cfg, cfg.inner_folds)
     labels = [e.label for e in examples]
+    grid = (cfg.l2,) if cfg.l2 is not None else tuple(sorted(cfg.l2_grid, reverse=True))
+    chosen: tuple[float, float, list[float]] | None = None  # (AP, l2, oof)
+    for l2 in grid:  # strongest first: a tie keeps the simpler model
+        oof_l2 = out_of_fold_scores(examples, replace(cfg, l2=l2), cfg.inner_folds)
+        ap = average_precision(oof_l2, labels)
+        if chosen is None or ap > chosen[0] + 1e-9:
+            chosen = (ap, l2, oof_l2)
+    assert chosen is not None
+    ap, l2, oof = chosen
+    cfg = replace(cfg, l2=l2)
     pos = [s for s, y in zip(oof, labels, strict=True) if y]
     label_t = f1_threshold(oof, labels)
     # the gate never drops what the scorer itself would call positive
@@ -233,8 +279,11 @@ def train(examples: Sequence[Example], cfg: TrainConfig | None = None) -> Model:
         "repositories": len({e.repo for e in examples}),
         "sources": dict(sorted(sources.items())),
         "gate_thresholds": gates,  # held-out positives' recall → threshold
+        "inner_average_precision": round(ap, 4),
         "config": {
             "l2": cfg.l2,
+            "l2_grid": list(grid),
+            "min_repos": cfg.min_repos,
             "min_df": cfg.min_df,
             "max_features": cfg.max_features,
             "gate_recall": cfg.gate_recall,
