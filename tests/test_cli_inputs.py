@@ -565,6 +565,25 @@ def test_usage_error_is_one_line_from_the_console_script(tmp_path: Path) -> None
     assert "cppperf mine --help" in res.stderr
 
 
+def test_a_broken_repository_is_one_line_from_the_console_script(git_repo: Path) -> None:
+    """git cannot read the history (objects gone): one line naming git's complaint, exit 2 —
+    before, `filter` walked it as an empty history and said nothing."""
+    import shutil
+
+    shutil.rmtree(git_repo / ".git" / "objects")
+    (git_repo / ".git" / "objects").mkdir()
+    res = subprocess.run(
+        [sys.executable, "-m", "cppperf", "filter", "--repo", str(git_repo)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert res.returncode == USAGE, res.stderr
+    assert "Traceback" not in res.stderr and res.stderr.strip().count("\n") == 0
+    assert res.stderr.startswith("error: git log HEAD failed") and "bad object" in res.stderr
+
+
 def test_compare_batch_matches_compare_test() -> None:
     import math
 

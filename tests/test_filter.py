@@ -211,3 +211,28 @@ def test_walk_streams_history_with_bounded_memory(tmp_path: Path) -> None:
     assert result.scanned == 3000
     assert len(result.selected) == 2000
     assert result.rejected["non-cpp-file"] == 1000
+
+
+def test_a_repository_git_cannot_read_is_rejected_not_an_empty_history(tmp_path: Path) -> None:
+    """A broken or unreadable repository must say so; before, it walked as 0 commits, exit 0."""
+    import shutil
+    import subprocess
+
+    from cppperf.services.filter.walk import iter_commits
+    from cppperf.shared.errors import RepoRejected
+    from tests.gitrepo import commit_files
+
+    repo = tmp_path / "r"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    assert list(iter_commits(repo)) == []  # no commit yet: an empty history, not an error
+    commit_files(repo, {"a.cpp": "int a;\n"}, "one")
+    assert len(list(iter_commits(repo))) == 1
+    with pytest.raises(RepoRejected, match="git log nope failed"):
+        list(iter_commits(repo, "nope"))
+    shutil.rmtree(repo / ".git" / "objects")
+    (repo / ".git" / "objects").mkdir()
+    with pytest.raises(RepoRejected, match="failed"):
+        walk(repo, rules())
+    with pytest.raises(RepoRejected, match="not a git repository"):
+        list(iter_commits(tmp_path / "missing"))

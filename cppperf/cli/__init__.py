@@ -3,11 +3,13 @@
 import sys
 
 from cppperf.cli import build, classify, dataset, demo, evaluate, health, pipeline, schema  # noqa: F401 - registers commands
-from cppperf.cli.common import EXIT_USAGE, app, console
+from cppperf.cli.common import EXIT_FAILURES, EXIT_USAGE, app, console
+from cppperf.shared.errors import BadInput, ConfigError, CppPerfError
 
 
 def main() -> None:
-    """Run the CLI; a usage error is one line (`error: … (see `cppperf X --help`)`), exit 2."""
+    """Run the CLI; a usage error is one line (`error: … (see `cppperf X --help`)`), exit 2; so
+    is bad input a verb let through (`BadInput`, `ConfigError`); any other cppperf error, exit 1."""
     from typer import Abort
     from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
 
@@ -31,6 +33,9 @@ def main() -> None:
     except Abort:
         console.print("aborted")
         sys.exit(130)
+    except CppPerfError as exc:  # a verb that did not catch its own: still one line, never a traceback
+        console.print(f"error: {exc}", soft_wrap=True, markup=False, highlight=False)
+        sys.exit(EXIT_USAGE if isinstance(exc, BadInput | ConfigError) else EXIT_FAILURES)
     sys.exit(rc if isinstance(rc, int) else 0)
 
 

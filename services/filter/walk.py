@@ -20,6 +20,7 @@ from pathlib import Path
 import git
 
 from cppperf.services.filter.rules import Reason, Rules
+from cppperf.shared.errors import RepoRejected
 from cppperf.shared.messages import FileChange
 
 _RS = "\x1e"  # record separator: starts each commit
@@ -74,9 +75,27 @@ def _parse_record(record: str) -> CommitHeader | None:
     )
 
 
+def _unborn(repo: git.Repo) -> bool:
+    """HEAD names a branch with no commit yet (a fresh `git init`), by the ref files alone."""
+    if not repo.head.is_detached:
+        ref = repo.head.reference.path
+        common = Path(repo.common_dir)
+        packed = common / "packed-refs"
+        in_packed = packed.is_file() and f" {ref}\n" in packed.read_text(errors="replace")
+        return not (common / ref).is_file() and not in_packed
+    return False
+
+
 def iter_commits(repo_path: Path, rev: str = "HEAD", *, chunk: int = 1 << 16) -> Iterator[CommitHeader]:
-    """Stream every commit reachable from `rev` with its changed paths (first-parent diffs)."""
-    repo = git.Repo(repo_path)
+    """Stream every commit reachable from `rev` with its changed paths (first-parent diffs).
+    A repository git cannot read (or a `rev` it does not have) is `RepoRejected` with git's own
+    words, never an empty history; a repository with no commit yet walks as empty."""
+    try:
+        repo = git.Repo(repo_path)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError) as exc:
+        raise RepoRejected(f"not a git repository: {repo_path} ({type(exc).__name__})") from exc
+    if rev == "HEAD" and _unborn(repo):
+        return
     proc = repo.git.log(
         rev,
         f"--format={_LOG_FORMAT}",
@@ -89,6 +108,7 @@ def iter_commits(repo_path: Path, rev: str = "HEAD", *, chunk: int = 1 << 16) ->
     stdout = proc.proc.stdout
     assert stdout is not None
     buf = ""
+    finished = False
     try:
         while True:
             data = stdout.read(chunk)
@@ -106,9 +126,16 @@ def iter_commits(repo_path: Path, rev: str = "HEAD", *, chunk: int = 1 << 16) ->
             header = _parse_record(buf)
             if header is not None:
                 yield header
+        finished = True
     finally:
         stdout.close()
-        proc.proc.wait()
+        code = proc.proc.wait()
+    if finished and code != 0:  # (a consumer that stopped early closed the pipe: not an error)
+        err = proc.proc.stderr.read().decode(errors="replace") if proc.proc.stderr is not None else ""
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        raise RepoRejected(
+            f"git log {rev} failed in {repo_path} (exit {code}): {lines[-1] if lines else 'no output'}"
+        )
 
 
 def walk(repo_path: Path, rules: Rules, *, rev: str = "HEAD", explain: bool = False) -> WalkResult:
