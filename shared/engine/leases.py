@@ -186,7 +186,11 @@ def timing_core(
 def on_build_cores(settings: BuilderSettings) -> Iterator[None]:
     """Run the calling thread (the orchestration: statistics between runs, bookkeeping) on the
     build cores for the block, so no cppperf work lands on a core another replica times on.
-    Timed runs still go to their leased core: a child's affinity may leave its parent's mask."""
+    Timed runs still go to their leased core: a child's affinity may leave its parent's mask.
+    Nothing changes with `builder.pin_cpu` off."""
+    if not settings.pin_cpu:
+        yield
+        return
     try:
         before = os.sched_getaffinity(0)
     except AttributeError:  # not Linux
