@@ -2,16 +2,19 @@
 test-editing patches are refused before anything runs; a breaking patch names the failing test; a
 slower patch is correct without speed-up; hostile code (fork bomb, infinite loop, network access,
 huge output) is contained with the right verdict; finished reports are not recomputed; over the
-bus, two evaluator workers share a predictions file and evaluate each instance once."""
+bus, two evaluator workers share a predictions file and evaluate each instance once; correctness
+runs are untimed, on the build cores, before the timing core is leased."""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ import pytest
 from cppperf.demo import DemoRepo, core
 from cppperf.services.builder.service import build_patch
 from cppperf.services.evaluator.pipeline import EvalRequest, evaluate, summarize
+from cppperf.shared.engine.leases import core_plan
 from cppperf.shared.settings import Settings
 from tests.conftest import make_settings
 from tests.test_builder import commit_for
@@ -100,6 +104,71 @@ def test_breaking_patch_names_the_test(instance_env: Any) -> None:
     assert rep["verdict"] == "tests-failed"
     assert [f["test"] for f in rep["failing_tests"]] == ["spin"]
     assert "wrong result" in rep["failing_tests"][0]["output_tail"]
+
+
+def _spy_runs(monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict[str, Any]], list[int | None]]:
+    """Every test run the evaluator makes (side, test, limits, the thread's cores, the lease held
+    then) and every lease it takes."""
+    import cppperf.services.evaluator.pipeline as ev
+    from cppperf.shared.engine.backend import LocalBackend
+
+    runs: list[dict[str, Any]] = []
+    leases: list[int | None] = []
+    held: list[int | None] = []
+    real_core, real_run = ev.timing_core, LocalBackend.run_test
+
+    @contextlib.contextmanager
+    def spy_core(s: Any, phase: Any = None) -> Iterator[int | None]:
+        with real_core(s, phase) as cpu:
+            leases.append(cpu)
+            held.append(cpu)
+            try:
+                yield cpu
+            finally:
+                held.pop()
+
+    def spy_run(self: LocalBackend, side: Any, test: Any, limits: Any) -> Any:
+        runs.append(
+            {
+                "side": side,
+                "test": test.name,
+                "cpu": limits.cpu,
+                "cpus": limits.cpus,
+                "thread_cores": os.sched_getaffinity(0),
+                "leased": bool(held),
+            }
+        )
+        return real_run(self, side, test, limits)
+
+    monkeypatch.setattr(ev, "timing_core", spy_core)
+    monkeypatch.setattr(LocalBackend, "run_test", spy_run)
+    return runs, leases
+
+
+def test_correctness_runs_are_untimed_on_the_build_cores(
+    instance_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only timed runs hold the timing-core lease: correctness runs come before it, on the build
+    cores (so a second worker can time meanwhile), and a patch failing them never takes a core."""
+    settings = instance_env[0]
+    plan = core_plan(settings.builder)
+    runs, leases = _spy_runs(monkeypatch)
+    rep = run(instance_env, instance_env[2]["commit_info"]["patch"][0], "lease-spy")
+    assert rep["verdict"] == "opt", rep.get("reason")
+    assert len(leases) == 1 and leases[0] in plan.timing and rep["leased_core"] == leases[0]
+    untimed = [r for r in runs if not r["leased"]]
+    assert sorted(r["test"] for r in untimed) == sorted(rep["tests"])  # each test checked once
+    assert all(r["side"] == "agent" and r["cpu"] is None for r in untimed)
+    assert all(r["cpus"] == plan.build and r["thread_cores"] == set(plan.build) for r in untimed)
+    timed = [r for r in runs if r["leased"]]
+    assert {r["side"] for r in timed} == {"old", "agent", "expert"}
+    assert all(r["cpu"] == leases[0] for r in timed)
+    assert runs.index(timed[0]) > max(runs.index(r) for r in untimed)  # checked before timing
+
+    runs.clear()
+    rep = run(instance_env, core_patch(core(1, bug=" ^ 1")), "lease-spy-broken")
+    assert rep["verdict"] == "tests-failed" and len(leases) == 1  # no new lease
+    assert runs and not any(r["leased"] for r in runs)
 
 
 @pytest.mark.parametrize(

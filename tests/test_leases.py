@@ -141,3 +141,25 @@ def test_the_orchestrating_thread_stays_off_the_timing_cores(tmp_path: Path) -> 
         assert os.sched_getaffinity(0) == {cores[0]}
         assert run(probe, limits=Limits(cpu=cpu), sandbox=False).output.strip() == str([cpu])
     assert sorted(os.sched_getaffinity(0)) == cores
+
+
+def test_a_plan_made_on_the_build_cores_still_has_its_timing_cores(tmp_path: Path) -> None:
+    """`on_build_cores` narrows the thread to the build cores; plans made inside it (the lease,
+    the untimed runs' limits) are still made from every core, so a lease never lands on a build
+    core and nested blocks restore what they found."""
+    from cppperf.shared.engine.leases import on_build_cores, timing_core
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("one core: timing and building share it")
+    s = BuilderSettings(lease_dir=str(tmp_path))
+    plan = core_plan(s)
+    with on_build_cores(s):
+        assert os.sched_getaffinity(0) == set(plan.build)
+        assert core_plan(s) == plan
+        with timing_core(s) as cpu:
+            assert cpu in plan.timing and core_plan(s) == plan
+        assert os.sched_getaffinity(0) == set(plan.build)
+    assert sorted(os.sched_getaffinity(0)) == cores
+    with on_build_cores(BuilderSettings(lease_dir=str(tmp_path), pin_cpu=False)):
+        assert sorted(os.sched_getaffinity(0)) == cores  # pin_cpu off: nothing narrowed

@@ -11,7 +11,9 @@ one tree visible per build: `old` and `expert` first, sharing a ccache, then `ag
 only read it → the tests' meaning (`ctest --show-only=json-v1`) of the agent tree must equal the
 original's (else `test-edit`) → every test once on the agent tree (all must pass) → original,
 agent and expert timed interleaved with the builder's protocol, each tree read-only in its jail
-with a fresh /tmp → scores. Without a working jail (bubblewrap) the evaluator refuses
+with a fresh /tmp → scores. Only the timed runs hold a timing-core lease (`leases.timing_core`);
+everything before them (export, patch, builds, test discovery, correctness runs) runs on the
+build cores, so evaluation workers on one host take turns on a timing core only while timing. Without a working jail (bubblewrap) the evaluator refuses
 (`untrusted-refused`) unless `evaluator.trust_patches`. Reports are written here only, outside
 anything a jail sees, and reused only for the same patch (its sha256) unless `force`.
 
@@ -41,7 +43,7 @@ from cppperf.shared.domain import EvalVerdict
 from cppperf.shared.engine.backend import Backend, LocalBackend, SideName, build_sides, export_tree
 from cppperf.shared.engine.backends import make_backend
 from cppperf.shared.engine.cmake import StepResult, TestCase, normalise, test_description
-from cppperf.shared.engine.leases import timing_core
+from cppperf.shared.engine.leases import on_build_cores, timing_core
 from cppperf.shared.engine.limits import limits_for
 from cppperf.shared.engine.protocol import check_metric, measure
 from cppperf.shared.engine.sandbox import Limits, RunResult, jail_problem
@@ -183,7 +185,8 @@ def _evaluate(
     base["sandbox"] = "docker" if docker else ("none" if why_not else "bwrap")
     jailed = not why_not  # the patch is applied on the host: in the jail when there is one
     try:
-        return {**base, **_run(req, inst, s, backend, repo_path, out, phase, ws, rules, jailed)}
+        with on_build_cores(s.builder):  # untimed work (and its children) off the timing cores
+            return {**base, **_run(req, inst, s, backend, repo_path, out, phase, ws, rules, jailed)}
     finally:
         if not s.builder.keep:
             backend.cleanup()
@@ -369,25 +372,23 @@ def _run(
     info = {"applied": True, "applied_with": applied_with, "builds": True, "tests": common}
     timed = [n for n in common if n in set(inst.improved_tests)] or common
     count = check_metric(backend, s.builder)
-    # the correctness runs hold the timing core too: checked exactly as timed (same core, same
-    # limits), a test cannot tell the two apart and behave only while it is checked
+    # correctness runs are untimed: on the build cores, before the timing core is leased, so a
+    # second evaluation worker can time while this one checks. A timed test cannot behave only
+    # while it is checked: every timed run on the leased core must pass too (measure).
+    failures = _correctness(backend, {n: tests["agent"][n] for n in common}, limits, out, phase)
+    if failures:
+        verdict = EvalVerdict.TIMEOUT if all(f["timed_out"] for f in failures) else EvalVerdict.TESTS_FAILED
+        names = ", ".join(f["test"] for f in failures)
+        return {
+            **_verdict(verdict, f"failing tests: {names}"),
+            **info,
+            "tests_pass": False,
+            "failing_tests": failures,
+        }
     with timing_core(s.builder, phase) as pin:
 
         def pinned(t: TestCase) -> Limits:
             return limits(t, pin, count)
-
-        failures = _correctness(backend, {n: tests["agent"][n] for n in common}, pinned, out, phase)
-        if failures:
-            verdict = (
-                EvalVerdict.TIMEOUT if all(f["timed_out"] for f in failures) else EvalVerdict.TESTS_FAILED
-            )
-            names = ", ".join(f["test"] for f in failures)
-            return {
-                **_verdict(verdict, f"failing tests: {names}"),
-                **info,
-                "tests_pass": False,
-                "failing_tests": failures,
-            }
 
         def run_one(side: str, name: str) -> RunResult:
             t = tests[side][name]

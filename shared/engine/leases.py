@@ -15,6 +15,7 @@ one core both roles share it. `builder.timing_cores` / `builder.build_cores` ove
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import fcntl
 import os
 import socket
@@ -43,7 +44,17 @@ class CorePlan:
         return ",".join(str(c) for c in self.all)
 
 
+# the cores this thread may use before `on_build_cores` narrowed it to the build cores: the plan
+# is made from them, so a plan asked for inside that block still has its timing cores
+_UNNARROWED: contextvars.ContextVar[tuple[int, ...] | None] = contextvars.ContextVar(
+    "cppperf_unnarrowed_cores", default=None
+)
+
+
 def available_cores() -> list[int]:
+    wide = _UNNARROWED.get()
+    if wide is not None:
+        return list(wide)
     try:
         return sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -186,12 +197,17 @@ def timing_core(
 def on_build_cores(settings: BuilderSettings) -> Iterator[None]:
     """Run the calling thread (the orchestration: statistics between runs, bookkeeping) on the
     build cores for the block, so no cppperf work lands on a core another replica times on.
-    Timed runs still go to their leased core: a child's affinity may leave its parent's mask."""
+    Timed runs still go to their leased core: a child's affinity may leave its parent's mask.
+    Nothing changes with `builder.pin_cpu` off."""
+    if not settings.pin_cpu:
+        yield
+        return
     try:
         before = os.sched_getaffinity(0)
     except AttributeError:  # not Linux
         yield
         return
+    token = _UNNARROWED.set(tuple(available_cores()))
     with contextlib.suppress(OSError):
         os.sched_setaffinity(0, set(core_plan(settings).build))
     try:
@@ -199,3 +215,4 @@ def on_build_cores(settings: BuilderSettings) -> Iterator[None]:
     finally:
         with contextlib.suppress(OSError):
             os.sched_setaffinity(0, before)
+        _UNNARROWED.reset(token)
