@@ -22,6 +22,7 @@ from pathlib import Path
 
 from cppperf.shared.domain import FailureCategory
 from cppperf.shared.engine.deps import MissingDeps, diagnose
+from cppperf.shared.engine.fetchcontent import INIT_CACHE
 from cppperf.shared.engine.sandbox import Jail, Limits, RunResult, run
 
 _TEST_OPTION = re.compile(
@@ -102,10 +103,14 @@ def configure_argv(
     ninja: bool | None = None,
     ccache: bool | None = None,
     options: list[str] | None = None,
+    init_cache: bool | None = None,
 ) -> list[str]:
     """The configure command; tools and test options default to what this host and tree have
-    (the docker backend passes them: its tree is in a container)."""
+    (the docker backend passes them: its tree is in a container). `init_cache`: the tree carries
+    cppperf's FetchContent `-C` script (default: look for it under `src`)."""
     argv = ["cmake", "-S", str(src), "-B", str(build), f"-DCMAKE_BUILD_TYPE={spec.build_type}"]
+    if (src / INIT_CACHE).is_file() if init_cache is None else init_cache:
+        argv[1:1] = ["-C", str(src / INIT_CACHE)]
     if shutil.which("ninja") if ninja is None else ninja:
         argv += ["-G", "Ninja"]
     if shutil.which("ccache") if ccache is None else ccache:
@@ -130,7 +135,9 @@ def configure(
     if mount is None:
         build.mkdir(parents=True, exist_ok=True)
     real_src = src if mount is None else mount[0] / src.relative_to(mount[1])
-    argv = configure_argv(src, build, spec, options=test_options(real_src))
+    argv = configure_argv(
+        src, build, spec, options=test_options(real_src), init_cache=(real_src / INIT_CACHE).is_file()
+    )
     res = run(
         argv,
         env=env,
