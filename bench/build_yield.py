@@ -49,6 +49,8 @@ def select(index: Path, clones: dict[str, Path], per_repo: int, ids: list[str]) 
             step = (len(mine) - 1) / max(per_repo - 1, 1)
             mine = [mine[round(i * step)] for i in range(per_repo)] if per_repo > 1 else mine[:1]
         chosen += mine
+    if ids:  # in the order given (the first ones first when a run is cut short)
+        chosen.sort(key=lambda e: next(n for n, i in enumerate(ids) if e["new_sha"].startswith(i)))
     return chosen
 
 
@@ -91,6 +93,8 @@ def prove_one(
         "line": (lines[0] if lines else c["failure_detail"][:200]).replace("\n", " "),
         "build_types": [a["build_type"] for a in c.get("attempts", [])],
         "tests": len(c["tests"]) or len(c.get("samples", {})),
+        "gcc": c.get("environment", {}).get("compiler_version", ""),
+        "tried": c.get("tried", []),
         "seconds": round(time.perf_counter() - t0, 1),
     }
 

@@ -34,7 +34,9 @@ def program(k: int, release_fails: bool, always_fails: bool = False) -> str:
 
 
 def prove(tmp_path: Path, repo: Path, sha: str, **builder: Any) -> dict[str, Any]:
-    settings = make_settings(tmp_path, builder={"runs": 4, "confirm": False, **builder})
+    # a private lease directory: other cppperf processes on the host never hold this test's core
+    builder = {"runs": 4, "confirm": False, "lease_dir": str(tmp_path / "leases"), **builder}
+    settings = make_settings(tmp_path, builder=builder)
     built = build_patch(
         commit_for(repo, sha), repo, settings.builder, work_dir=tmp_path / "work", out_dir=tmp_path / "out"
     )
@@ -63,6 +65,12 @@ def test_fails_in_release_on_both_sides_then_measured_in_debug(tmp_path: Path) -
     assert c["attempts"][0]["failure_category"] == "test-failure-both-sides"
     assert c["environment"]["build_type"] == "Debug"
     assert any("rebuilt both sides in Debug" in t for t in c["tried"])
+    # both attempts' logs kept, each step's record pointing at its own copy
+    first = [Path(st["log"]) for st in c["attempts"][0]["build_steps"] if st.get("log")]
+    second = [Path(st["log"]) for st in c["attempts"][1]["build_steps"] if st.get("log")]
+    assert first and second and not set(first) & set(second)
+    assert all(p.is_file() and p.stat().st_size > 0 and p.parent.name == "attempt-1-Release" for p in first)
+    assert all(p.is_file() and p.stat().st_size > 0 for p in second)
 
 
 def test_fails_everywhere_is_not_the_commits_fault(tmp_path: Path) -> None:

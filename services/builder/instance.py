@@ -201,9 +201,15 @@ def prove(
         or fallback == settings.effective_build_type()
     ):
         return first
+    kept = _read_logs(backend.logs)  # the retry starts from a clean workspace: keep the first logs
     backend.cleanup()
     backend.spec = replace(backend.spec, build_type=fallback)
     second = once.prove(replace_settings(settings, fallback))
+    first_logs = backend.logs / f"attempt-1-{settings.effective_build_type()}"
+    _write_logs(first_logs, kept)
+    for step in first.build_steps:  # the same dicts as in first.attempts[0]
+        if step.get("log"):
+            step["log"] = str(first_logs / Path(step["log"]).name)
     second.attempts = [*first.attempts, second.attempt_summary(fallback)]
     second.tried = [*first.tried, f"rebuilt both sides in {fallback}", *second.tried]
     if second.verdict == Verdict.REJECTED:
@@ -213,6 +219,16 @@ def prove(
         second.failure_category, second.failure_step = first.failure_category, first.failure_step
         second.failure_lines = first.failure_lines
     return second
+
+
+def _read_logs(logs: Path) -> dict[str, bytes]:
+    return {f.name: f.read_bytes() for f in logs.glob("*.log") if f.is_file()} if logs.is_dir() else {}
+
+
+def _write_logs(dest: Path, logs: dict[str, bytes]) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name, data in logs.items():
+        (dest / name).write_bytes(data)
 
 
 def replace_settings(settings: BuilderSettings, build_type: str) -> BuilderSettings:

@@ -51,12 +51,10 @@ def _commit_image(backend: Backend, settings: BuilderSettings, record: dict[str,
 
 
 def keep_logs(src: Path, dest: Path) -> None:
-    """Copy a workspace's logs next to the instance records (workspaces are removed)."""
+    """Copy a workspace's logs (with the earlier attempts' folders) next to the instance records
+    (workspaces are removed)."""
     if src.is_dir():
-        dest.mkdir(parents=True, exist_ok=True)
-        for f in src.iterdir():
-            if f.is_file():
-                shutil.copy2(f, dest / f.name)
+        shutil.copytree(src, dest, dirs_exist_ok=True)
 
 
 @dataclass
@@ -90,9 +88,13 @@ def build_patch(
             on_phase=on_phase,
             llm_propose=llm_propose,
         )
-        for step in res.build_steps:  # point the record at the kept copies
+        work_logs = work_dir / iid / "logs"
+        steps = [*res.build_steps, *(st for a in res.attempts for st in a.get("build_steps", []))]
+        for step in {id(st): st for st in steps}.values():  # point the record at the kept copies
             if step.get("log"):
-                step["log"] = str(logs_dir / Path(step["log"]).name)
+                log = Path(step["log"])
+                rel = log.relative_to(work_logs) if work_logs in log.parents else Path(log.name)
+                step["log"] = str(logs_dir / rel)
         record = build_record(commit, res, diff=commit.diff if diff is None else diff, settings=settings)
         _commit_image(backend, settings, record)
     finally:
