@@ -336,7 +336,9 @@ def load_settings(
         raise ConfigError(f"invalid setting {_key_from_error(exc)}: {exc}") from exc
     if not settings.builder.submodule_cache and settings.mining.mirror_dir:
         # submodule (and FetchContent) mirrors live beside the repository mirrors they belong with
-        settings.builder = msgspec.structs.replace(settings.builder, submodule_cache=settings.mining.mirror_dir)
+        settings.builder = msgspec.structs.replace(
+            settings.builder, submodule_cache=settings.mining.mirror_dir
+        )
     validate(settings)
     return settings
 

@@ -92,7 +92,11 @@ def test_declarations_parsed() -> None:
         "https://github.com/google/googletest",
         "609281088cfefc76f9d0ce82e1ff6c30cc3591e5",
     )
-    assert (got["fmt"].url, got["fmt"].rev, got["fmt"].problem) == ("https://github.com/fmtlib/fmt", "10.2.1", "")
+    assert (got["fmt"].url, got["fmt"].rev, got["fmt"].problem) == (
+        "https://github.com/fmtlib/fmt",
+        "10.2.1",
+        "",
+    )
     assert "variable" in got["vars"].problem and "download" in got["tarball"].problem
 
 
@@ -100,7 +104,9 @@ def test_tree_carries_the_content_at_its_tag(dep: Path, top: tuple[Path, str], t
     repo, sha = top
     dest = tmp_path / "out"
     export_tree(repo, sha, dest, Sources(mirrors={URL: str(dep)}, fetch=False))
-    assert (dest / ".cppperf/fetchcontent/tinydep/tinydep.h").read_text() == "inline int tinydep() { return 1; }\n"
+    assert (
+        dest / ".cppperf/fetchcontent/tinydep/tinydep.h"
+    ).read_text() == "inline int tinydep() { return 1; }\n"
     script = (dest / INIT_CACHE).read_text()
     assert "FETCHCONTENT_SOURCE_DIR_TINYDEP" in script and "FETCHCONTENT_FULLY_DISCONNECTED ON" in script
     assert configure_argv(dest, tmp_path / "b", BuildSpec())[1:3] == ["-C", str(dest / INIT_CACHE)]
@@ -126,7 +132,9 @@ def test_content_from_the_cache(dep: Path, top: tuple[Path, str], tmp_path: Path
     repo, sha = top
     cache = tmp_path / "cache"
     cache.mkdir()
-    subprocess.run(["git", "clone", "-q", "--bare", str(dep), str(cache / "example__tinydep.git")], check=True)
+    subprocess.run(
+        ["git", "clone", "-q", "--bare", str(dep), str(cache / "example__tinydep.git")], check=True
+    )
     export_tree(repo, sha, tmp_path / "out", Sources(cache_dir=cache, fetch=False))
     assert (tmp_path / "out/.cppperf/fetchcontent/tinydep/tinydep.h").is_file()
 

@@ -158,7 +158,9 @@ class _TestsFail(RepoRejected):
     """The latest commit built but a test failed (the Debug fallback may still save it)."""
 
 
-def _validate_once(backend: Backend, repo_path: Path, sha: str, settings: BuilderSettings) -> tuple[int, float, float]:
+def _validate_once(
+    backend: Backend, repo_path: Path, sha: str, settings: BuilderSettings
+) -> tuple[int, float, float]:
     """(tests, build seconds, test seconds) of one build of `sha`; RepoRejected when it fails."""
     try:
         backend.prepare(repo_path, {"old": sha, "new": sha})

@@ -42,9 +42,9 @@ from cppperf.shared.engine.cmake import (
     discover_tests,
     tool_env,
 )
+from cppperf.shared.engine.fetchcontent import archive
 from cppperf.shared.engine.runner_script import instructions_unsupported
 from cppperf.shared.engine.sandbox import JAIL_TMP, Jail, Limits, RunResult, hand_over, jail_env, run
-from cppperf.shared.engine.fetchcontent import archive
 from cppperf.shared.engine.submodules import Sources
 from cppperf.shared.errors import InfraFailure
 

@@ -18,6 +18,7 @@ repository or revision is a CMake variable, or a download that is no GitHub arch
 from __future__ import annotations
 
 import io
+import itertools
 import re
 import subprocess
 import tarfile
@@ -85,7 +86,7 @@ def declared(texts: list[str]) -> list[Content]:
                 continue
             name, args = toks[0], toks[1:]
             opts: dict[str, str] = {}
-            for key, value in zip(args, args[1:], strict=False):
+            for key, value in itertools.pairwise(args):
                 if key in _KEYS:
                     opts.setdefault(key, value)
             if name.lower() in out or "SOURCE_DIR" in opts:

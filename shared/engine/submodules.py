@@ -212,7 +212,9 @@ def _walk(
 
 def walk(repo: Path, sha: str, sources: Sources, prefix: str = "", base_url: str = "") -> list[bytes]:
     """Tars of `sha`'s tree (under `prefix`) and of each of its submodules, nested too."""
-    modules = _modules_dir(repo) if not prefix else (repo / "modules" if (repo / "modules").is_dir() else None)
+    modules = (
+        _modules_dir(repo) if not prefix else (repo / "modules" if (repo / "modules").is_dir() else None)
+    )
     return list(_walk(repo, sha, prefix, base_url or origin_url(repo), modules, sources))
 
 
