@@ -15,7 +15,13 @@ import pytest
 from cppperf.shared.domain import FailureCategory, Verdict
 from cppperf.shared.engine.backend import export_tree
 from cppperf.shared.engine.cmake import BuildSpec, configure, configure_argv, tool_env
-from cppperf.shared.engine.fetchcontent import INIT_CACHE, MissingFetchContent, archive, declared
+from cppperf.shared.engine.fetchcontent import (
+    INIT_CACHE,
+    MissingFetchContent,
+    archive,
+    declared,
+    has_init_cache,
+)
 from cppperf.shared.engine.submodules import Sources
 from tests.gitrepo import commit_files
 
@@ -111,8 +117,10 @@ def test_tree_carries_the_content_at_its_tag(dep: Path, top: tuple[Path, str], t
     assert "FETCHCONTENT_SOURCE_DIR_TINYDEP" in script and "FETCHCONTENT_FULLY_DISCONNECTED ON" in script
     assert configure_argv(dest, tmp_path / "b", BuildSpec())[1:3] == ["-C", str(dest / INIT_CACHE)]
     # the docker backend's tar holds the same (and says so)
-    with tarfile.open(fileobj=io.BytesIO(archive(repo, sha, Sources(mirrors={URL: str(dep)})))) as tar:
+    data = archive(repo, sha, Sources(mirrors={URL: str(dep)}))
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         names = tar.getnames()
+    assert has_init_cache(data) and not has_init_cache(_plain(tmp_path))
     assert INIT_CACHE in names and ".cppperf/fetchcontent/tinydep/CMakeLists.txt" in names
 
 
@@ -154,3 +162,50 @@ def test_missing_content_is_a_dependency_rejection(top: tuple[Path, str], tmp_pa
     res = prove("i", backend, s.builder, sides={"old": sha, "new": parent}, repo_path=repo)
     assert res.verdict == Verdict.REJECTED and res.failure_category == FailureCategory.DEPENDENCY
     assert res.failure_step == "checkout" and "TinyDep" in res.failure_lines[0]
+
+
+def _plain(tmp_path: Path) -> bytes:
+    repo = tmp_path / "plain"
+    sha = commit_files(repo, {"CMakeLists.txt": "project(p NONE)\n", ".cppperf.txt": "x\n"}, "plain")
+    return archive(repo, sha, Sources())
+
+
+@pytest.mark.docker
+def test_docker_backend_on_the_era_image(dep: Path, top: tuple[Path, str], tmp_path: Path) -> None:
+    """On bullseye (CMake 3.18: no `ctest --test-dir`) the container configures offline with the
+    provided content, builds, discovers the test and proves the commit."""
+    from cppperf.services.builder.instance import prove
+    from cppperf.shared.engine.backends import make_backend
+    from cppperf.shared.engine.images import base_name, image_exists
+    from tests.conftest import make_settings
+    from tests.test_docker import _engine
+
+    client = _engine()
+    if client is None or not image_exists(client, base_name("bullseye")):
+        pytest.skip(
+            "no container engine with cppperf/base:bullseye (cppperf images bootstrap --release bullseye)"
+        )
+    repo, sha = top
+    head = commit_files(
+        repo, {"t.cpp": '#include "tinydep.h"\nint main() { return tinydep() - 1; }\n'}, "two"
+    )
+    builder = {
+        "backend": "docker",
+        "base_release": "bullseye",
+        "runs": 3,
+        "warmup": 0,
+        "confirm": False,
+        "pin_cpu": False,
+        "submodule_mirrors": {URL: str(dep)},
+        "submodule_fetch": False,
+        "lease_dir": str(tmp_path / "leases"),
+    }
+    s = make_settings(tmp_path, builder=builder)
+    backend = make_backend(s.builder, tmp_path / "w", source=(repo, head, "2022-01-01"))
+    try:
+        res = prove("i", backend, s.builder, sides={"old": sha, "new": head}, repo_path=repo)
+    finally:
+        backend.cleanup()
+    assert res.verdict != Verdict.REJECTED, (res.failure_category, res.failure_detail[-1500:])
+    assert res.compared_tests == ["t"]
+    assert "10." in res.environment.get("compiler_version", ""), res.environment

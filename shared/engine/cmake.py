@@ -235,10 +235,11 @@ def ctest_json(
     mount: tuple[Path, Path] | None = None,
     jail: Jail | None = None,
 ) -> str | None:
-    """`ctest --show-only=json-v1` of a build tree (None when ctest fails)."""
-    argv = ["ctest", "--test-dir", str(build_dir), "--show-only=json-v1"]
+    """`ctest --show-only=json-v1` of a build tree (None when ctest fails), run in the tree
+    (`--test-dir` needs CMake 3.20)."""
+    argv = ["ctest", "--show-only=json-v1"]
     if mount is None and jail is None:
-        proc = subprocess.run(argv, capture_output=True, check=False, env=env, timeout=300)
+        proc = subprocess.run(argv, capture_output=True, check=False, env=env, timeout=300, cwd=build_dir)
         return proc.stdout.decode(errors="replace") if proc.returncode == 0 else None
     res = run(
         argv,

@@ -221,4 +221,4 @@ def archive(repo: Path, sha: str, sources: Sources | None = None) -> bytes:
 def has_init_cache(data: bytes) -> bool:
     """Whether an exported tree's tar carries the FetchContent `-C` script."""
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        return any(m.name.lstrip("./") == INIT_CACHE for m in tar)
+        return any(m.name.removeprefix("./") == INIT_CACHE for m in tar)
