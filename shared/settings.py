@@ -177,6 +177,9 @@ class BuilderSettings(msgspec.Struct, kw_only=True):
     # When a test fails on both sides under build_type, build and run once more in this build
     # type (the paper built in Debug) before rejecting; empty: no second attempt.
     fallback_build_type: str = "Debug"
+    # a compile that fails only on warnings made errors (-Werror meeting a newer compiler's
+    # warnings) is retried once with -Wno-error after every flag (recorded as a profile change)
+    werror_fallback: bool = True
     # --- measurement (issue 13) -------------------------------------------------------------
     # `default`: Release build, our rule; `paper`: the paper's way (Debug build, the paper's rule)
     profile: Literal["default", "paper"] = "default"

@@ -132,3 +132,42 @@ def test_a_submodule_nobody_has_is_a_named_dependency(tmp_path: Path) -> None:
     assert (c["verdict"], c["failure_category"], c["failure_step"]) == ("rejected", "dependency", "checkout")
     assert "third_party/lib" in c["failure_detail"]
     assert c["tried"], c
+
+
+WERROR_CMAKE = CMAKE.replace("add_test(", "target_compile_options(t PRIVATE -Wall -Werror)\nadd_test(")
+
+
+def test_warnings_made_errors_are_retried_with_wno_error(tmp_path: Path) -> None:
+    repo = tmp_path / "r"
+    unused = "static int unused_fn() { return 0; }\n"  # -Wunused-function: an error under -Werror
+    commit_files(repo, {"CMakeLists.txt": WERROR_CMAKE, "t.cpp": unused + program(1, False)}, "one")
+    head = commit_files(repo, {"t.cpp": unused + program(2, False)}, "two")
+    c = prove(tmp_path, repo, head)
+    assert c["verdict"] != "rejected", c["failure_detail"]
+    assert [(a["build_type"], a["profile_change"]) for a in c["attempts"]] == [
+        ("Release", ""),
+        ("Release", "-Wno-error"),
+    ]
+    assert c["attempts"][0]["failure_category"] == "compile"
+    assert any("-Wno-error" in t for t in c["tried"])
+    assert "-Wno-error" in " ".join(c["build_steps"][0]["command"])
+    # off: rejected as compile, one attempt
+    c = prove(tmp_path, repo, head, werror_fallback=False)
+    assert (c["failure_category"], len(c["attempts"])) == ("compile", 1)
+
+
+def test_a_real_compile_error_is_not_retried(tmp_path: Path) -> None:
+    repo = tmp_path / "r"
+    commit_files(repo, {"CMakeLists.txt": WERROR_CMAKE, "t.cpp": program(1, False)}, "one")
+    head = commit_files(repo, {"t.cpp": "int main() { return undeclared; }\n"}, "two")
+    c = prove(tmp_path, repo, head)
+    assert (c["verdict"], c["failure_category"], len(c["attempts"])) == ("rejected", "compile", 1)
+
+
+def test_werror_only() -> None:
+    from cppperf.shared.engine.cmake import werror_only
+
+    werr = "t.cpp:1:12: error: 'int f()' defined but not used [-Werror=unused-function]\n"
+    real = "t.cpp:2:21: error: 'undeclared' was not declared in this scope\n"
+    assert werror_only(werr + "cc1plus: all warnings being treated as errors\n")
+    assert not werror_only(werr + real) and not werror_only("ninja: build stopped\n")

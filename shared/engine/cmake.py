@@ -49,6 +49,22 @@ def test_options(src: Path) -> list[str]:
     return test_options_from_text([f.read_text(errors="replace") for f in files if f.is_file()])
 
 
+# `-Wno-error` after every flag of a compile (target options such as `-Werror` included): the rule
+# variables CMake's modules only set when they are unset. Used by the builder's -Werror fallback.
+NO_WERROR_ARGS = tuple(
+    f"-DCMAKE_{lang}_COMPILE_OBJECT=<CMAKE_{lang}_COMPILER> <DEFINES> <INCLUDES> <FLAGS> -Wno-error "
+    "-o <OBJECT> -c <SOURCE>"
+    for lang in ("CXX", "C")
+)
+_ERROR_LINE = re.compile(r"^\S.*?:\d+(?::\d+)?: (?:fatal )?error: .*$", re.MULTILINE)
+
+
+def werror_only(output: str) -> bool:
+    """Whether a failed build's compiler errors are all warnings made errors (`[-Werror…]`)."""
+    errors = _ERROR_LINE.findall(output)
+    return bool(errors) and all("[-Werror" in line for line in errors)
+
+
 @dataclass(frozen=True)
 class BuildSpec:
     build_type: str = "Release"
