@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -49,6 +50,8 @@ def select(index: Path, clones: dict[str, Path], per_repo: int, ids: list[str]) 
             step = (len(mine) - 1) / max(per_repo - 1, 1)
             mine = [mine[round(i * step)] for i in range(per_repo)] if per_repo > 1 else mine[:1]
         chosen += mine
+    if ids:  # in the order given (the first ones first when a run is cut short)
+        chosen.sort(key=lambda e: next(n for n, i in enumerate(ids) if e["new_sha"].startswith(i)))
     return chosen
 
 
@@ -89,8 +92,13 @@ def prove_one(
         "category": c["failure_category"],
         "step": c.get("failure_step", ""),
         "line": (lines[0] if lines else c["failure_detail"][:200]).replace("\n", " "),
-        "build_types": [a["build_type"] for a in c.get("attempts", [])],
+        "build_types": [
+            " ".join(filter(None, (a["build_type"], a.get("profile_change", ""))))
+            for a in c.get("attempts", [])
+        ],
         "tests": len(c["tests"]) or len(c.get("samples", {})),
+        "gcc": c.get("environment", {}).get("compiler_version", ""),
+        "tried": c.get("tried", []),
         "seconds": round(time.perf_counter() - t0, 1),
     }
 
@@ -122,6 +130,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--submodule-mirror", action="append", default=[], help="URL=GIT_DIR")
     ap.add_argument("--out", type=Path, default=Path("build-yield"))
     ap.add_argument("--redo", action="store_true")
+    ap.add_argument("--markdown", action="store_true", help="print the table as Markdown (for the README)")
     return ap.parse_args()
 
 
@@ -164,7 +173,34 @@ def main() -> None:
         with results_path.open("a") as fh:
             fh.write(json.dumps(r) + "\n")
         rows.append(r)
-    report(rows, backends)
+    (markdown if args.markdown else report)(rows, backends)
+
+
+def _outcome(r: dict[str, Any]) -> str:
+    out = r["verdict"] if r["verdict"] in PASSING else f"rejected: {r.get('category')}"
+    if len(r.get("build_types", [])) > 1:
+        out += f" [{'→'.join(r['build_types'])}]"
+    return out
+
+
+def markdown(rows: list[dict[str, Any]], backends: list[str]) -> None:
+    """The table and the yield per backend as Markdown."""
+    print("| instance | date | backend | compiler | outcome | s |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        mt = re.search(r"\) (\d+\.\d+)", r.get("gcc", ""))
+        gcc = mt.group(1) if mt else "?"
+        print(
+            f"| `{r['id']}` | {r['date']} | {r['backend']} | GCC {gcc} | {_outcome(r)} | {r['seconds']:.0f} |"
+        )
+    for backend in backends:
+        mine = [r for r in rows if r["backend"] == backend and r["verdict"] != "error"]
+        ok = sum(r["verdict"] in PASSING for r in mine)
+        repos = len({r["id"].split("@")[0] for r in mine})
+        pct = 100.0 * ok / len(mine) if mine else 0.0
+        print(
+            f"\n**{backend}: {ok} of {len(mine)} built and passed = {pct:.0f} % over {repos} repositories (paper: 100 %)**"
+        )
 
 
 def report(rows: list[dict[str, Any]], backends: list[str]) -> None:

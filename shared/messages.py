@@ -102,6 +102,7 @@ class RepoFound(_Msg, frozen=True, kw_only=True):
     test_count: int | None = None
     build_seconds: float | None = None
     test_seconds: float | None = None
+    build_type: str | None = None  # the build type its tests passed in (the Debug fallback, or not)
 
     @property
     def id(self) -> str:

@@ -173,10 +173,13 @@ class BuilderSettings(msgspec.Struct, kw_only=True):
     # directory; env `url=path,url2=path2`), then the shared mirror cache, fetched when allowed.
     submodule_mirrors: dict[str, str] = msgspec.field(default_factory=dict)
     submodule_fetch: bool = True
-    submodule_cache: str = ""  # empty: $XDG_DATA_HOME/cppperf/mirrors (repository mirrors' default)
+    submodule_cache: str = ""  # empty: mining.mirror_dir (its default $XDG_DATA_HOME/cppperf/mirrors)
     # When a test fails on both sides under build_type, build and run once more in this build
     # type (the paper built in Debug) before rejecting; empty: no second attempt.
     fallback_build_type: str = "Debug"
+    # a compile that fails only on warnings made errors (-Werror meeting a newer compiler's
+    # warnings) is retried once with -Wno-error after every flag (recorded as a profile change)
+    werror_fallback: bool = True
     # --- measurement (issue 13) -------------------------------------------------------------
     # `default`: Release build, our rule; `paper`: the paper's way (Debug build, the paper's rule)
     profile: Literal["default", "paper"] = "default"
@@ -334,6 +337,11 @@ def load_settings(
         settings = msgspec.convert(raw, Settings, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid setting {_key_from_error(exc)}: {exc}") from exc
+    if not settings.builder.submodule_cache and settings.mining.mirror_dir:
+        # submodule (and FetchContent) mirrors live beside the repository mirrors they belong with
+        settings.builder = msgspec.structs.replace(
+            settings.builder, submodule_cache=settings.mining.mirror_dir
+        )
     validate(settings)
     return settings
 

@@ -194,6 +194,25 @@ def test_validate_latest_rejects_a_broken_head(
         validate_latest(cand, clone, settings.builder, work_dir=tmp_path / "work")
 
 
+RELEASE_ONLY_FAILS = {
+    "CMakeLists.txt": "cmake_minimum_required(VERSION 3.14)\nproject(p CXX)\nenable_testing()\n"
+    "add_executable(t t.cpp)\nadd_test(NAME t COMMAND t)\n",
+    # a test that fails when NDEBUG is defined (Release) and passes in Debug
+    "t.cpp": "int main() {\n#ifdef NDEBUG\n  return 1;\n#else\n  return 0;\n#endif\n}\n",
+}
+
+
+def test_validate_latest_falls_back_to_debug(settings: Settings, tmp_path: Path) -> None:
+    repo = tmp_path / "relfail"
+    commit_files(repo, RELEASE_ONLY_FAILS, "head")
+    cand = m.RepoCandidate(repo="local/relfail", url=str(repo), source="path")
+    found = validate_latest(cand, repo, settings.builder, work_dir=tmp_path / "work")
+    assert found.validated and found.build_type == "Debug" and found.test_count == 1
+    no_fallback = make_settings(tmp_path, builder={"fallback_build_type": ""})
+    with pytest.raises(RepoRejected, match="test t fails"):
+        validate_latest(cand, repo, no_fallback.builder, work_dir=tmp_path / "work2")
+
+
 def test_rules_select_what_the_builder_can_prove(demo_repo: DemoRepo) -> None:
     """Every commit the filter selects in the demo has a parent the builder can check out."""
     from cppperf.services.filter.walk import walk

@@ -34,7 +34,9 @@ def program(k: int, release_fails: bool, always_fails: bool = False) -> str:
 
 
 def prove(tmp_path: Path, repo: Path, sha: str, **builder: Any) -> dict[str, Any]:
-    settings = make_settings(tmp_path, builder={"runs": 4, "confirm": False, **builder})
+    # a private lease directory: other cppperf processes on the host never hold this test's core
+    builder = {"runs": 4, "confirm": False, "lease_dir": str(tmp_path / "leases"), **builder}
+    settings = make_settings(tmp_path, builder=builder)
     built = build_patch(
         commit_for(repo, sha), repo, settings.builder, work_dir=tmp_path / "work", out_dir=tmp_path / "out"
     )
@@ -63,6 +65,12 @@ def test_fails_in_release_on_both_sides_then_measured_in_debug(tmp_path: Path) -
     assert c["attempts"][0]["failure_category"] == "test-failure-both-sides"
     assert c["environment"]["build_type"] == "Debug"
     assert any("rebuilt both sides in Debug" in t for t in c["tried"])
+    # both attempts' logs kept, each step's record pointing at its own copy
+    first = [Path(st["log"]) for st in c["attempts"][0]["build_steps"] if st.get("log")]
+    second = [Path(st["log"]) for st in c["attempts"][1]["build_steps"] if st.get("log")]
+    assert first and second and not set(first) & set(second)
+    assert all(p.is_file() and p.stat().st_size > 0 and p.parent.name == "attempt-1-Release" for p in first)
+    assert all(p.is_file() and p.stat().st_size > 0 for p in second)
 
 
 def test_fails_everywhere_is_not_the_commits_fault(tmp_path: Path) -> None:
@@ -124,3 +132,42 @@ def test_a_submodule_nobody_has_is_a_named_dependency(tmp_path: Path) -> None:
     assert (c["verdict"], c["failure_category"], c["failure_step"]) == ("rejected", "dependency", "checkout")
     assert "third_party/lib" in c["failure_detail"]
     assert c["tried"], c
+
+
+WERROR_CMAKE = CMAKE.replace("add_test(", "target_compile_options(t PRIVATE -Wall -Werror)\nadd_test(")
+
+
+def test_warnings_made_errors_are_retried_with_wno_error(tmp_path: Path) -> None:
+    repo = tmp_path / "r"
+    unused = "static int unused_fn() { return 0; }\n"  # -Wunused-function: an error under -Werror
+    commit_files(repo, {"CMakeLists.txt": WERROR_CMAKE, "t.cpp": unused + program(1, False)}, "one")
+    head = commit_files(repo, {"t.cpp": unused + program(2, False)}, "two")
+    c = prove(tmp_path, repo, head)
+    assert c["verdict"] != "rejected", c["failure_detail"]
+    assert [(a["build_type"], a["profile_change"]) for a in c["attempts"]] == [
+        ("Release", ""),
+        ("Release", "-Wno-error"),
+    ]
+    assert c["attempts"][0]["failure_category"] == "compile"
+    assert any("-Wno-error" in t for t in c["tried"])
+    assert "-Wno-error" in " ".join(c["build_steps"][0]["command"])
+    # off: rejected as compile, one attempt
+    c = prove(tmp_path, repo, head, werror_fallback=False)
+    assert (c["failure_category"], len(c["attempts"])) == ("compile", 1)
+
+
+def test_a_real_compile_error_is_not_retried(tmp_path: Path) -> None:
+    repo = tmp_path / "r"
+    commit_files(repo, {"CMakeLists.txt": WERROR_CMAKE, "t.cpp": program(1, False)}, "one")
+    head = commit_files(repo, {"t.cpp": "int main() { return undeclared; }\n"}, "two")
+    c = prove(tmp_path, repo, head)
+    assert (c["verdict"], c["failure_category"], len(c["attempts"])) == ("rejected", "compile", 1)
+
+
+def test_werror_only() -> None:
+    from cppperf.shared.engine.cmake import werror_only
+
+    werr = "t.cpp:1:12: error: 'int f()' defined but not used [-Werror=unused-function]\n"
+    real = "t.cpp:2:21: error: 'undeclared' was not declared in this scope\n"
+    assert werror_only(werr + "cc1plus: all warnings being treated as errors\n")
+    assert not werror_only(werr + real) and not werror_only("ninja: build stopped\n")

@@ -40,3 +40,16 @@ def test_first_bootstrap_closes_the_tar_pipe(monkeypatch: pytest.MonkeyPatch) ->
     client = SimpleNamespace(images=Images(), api=Api())
     assert images.bootstrap_base(client, "bookworm") == "cppperf/base:bookworm"
     assert imported and imported[0] > 0
+
+
+def test_era_among_the_releases_present() -> None:
+    """A 2020 commit's era is buster; where buster cannot be had (deb.debian.org no longer serves
+    it) the oldest release present serves it, and a CMake minimum still bumps it."""
+    from cppperf.shared.engine.images import era_for
+
+    assert era_for("2020-05-01").release == "buster"
+    assert era_for("2020-05-01", available=["bullseye", "bookworm"]).release == "bullseye"
+    assert era_for("2022-03-01", available=["bullseye", "bookworm"]).release == "bullseye"
+    assert era_for("2024-03-01", available=["bullseye", "bookworm"]).release == "bookworm"
+    need = "cmake_minimum_required(VERSION 3.20)"
+    assert era_for("2020-05-01", need, available=["bullseye", "bookworm"]).release == "bookworm"

@@ -38,3 +38,14 @@ def test_invalid_value_names_the_key() -> None:
     assert "builder.runs" in str(err.value)
     assert "CPPPERF_BUILDER_RUNS" in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_submodule_cache_follows_the_mirror_dir(tmp_path: Path) -> None:
+    from cppperf.shared.engine.backends import submodule_sources
+
+    s = load_settings(env={}, mining={"mirror_dir": str(tmp_path / "m")})
+    assert submodule_sources(s.builder).cache_dir == tmp_path / "m"
+    s = load_settings(env={}, mining={"mirror_dir": str(tmp_path / "m")}, builder={"submodule_cache": "/c"})
+    assert submodule_sources(s.builder).cache_dir == Path("/c")  # an explicit cache wins
+    s = load_settings(env={"CPPPERF_MINING_MIRROR_DIR": str(tmp_path / "e")})
+    assert submodule_sources(s.builder).cache_dir == tmp_path / "e"

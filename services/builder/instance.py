@@ -9,8 +9,11 @@ Whose fault a failing test is: the failing run is repeated on its own side and r
 side once. Failing on the new side only is `test-failure` (the commit broke it); failing on both
 sides is `test-failure-both-sides` (the project or the build profile, not the commit), and then,
 when the build type is not already `builder.fallback_build_type` (Debug, as the paper built), both
-sides are rebuilt and proved once more in that build type. Every attempt is recorded
-(`attempts`), with the failing step, the log lines that matter and what cppperf tried.
+sides are rebuilt and proved once more in that build type. A build whose compiler errors are all
+warnings made errors (`-Werror` meeting a newer compiler's warnings) is rebuilt once with
+`-Wno-error` after every flag (`builder.werror_fallback`), recorded as the attempt's
+`profile_change`. Every attempt is recorded (`attempts`), with the failing step, the log lines
+that matter and what cppperf tried; earlier attempts' logs are kept in `logs/attempt-<n>-<type>/`.
 """
 
 from __future__ import annotations
@@ -28,7 +31,14 @@ import msgspec
 from cppperf.shared.domain import FailureCategory, Verdict
 from cppperf.shared.engine.backend import SIDES, Backend, SideName, Sides, build_sides
 from cppperf.shared.engine.cases import split as split_cases
-from cppperf.shared.engine.cmake import StepResult, TestCase, normalise
+from cppperf.shared.engine.cmake import (
+    NO_WERROR_ARGS,
+    BuildSpec,
+    StepResult,
+    TestCase,
+    normalise,
+    werror_only,
+)
 from cppperf.shared.engine.errorlines import first_error_lines
 from cppperf.shared.engine.leases import core_plan, timing_core
 from cppperf.shared.engine.limits import limits_for
@@ -65,11 +75,13 @@ class InstanceResult:
     failure_step: str = ""  # checkout | configure | build | tests | test
     failure_lines: list[str] = field(default_factory=list)  # the log lines that matter
     tried: list[str] = field(default_factory=list)  # what cppperf did about the failure
-    attempts: list[dict[str, Any]] = field(default_factory=list)  # one per build type tried
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # one per build profile tried
+    werror_only: bool = False  # the build failed on warnings made errors only
 
-    def attempt_summary(self, build_type: str) -> dict[str, Any]:
+    def attempt_summary(self, build_type: str, profile_change: str = "") -> dict[str, Any]:
         return {
             "build_type": build_type,
+            "profile_change": profile_change,
             "verdict": self.verdict,
             "failure_category": self.failure_category,
             "failure_step": self.failure_step,
@@ -156,6 +168,7 @@ def _build_both(
         result.missing_packages = last.missing.debian
     result.failure_step = last.step
     result.failure_lines = first_error_lines(last.result.output)
+    result.werror_only = last.step == "build" and werror_only(last.result.output)
     if (
         llm_propose is not None
         and last.step == "configure"
@@ -192,27 +205,75 @@ def prove(
     if sides is not None and repo_path is None:
         raise ValueError("prove: sides to export need the repository they come from")
     once = _Once(iid, sides, repo_path, backend, on_phase, seed, llm_propose, time_identical)
-    first = once.prove(settings)
-    first.attempts = [first.attempt_summary(settings.effective_build_type())]
+    current = once.prove(settings)
+    current.attempts = [current.attempt_summary(settings.effective_build_type())]
+    if (
+        current.failure_category == FailureCategory.COMPILE
+        and current.werror_only
+        and settings.werror_fallback
+        and not set(NO_WERROR_ARGS) <= set(backend.spec.extra_args)
+    ):
+        spec = replace(backend.spec, extra_args=(*backend.spec.extra_args, *NO_WERROR_ARGS))
+        current = _retry(once, current, settings, spec, "-Wno-error", "rebuilt both sides with -Wno-error")
     fallback = settings.fallback_build_type
     if (
-        first.failure_category != FailureCategory.TEST_FAILURE_BOTH_SIDES
+        current.failure_category != FailureCategory.TEST_FAILURE_BOTH_SIDES
         or not fallback
         or fallback == settings.effective_build_type()
     ):
-        return first
+        return current
+    spec = replace(backend.spec, build_type=fallback)
+    return _retry(
+        once, current, replace_settings(settings, fallback), spec, "", f"rebuilt both sides in {fallback}"
+    )
+
+
+def _retry(
+    once: _Once,
+    prev: InstanceResult,
+    settings: BuilderSettings,
+    spec: BuildSpec,
+    change: str,
+    what: str,
+) -> InstanceResult:
+    """Prove once more with `spec` (a clean workspace); the earlier attempts and their logs kept.
+    A rejection after the build type's retry keeps the earlier category (what the project does in
+    the configured build type); after the -Wno-error retry its own (that build got further)."""
+    backend = once.backend
+    n = len(prev.attempts)
+    kept = _read_logs(backend.logs)  # the retry starts from a clean workspace: keep the logs
     backend.cleanup()
-    backend.spec = replace(backend.spec, build_type=fallback)
-    second = once.prove(replace_settings(settings, fallback))
-    second.attempts = [*first.attempts, second.attempt_summary(fallback)]
-    second.tried = [*first.tried, f"rebuilt both sides in {fallback}", *second.tried]
-    if second.verdict == Verdict.REJECTED:
-        second.failure_detail = (
-            f"{first.failure_detail}; in {fallback} then: {second.failure_category}: {second.failure_detail}"
+    backend.spec = spec
+    nxt = once.prove(settings)
+    earlier = backend.logs / f"attempt-{n}-{prev.attempts[-1]['build_type']}"
+    _write_logs(earlier, kept)
+    for step in prev.build_steps:  # the same dicts as in prev.attempts[-1]
+        if step.get("log") and Path(step["log"]).parent == backend.logs:
+            step["log"] = str(earlier / Path(step["log"]).name)
+    changes = [a["profile_change"] for a in prev.attempts if a.get("profile_change")] + (
+        [change] if change else []
+    )
+    nxt.attempts = [*prev.attempts, nxt.attempt_summary(spec.build_type, " ".join(changes))]
+    nxt.tried = [*prev.tried, what, *nxt.tried]
+    if nxt.verdict == Verdict.REJECTED:
+        first = prev
+        nxt.failure_detail = (
+            f"{first.failure_detail}; {what}, then: {nxt.failure_category}: {nxt.failure_detail}"
         )
-        second.failure_category, second.failure_step = first.failure_category, first.failure_step
-        second.failure_lines = first.failure_lines
-    return second
+        if not change:  # the build type's retry: the default profile's category stands
+            nxt.failure_category, nxt.failure_step = first.failure_category, first.failure_step
+            nxt.failure_lines = first.failure_lines
+    return nxt
+
+
+def _read_logs(logs: Path) -> dict[str, bytes]:
+    return {f.name: f.read_bytes() for f in logs.glob("*.log") if f.is_file()} if logs.is_dir() else {}
+
+
+def _write_logs(dest: Path, logs: dict[str, bytes]) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name, data in logs.items():
+        (dest / name).write_bytes(data)
 
 
 def replace_settings(settings: BuilderSettings, build_type: str) -> BuilderSettings:

@@ -138,8 +138,8 @@ def build_record(
         "build_info": {
             "old_build_script": _commands(res, "old", settings),
             "new_build_script": _commands(res, "new", settings),
-            "old_test_script": ["ctest --test-dir build --show-only=json-v1", "<each test run directly>"],
-            "new_test_script": ["ctest --test-dir build --show-only=json-v1", "<each test run directly>"],
+            "old_test_script": ["cd build && ctest --show-only=json-v1", "<each test run directly>"],
+            "new_test_script": ["cd build && ctest --show-only=json-v1", "<each test run directly>"],
             "build_system": "cmake",
         },
         "performance_analysis": {

@@ -7,7 +7,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +51,10 @@ def _commit_image(backend: Backend, settings: BuilderSettings, record: dict[str,
 
 
 def keep_logs(src: Path, dest: Path) -> None:
-    """Copy a workspace's logs next to the instance records (workspaces are removed)."""
+    """Copy a workspace's logs (with the earlier attempts' folders) next to the instance records
+    (workspaces are removed)."""
     if src.is_dir():
-        dest.mkdir(parents=True, exist_ok=True)
-        for f in src.iterdir():
-            if f.is_file():
-                shutil.copy2(f, dest / f.name)
+        shutil.copytree(src, dest, dirs_exist_ok=True)
 
 
 @dataclass
@@ -90,9 +88,13 @@ def build_patch(
             on_phase=on_phase,
             llm_propose=llm_propose,
         )
-        for step in res.build_steps:  # point the record at the kept copies
+        work_logs = work_dir / iid / "logs"
+        steps = [*res.build_steps, *(st for a in res.attempts for st in a.get("build_steps", []))]
+        for step in {id(st): st for st in steps}.values():  # point the record at the kept copies
             if step.get("log"):
-                step["log"] = str(logs_dir / Path(step["log"]).name)
+                log = Path(step["log"])
+                rel = log.relative_to(work_logs) if work_logs in log.parents else Path(log.name)
+                step["log"] = str(logs_dir / rel)
         record = build_record(commit, res, diff=commit.diff if diff is None else diff, settings=settings)
         _commit_image(backend, settings, record)
     finally:
@@ -152,33 +154,62 @@ def head_sha(repo_path: Path, rev: str = "HEAD") -> str:
         raise RepoRejected(str(exc)) from exc
 
 
+class _TestsFail(RepoRejected):
+    """The latest commit built but a test failed (the Debug fallback may still save it)."""
+
+
+def _validate_once(
+    backend: Backend, repo_path: Path, sha: str, settings: BuilderSettings
+) -> tuple[int, float, float]:
+    """(tests, build seconds, test seconds) of one build of `sha`; RepoRejected when it fails."""
+    try:
+        backend.prepare(repo_path, {"old": sha, "new": sha})
+    except BadInput as exc:  # a submodule or FetchContent dependency nobody has
+        raise RepoRejected(f"latest commit {sha[:12]} cannot be exported: {exc}") from exc
+    t0 = time.monotonic()
+    steps = backend.build("new")
+    build_s = time.monotonic() - t0
+    if not steps[-1].ok:
+        last = steps[-1]
+        detail = last.missing.describe() if last.missing else last.result.output[-800:]
+        raise RepoRejected(f"latest commit {sha[:12]} does not build ({last.category}): {detail}")
+    tests = [t for t in backend.tests("new") if not t.disabled]
+    if not tests:
+        raise RepoRejected(f"latest commit {sha[:12]} defines no CTest tests")
+    t0 = time.monotonic()
+    for t in tests:
+        res = backend.run_test("new", t, limits_for(t, settings))
+        if not t.passed(res.returncode, res.output, timed_out=res.timed_out):
+            raise _TestsFail(f"latest commit {sha[:12]}: test {t.name} fails: {res.output[-500:]}")
+    return len(tests), build_s, time.monotonic() - t0
+
+
 def validate_latest(
     candidate: RepoCandidate, repo_path: Path, settings: BuilderSettings, *, work_dir: Path
 ) -> RepoFound:
-    """Configure, build and run every test of the latest commit once; all must pass."""
+    """Configure, build and run every test of the latest commit once; all must pass. When a test
+    fails in the build type of the settings, once more in `builder.fallback_build_type` (Debug, as
+    the paper built), as the builder's proof does; the message says which build type passed."""
     sha = head_sha(repo_path)
     date = commit_date(repo_path, sha)
     backend = make_backend(
         settings, work_dir / f"validate-{candidate.repo.replace('/', '__')}", source=(repo_path, sha, date)
     )
+    build_type = settings.effective_build_type()
     try:
-        backend.prepare(repo_path, {"old": sha, "new": sha})
-        t0 = time.monotonic()
-        steps = backend.build("new")
-        build_s = time.monotonic() - t0
-        if not steps[-1].ok:
-            last = steps[-1]
-            detail = last.missing.describe() if last.missing else last.result.output[-800:]
-            raise RepoRejected(f"latest commit {sha[:12]} does not build ({last.category}): {detail}")
-        tests = [t for t in backend.tests("new") if not t.disabled]
-        if not tests:
-            raise RepoRejected(f"latest commit {sha[:12]} defines no CTest tests")
-        t0 = time.monotonic()
-        for t in tests:
-            res = backend.run_test("new", t, limits_for(t, settings))
-            if not t.passed(res.returncode, res.output, timed_out=res.timed_out):
-                raise RepoRejected(f"latest commit {sha[:12]}: test {t.name} fails: {res.output[-500:]}")
-        test_s = time.monotonic() - t0
+        try:
+            count, build_s, test_s = _validate_once(backend, repo_path, sha, settings)
+        except _TestsFail as first:
+            fallback = settings.fallback_build_type
+            if not fallback or fallback == build_type:
+                raise
+            backend.cleanup()
+            backend.spec = replace(backend.spec, build_type=fallback)
+            try:
+                count, build_s, test_s = _validate_once(backend, repo_path, sha, settings)
+            except RepoRejected as second:
+                raise RepoRejected(f"{first} (in {build_type}); in {fallback} too: {second}") from second
+            build_type = fallback
     finally:
         backend.cleanup()
     return RepoFound(
@@ -187,7 +218,8 @@ def validate_latest(
         default_branch=candidate.default_branch,
         head_sha=sha,
         validated=True,
-        test_count=len(tests),
+        test_count=count,
         build_seconds=round(build_s, 2),
         test_seconds=round(test_s, 2),
+        build_type=build_type,
     )

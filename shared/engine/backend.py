@@ -42,9 +42,10 @@ from cppperf.shared.engine.cmake import (
     discover_tests,
     tool_env,
 )
+from cppperf.shared.engine.fetchcontent import archive
 from cppperf.shared.engine.runner_script import instructions_unsupported
 from cppperf.shared.engine.sandbox import JAIL_TMP, Jail, Limits, RunResult, hand_over, jail_env, run
-from cppperf.shared.engine.submodules import Sources, archive
+from cppperf.shared.engine.submodules import Sources
 from cppperf.shared.errors import InfraFailure
 
 SideName = str  # any name: "old"/"new" for the builder, "old"/"agent"/"expert" for the evaluator
@@ -64,6 +65,11 @@ class Backend(Protocol):
     @property
     def installed(self) -> list[str]:
         """Debian packages installed beyond the base image (docker backend)."""
+        ...
+
+    @property
+    def logs(self) -> Path:
+        """Where configure/build logs are written (an earlier attempt's go into a subfolder)."""
         ...
 
     def prepare(self, repo_path: Path, sides: Sides) -> None: ...
@@ -133,7 +139,8 @@ def _first_line(argv: list[str]) -> str:
 
 def export_tree(repo_path: Path, sha: str, dest: Path, submodules: Sources | None = None) -> None:
     """Write the tree of `sha` into `dest` with its submodules at their recorded revisions (git
-    archive: works on bare and blobless mirrors; see `submodules` for where they come from)."""
+    archive: works on bare and blobless mirrors; see `submodules` for where they come from, and
+    `fetchcontent` for the FetchContent dependencies it carries)."""
     dest.mkdir(parents=True, exist_ok=True)
     data = archive(repo_path, sha, submodules)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:

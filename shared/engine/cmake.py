@@ -22,6 +22,7 @@ from pathlib import Path
 
 from cppperf.shared.domain import FailureCategory
 from cppperf.shared.engine.deps import MissingDeps, diagnose
+from cppperf.shared.engine.fetchcontent import INIT_CACHE
 from cppperf.shared.engine.sandbox import Jail, Limits, RunResult, run
 
 _TEST_OPTION = re.compile(
@@ -46,6 +47,22 @@ def test_options(src: Path) -> list[str]:
     if (src / "cmake").is_dir():
         files += sorted((src / "cmake").glob("*.cmake"))
     return test_options_from_text([f.read_text(errors="replace") for f in files if f.is_file()])
+
+
+# `-Wno-error` after every flag of a compile (target options such as `-Werror` included): the rule
+# variables CMake's modules only set when they are unset. Used by the builder's -Werror fallback.
+NO_WERROR_ARGS = tuple(
+    f"-DCMAKE_{lang}_COMPILE_OBJECT=<CMAKE_{lang}_COMPILER> <DEFINES> <INCLUDES> <FLAGS> -Wno-error "
+    "-o <OBJECT> -c <SOURCE>"
+    for lang in ("CXX", "C")
+)
+_ERROR_LINE = re.compile(r"^\S.*?:\d+(?::\d+)?: (?:fatal )?error: .*$", re.MULTILINE)
+
+
+def werror_only(output: str) -> bool:
+    """Whether a failed build's compiler errors are all warnings made errors (`[-Werror…]`)."""
+    errors = _ERROR_LINE.findall(output)
+    return bool(errors) and all("[-Werror" in line for line in errors)
 
 
 @dataclass(frozen=True)
@@ -102,10 +119,14 @@ def configure_argv(
     ninja: bool | None = None,
     ccache: bool | None = None,
     options: list[str] | None = None,
+    init_cache: bool | None = None,
 ) -> list[str]:
     """The configure command; tools and test options default to what this host and tree have
-    (the docker backend passes them: its tree is in a container)."""
+    (the docker backend passes them: its tree is in a container). `init_cache`: the tree carries
+    cppperf's FetchContent `-C` script (default: look for it under `src`)."""
     argv = ["cmake", "-S", str(src), "-B", str(build), f"-DCMAKE_BUILD_TYPE={spec.build_type}"]
+    if (src / INIT_CACHE).is_file() if init_cache is None else init_cache:
+        argv[1:1] = ["-C", str(src / INIT_CACHE)]
     if shutil.which("ninja") if ninja is None else ninja:
         argv += ["-G", "Ninja"]
     if shutil.which("ccache") if ccache is None else ccache:
@@ -130,7 +151,9 @@ def configure(
     if mount is None:
         build.mkdir(parents=True, exist_ok=True)
     real_src = src if mount is None else mount[0] / src.relative_to(mount[1])
-    argv = configure_argv(src, build, spec, options=test_options(real_src))
+    argv = configure_argv(
+        src, build, spec, options=test_options(real_src), init_cache=(real_src / INIT_CACHE).is_file()
+    )
     res = run(
         argv,
         env=env,
@@ -234,10 +257,11 @@ def ctest_json(
     mount: tuple[Path, Path] | None = None,
     jail: Jail | None = None,
 ) -> str | None:
-    """`ctest --show-only=json-v1` of a build tree (None when ctest fails)."""
-    argv = ["ctest", "--test-dir", str(build_dir), "--show-only=json-v1"]
+    """`ctest --show-only=json-v1` of a build tree (None when ctest fails), run in the tree
+    (`--test-dir` needs CMake 3.20)."""
+    argv = ["ctest", "--show-only=json-v1"]
     if mount is None and jail is None:
-        proc = subprocess.run(argv, capture_output=True, check=False, env=env, timeout=300)
+        proc = subprocess.run(argv, capture_output=True, check=False, env=env, timeout=300, cwd=build_dir)
         return proc.stdout.decode(errors="replace") if proc.returncode == 0 else None
     res = run(
         argv,

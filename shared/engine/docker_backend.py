@@ -43,6 +43,7 @@ from cppperf.shared.engine.cmake import (
     test_options_from_text,
 )
 from cppperf.shared.engine.deps import diagnose
+from cppperf.shared.engine.fetchcontent import has_init_cache
 from cppperf.shared.engine.images import cmake_texts, ensure_env_image, git_archive, tar_bytes
 from cppperf.shared.engine.sandbox import Limits, RunResult
 from cppperf.shared.engine.submodules import Sources
@@ -265,7 +266,15 @@ class DockerBackend:
             return [
                 self._step(side, "build", ["cmake", "--build", str(bld), "-j", "1"], self.spec.build_timeout)
             ]
-        argv = configure_argv(src, bld, self.spec, ninja=True, ccache=True, options=self._test_options)
+        argv = configure_argv(
+            src,
+            bld,
+            self.spec,
+            ninja=True,
+            ccache=True,
+            options=self._test_options,
+            init_cache=side in self._sources and has_init_cache(self._sources[side]),
+        )
         self._own(side, building=True)
         steps = [self._step(side, "configure", argv, self.spec.configure_timeout)]
         last = steps[-1]
@@ -288,9 +297,9 @@ class DockerBackend:
     def tests_json(self, side: SideName) -> str | None:
         """`ctest --show-only=json-v1` of a side, run as the build user (CTestTestfile.cmake is
         code the tree generated)."""
-        res = self._run(
-            ["ctest", "--test-dir", f"{WORK}/{side}/build", "--show-only=json-v1"],
-            cwd=f"{WORK}/{side}",
+        res = self._run(  # in the build tree, not --test-dir: that needs CMake 3.20 (bullseye has 3.18)
+            ["ctest", "--show-only=json-v1"],
+            cwd=f"{WORK}/{side}/build",
             timeout=300,
             output_limit=256 * 1024 * 1024,
             uid=self.uid(side),

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cppperf.shared.engine.submodules import Sources, archive
+from cppperf.shared.engine.fetchcontent import archive
+from cppperf.shared.engine.submodules import Sources
 from cppperf.shared.errors import InfraFailure, ToolMissing
 
 TOOLCHAIN = ["ca-certificates", "g++", "cmake", "ninja-build", "ccache", "make", "python3", "procps", "git"]
@@ -163,7 +164,8 @@ def tar_bytes(files: dict[str, bytes], *, mode: int = 0o644) -> bytes:
 
 
 def git_archive(repo: Path, sha: str, submodules: Sources | None = None) -> bytes:
-    """`sha`'s tree as a tar, submodules included at their recorded revisions."""
+    """`sha`'s tree as a tar, submodules included at their recorded revisions, FetchContent
+    dependencies under `.cppperf/` (see `fetchcontent`)."""
     return archive(repo, sha, submodules)
 
 

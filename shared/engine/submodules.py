@@ -210,9 +210,17 @@ def _walk(
         yield from _walk(where, sub.sha, full, sub.url, nested, sources)
 
 
-def archive(repo: Path, sha: str, sources: Sources | None = None) -> bytes:
-    """One tar of `sha`'s tree with its submodules (nested too) at their recorded revisions."""
-    parts = list(_walk(repo, sha, "", origin_url(repo), _modules_dir(repo), sources or Sources()))
+def walk(repo: Path, sha: str, sources: Sources, prefix: str = "", base_url: str = "") -> list[bytes]:
+    """Tars of `sha`'s tree (under `prefix`) and of each of its submodules, nested too."""
+    modules = (
+        _modules_dir(repo) if not prefix else (repo / "modules" if (repo / "modules").is_dir() else None)
+    )
+    return list(_walk(repo, sha, prefix, base_url or origin_url(repo), modules, sources))
+
+
+def merge(parts: list[bytes]) -> bytes:
+    """One tar of several; the first member of a name wins (a gitlink's empty directory, then the
+    submodule's files)."""
     if len(parts) == 1:
         return parts[0]
     buf = io.BytesIO()
@@ -221,8 +229,13 @@ def archive(repo: Path, sha: str, sources: Sources | None = None) -> bytes:
         for part in parts:
             with tarfile.open(fileobj=io.BytesIO(part)) as tar:
                 for member in tar:
-                    if member.name in seen:  # the gitlink's empty directory, then the submodule's
+                    if member.name in seen:
                         continue
                     seen.add(member.name)
                     out.addfile(member, tar.extractfile(member) if member.isfile() else None)
     return buf.getvalue()
+
+
+def archive(repo: Path, sha: str, sources: Sources | None = None) -> bytes:
+    """One tar of `sha`'s tree with its submodules (nested too) at their recorded revisions."""
+    return merge(walk(repo, sha, sources or Sources()))
