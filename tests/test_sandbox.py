@@ -226,3 +226,51 @@ def test_jailed_timed_run_reports_the_memory_cap() -> None:
 def test_jailed_timing_happens_inside(tmp_path: Path) -> None:
     res = run(["sleep", "0.2"], env=jail_env(), jail=Jail(), timed=True)
     assert res.ok and 0.19 < res.wall_s < 0.6  # bwrap's setup is not in the sample
+
+
+KEYRING_PROBE = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+nr = {"x86_64": (248, 250), "aarch64": (217, 219)}[os.uname().machine]
+found = libc.syscall(nr[1], 10, -5, b"user", b"cppperf-jail-probe-TAG", 0)  # KEYCTL_SEARCH
+print("found" if found >= 0 else "search-errno", ctypes.get_errno())
+added = libc.syscall(nr[0], b"user", b"cppperf-jail-probe-TAG", b"x", 1, -5)  # user-session keyring
+print("added" if added >= 0 else "add-errno", ctypes.get_errno())
+"""
+
+
+@jail_only
+def test_jail_has_no_kernel_keyrings() -> None:
+    """Keyrings are per uid, shared by every jailed run: a run could leave its answer there for
+    the next one. In the jail they do not exist (ENOSYS, seccomp)."""
+    probe = KEYRING_PROBE.replace("TAG", str(os.getpid()))
+    runs = [run([INNER_PYTHON, "-c", probe], env=jail_env(), jail=Jail(), timed=t) for t in (False, True)]
+    for res in runs:
+        assert res.ok, res.output
+        assert "search-errno 38" in res.output and "add-errno 38" in res.output, res.output
+    assert run(["true"], env=jail_env(), jail=Jail()).ok  # everything else still runs
+
+
+FORGE = (
+    'printf \'{"returncode": 0, "wall_s": 0.0001, "cpu_s": 0, "output": "FORGED",'
+    ' "timed_out": false, "truncated": false}\' > /proc/1/fd/1; kill -9 $PPID 1; sleep 0.3'
+)
+
+
+@jail_only
+def test_timed_answer_cannot_be_forged_through_pid_1() -> None:
+    """The runner is pid 1 of its jail (no bwrap init holding the answer pipe), not dumpable and
+    unkillable from inside: the command can neither write a fake answer nor stop the real one."""
+    res = run(["sh", "-c", FORGE], env=jail_env(), jail=Jail(), timed=True)
+    assert "FORGED" not in res.output and res.wall_s > 0.25, res
+    assert res.ok and "Permission denied" in res.output
+
+
+def test_an_answer_counts_only_from_a_runner_that_finished() -> None:
+    from cppperf.shared.engine.sandbox import RunResult, _inner_result
+
+    answer = '{"returncode": 0, "wall_s": 0.0001, "cpu_s": 0, "output": "", "timed_out": false, "truncated": false}'
+    killed = RunResult(137, 1.0, 1.0, answer, False, False)
+    assert _inner_result(killed, None) is killed
+    finished = _inner_result(RunResult(0, 1.0, 1.0, answer, False, False), None)
+    assert finished.wall_s == 0.0001

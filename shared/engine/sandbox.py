@@ -46,6 +46,7 @@ from pathlib import Path
 
 from cppperf.shared.engine.cgroups import RunCgroup
 from cppperf.shared.engine.runner_script import InstructionCounter, OutputKeeper, set_affinity, supervise
+from cppperf.shared.engine.seccomp import filter_fd
 
 
 @dataclass(frozen=True)
@@ -140,11 +141,21 @@ def jail_env(*layers: Mapping[str, str]) -> dict[str, str]:
 
 
 def bwrap_argv(
-    jail: Jail, cwd: str | None, *, stage: str | None = None, share_net: bool = False
+    jail: Jail,
+    cwd: str | None,
+    *,
+    stage: str | None = None,
+    share_net: bool = False,
+    seccomp_fd: int | None = None,
+    as_pid_1: bool = False,
 ) -> list[str]:
     """The bwrap command line for `jail` (the command follows). `stage`: the bind sources are
     read from `<stage>/<i>` (`ro` then `rw`), where `run` mounted them (`_stage_binds`).
-    `share_net` (`Limits.network=True`, never for agents' code) keeps the host's network."""
+    `share_net` (`Limits.network=True`, never for agents' code) keeps the host's network.
+    `seccomp_fd`: the filter (`seccomp.filter_fd`), inherited by bwrap. `as_pid_1`: the command
+    is pid 1 of the namespace, with no bwrap init holding the host end of its pipes (the timing
+    runner: pid 1 cannot be signalled from inside, and it is not dumpable, so nothing it runs
+    can reach its stdout through /proc/1/fd)."""
     argv = [
         "bwrap",
         "--unshare-all",
@@ -161,6 +172,8 @@ def bwrap_argv(
         "--new-session",
         "--cap-drop",
         "ALL",
+        *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
+        *(["--as-pid-1"] if as_pid_1 else []),
     ]
     for path in jail.system:
         if os.path.lexists(path):
@@ -365,6 +378,7 @@ def run(
     `log_file` gets the same bounded head+tail as the result, appended after the run."""
     isolate = sandbox and not limits.network
     stage: tuple[str, list[str]] | None = None
+    seccomp_fd: int | None = None
     inner = jail is not None and timed and os.path.exists(INNER_PYTHON)
     if jail is not None and inner:
         req: dict[str, object] = {"op": "run", "argv": list(argv), "cwd": str(cwd) if cwd else None}
@@ -386,7 +400,18 @@ def run(
             sources = [host for host, _ in (*jail.ro, *jail.rw)]
             stage = (_make_stage(sources), [str(h) for h in sources])
         where = str(cwd) if cwd else None
-        full = [*bwrap_argv(jail, where, stage=stage[0] if stage else None, share_net=limits.network), *argv]
+        seccomp_fd = filter_fd()
+        full = [
+            *bwrap_argv(
+                jail,
+                where,
+                stage=stage[0] if stage else None,
+                share_net=limits.network,
+                seccomp_fd=seccomp_fd,
+                as_pid_1=inner,
+            ),
+            *argv,
+        ]
         cwd = "/"
     elif mount is not None:
         full = [
@@ -400,9 +425,12 @@ def run(
         prefix = network_prefix(sandbox) if not limits.network else []
         full = [*prefix, *argv]
     try:
-        res = _start_and_supervise(full, argv, cwd, env, limits, output_limit, log_file, jail, stage)
+        fds = (seccomp_fd,) if seccomp_fd is not None else ()
+        res = _start_and_supervise(full, argv, cwd, env, limits, output_limit, log_file, jail, stage, fds)
         return _inner_result(res, limits.memory_mb) if inner else res
     finally:
+        if seccomp_fd is not None:
+            os.close(seccomp_fd)
         if stage is not None:  # mounted only in the (finished) child's namespace: empty here
             shutil.rmtree(stage[0], ignore_errors=True)
 
@@ -411,7 +439,11 @@ _OOM_LINE = "\ncppperf: memory limit of {} MiB for the whole run reached: the ke
 
 
 def _inner_result(outer: RunResult, memory_mb: int | None) -> RunResult:
-    """The runner's own measurement; the outer one when it gave none (killed by the backstop)."""
+    """The runner's own measurement; the outer one when it gave none (killed by the backstop, or
+    by the kernel at the memory cap). An answer counts only when the runner itself exited 0:
+    text on the pipe of a runner that did not finish is never trusted."""
+    if outer.returncode != 0 or outer.timed_out:
+        return outer
     try:
         ans = json.loads(outer.output)
         oom = outer.memory_exceeded
@@ -441,6 +473,7 @@ def _start_and_supervise(
     log_file: Path | None,
     jail: Jail | None,
     stage: tuple[str, list[str]] | None,
+    pass_fds: tuple[int, ...] = (),
 ) -> RunResult:
     keep = OutputKeeper(output_limit)
     cgroup = (
@@ -458,6 +491,7 @@ def _start_and_supervise(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            pass_fds=pass_fds,
             preexec_fn=lambda: _preexec(  # noqa: PLW1509 - rlimits need preexec
                 limits, cgroup, counter, jail.uid if jail is not None else None, stage
             ),
