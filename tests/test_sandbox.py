@@ -274,3 +274,21 @@ def test_an_answer_counts_only_from_a_runner_that_finished() -> None:
     assert _inner_result(killed, None) is killed
     finished = _inner_result(RunResult(0, 1.0, 1.0, answer, False, False), None)
     assert finished.wall_s == 0.0001
+
+
+@jail_only
+def test_jail_writes_only_to_capped_tmpfs_and_its_binds() -> None:
+    """bwrap's tmpfs for / and /dev have no size: read-only once set up, so writes go only to
+    /tmp and /dev/shm, each capped at `tmp_mb` — a bound even where no memory cgroup counts them
+    (the per-process RLIMIT_AS fallback never sees tmpfs pages)."""
+    fill = "for d in / /dev /dev/shm /tmp; do dd if=/dev/zero of=$d/fill bs=1M count=40 2>&1 | tail -1; done"
+    res = run(
+        ["sh", "-c", fill + "; echo x > /dev/null && echo null-ok; df -k /dev/shm /tmp | tail -2"],
+        env=jail_env(),
+        jail=Jail(tmp_mb=16),
+        limits=Limits(timeout=60, memory_mb=100, memory_cgroup=False),
+    )
+    assert res.output.count("Read-only file system") == 2, res.output
+    assert "null-ok" in res.output, res.output
+    df = [ln.split()[1:4] for ln in res.output.strip().splitlines()[-2:]]
+    assert df == [["16384", "16384", "0"]] * 2, res.output  # 40 MB asked, full at 16 MiB

@@ -192,10 +192,17 @@ def bwrap_argv(
         str(jail.tmp_mb * 1024 * 1024),
         "--tmpfs",
         JAIL_TMP,
+        "--size",
+        str(jail.tmp_mb * 1024 * 1024),
+        "--tmpfs",
+        "/dev/shm",  # noqa: S108 - inside the jail: a private tmpfs, fresh for each run
     ]
     binds = [("--ro-bind", *b) for b in jail.ro] + [("--bind", *b) for b in jail.rw]
     for i, (flag, host, inside) in enumerate(binds):
         argv += [flag, f"{stage}/{i}" if stage else str(host), str(inside)]
+    # bwrap's own tmpfs for / and /dev have no size (half the RAM): once every mount point is
+    # made they become read-only, so only the size-capped /tmp and /dev/shm and the binds take writes
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
     if cwd:
         argv += ["--chdir", str(cwd)]
     return [*argv, "--"]
