@@ -463,7 +463,7 @@ INCLUDES = (
 )
 MORE_INCLUDES = (
     "#include <cstddef>\n#include <string>\n#include <sys/un.h>\n#include <sys/ptrace.h>\n"
-    "#include <sys/ipc.h>\n#include <sys/shm.h>\n#include <sys/syscall.h>\n"
+    "#include <sys/ipc.h>\n#include <sys/shm.h>\n#include <sys/syscall.h>\n#include <sys/wait.h>\n"
 )
 # computes the base's answer (what a cached result must equal)
 _COMPUTE = (
@@ -605,6 +605,15 @@ def run_time_attacks(host: Host, runs_dir: Path, iid: str) -> dict[str, tuple[st
             " || ptrace(PTRACE_SEIZE, 1, nullptr, nullptr) == 0) return 1; }",
             ok,
         ),
+        "cpu-in-an-orphan": (
+            # the work in a grandchild nobody waits for: its CPU time is in no wait4 rusage, and the
+            # default metric is CPU time
+            "{ int p[2]; if (pipe(p) != 0) return 0; if (fork() == 0) { if (fork() == 0) {"
+            f"{_COMPUTE} if (write(p[1], &r, sizeof r) != sizeof r) {{}} _exit(0); }} _exit(0); }}"
+            " wait(nullptr); unsigned long long v = 0; if (read(p[0], &v, sizeof v) != sizeof v) return 0;"
+            " return v; }",
+            ok,
+        ),
         "new-user-namespace": (
             f'{{ if (unshare(CLONE_NEWUSER | CLONE_NEWNS) == 0) {{ FILE* f = std::fopen("{host.markers[0]}", "w");'
             " if (f) std::fclose(f); } }",
@@ -634,6 +643,7 @@ NEW_RUN_TIME = [
     "other-trees-from-mountinfo",
     "forged-output",
     "ptrace-the-timer",
+    "cpu-in-an-orphan",
 ]
 
 

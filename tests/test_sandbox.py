@@ -292,3 +292,28 @@ def test_jail_writes_only_to_capped_tmpfs_and_its_binds() -> None:
     assert "null-ok" in res.output, res.output
     df = [ln.split()[1:4] for ln in res.output.strip().splitlines()[-2:]]
     assert df == [["16384", "16384", "0"]] * 2, res.output  # 40 MB asked, full at 16 MiB
+
+
+HIDDEN_WORK = """
+import os, time
+r, w = os.pipe()
+if os.fork() == 0:
+    if os.fork() == 0:  # an orphan nobody waits for: its CPU time is in no wait4 rusage
+        t = time.process_time()
+        while time.process_time() - t < 0.5:
+            pass
+        os.write(w, b"done")
+        os._exit(0)
+    os._exit(0)
+os.wait()
+print(os.read(r, 4).decode())
+"""
+
+
+@jail_only
+def test_timed_cpu_counts_children_nobody_waited_for() -> None:
+    """A score cheat under the `cpu` metric: do the work in an orphan. The runner is the jail's
+    pid 1, so it reaps the orphan and its CPU time is in the sample."""
+    res = run([INNER_PYTHON, "-c", HIDDEN_WORK], env=jail_env(), jail=Jail(), timed=True)
+    assert res.ok and "done" in res.output, res.output
+    assert res.cpu_s >= 0.45, res

@@ -391,6 +391,7 @@ def run(
         req: dict[str, object] = {"op": "run", "argv": list(argv), "cwd": str(cwd) if cwd else None}
         req.update(env=dict(env or {}), timeout=limits.timeout, output_limit=output_limit)
         req.update(instructions=limits.instructions)  # counted inside: bwrap's never enter it
+        req.update(reap=True)  # it is pid 1 (bwrap --as-pid-1): orphans' CPU time is counted too
         jail = Jail(
             rw=jail.rw,
             ro=(*jail.ro, (RUNNER_PATH, Path(INNER_RUNNER))),
