@@ -283,18 +283,18 @@ def _run(req: dict[str, Any]) -> dict[str, Any]:
     reap = bool(req.get("reap")) and os.getpid() == 1
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     status, usage, wall, timed_out = supervise(proc, keep, float(req.get("timeout", 600)), start)
-    cpu = usage.ru_utime + usage.ru_stime
+    cpu_s = usage.ru_utime + usage.ru_stime
     if reap:
         _reap_all()
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+        cpu_s = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     assert proc.stdout is not None
     proc.stdout.close()
     return {
         "instructions": counter.read() if counter is not None else None,
         "returncode": os.waitstatus_to_exitcode(status),
         "wall_s": wall,
-        "cpu_s": cpu,
+        "cpu_s": cpu_s,
         "timed_out": timed_out,
         "output": keep.text(),
         "truncated": keep.dropped > 0,
