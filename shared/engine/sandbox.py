@@ -4,12 +4,16 @@
   builder when bwrap works) runs in. An unprivileged uid (`SANDBOX_UID`: when we are root the
   child drops to it *before* exec'ing bwrap, so the jailed code is that uid on the host too), new
   user/pid/net/ipc/uts/cgroup namespaces, no capabilities, `no_new_privs`, no nested user
-  namespaces; a read-only system (`/usr`, the few `/etc` files compilers need), a fresh size-capped
-  tmpfs `/tmp` per run, only the binds the caller names (its own tree, writable or not, and a
+  namespaces, a seccomp filter without kernel keyrings (`seccomp.py`); a read-only system (`/usr`,
+  the few `/etc` files compilers need), `/` and `/dev` read-only, fresh size-capped tmpfs `/tmp`
+  and `/dev/shm` per run, only the binds the caller names (its own tree, writable or not, and a
   ccache dir), no view of other trees, the store, `runs/` or any home; an environment from an
   allow-list (`jail_env`). rlimits and the run's cgroups are set on the child before exec, so the
   jailed code cannot raise them; on timeout bwrap (pid 1 of the namespace) is killed, which kills
-  every process in the namespace, and the cgroup is emptied. `jail_available()` says whether
+  every process in the namespace, and the cgroup is emptied. A `timed` run's runner is the
+  jail's pid 1 (no bwrap init holding the answer pipe; not dumpable, not signallable from
+  inside), reaps every orphan so their CPU time is counted, and its answer counts only when it
+  exited 0. `jail_available()` says whether
   bwrap works here; callers decide what to do without it (the evaluator refuses, see README).
 - Network (no jail): unshared (`bwrap --unshare-net` when installed, else `unshare --net`, with
   `--map-root-user` when not root); `sandbox=False` runs it plainly.
