@@ -367,10 +367,11 @@ def test_over_long_file_name_is_an_apply_failure(instance: Any, host: Host) -> N
 
 
 def test_crlf_names_cannot_smuggle_a_second_file(instance: Any, host: Host) -> None:
-    # CRLF line ends: the names end in "\r" for a naive reader; git reads the same names as we do
+    # CRLF line ends: the `diff --git` names end in "\r", a name no C++ source has; refused
+    # before anything runs, whatever git would make of it
     patch = core_patch(core(2)).replace("\n", "\r\n")
     rep = attack(instance, host, patch, model="crlf")
-    assert rep["verdict"] in ("opt", "correct", "apply-failed"), rep["reason"]
+    assert rep["verdict"] == "forbidden-file" and not rep["applied"], rep["reason"]
 
 
 def test_instance_id_traversal_is_refused_before_any_path(instance: Any, host: Host) -> None:
