@@ -415,10 +415,11 @@ def test_has_include_cannot_probe_host_files(instance: Any, host: Host) -> None:
 
 
 def test_include_of_proc_environ_shows_no_secret(instance: Any, host: Host) -> None:
-    # the compiler's error quotes the included text into the build tail of the report
+    # a compiler error would quote the included text into the build tail of the report; GCC reads
+    # a /proc file as empty (its size is 0), and the jail's environment is allow-listed anyway
     body = '#include "/proc/self/environ"\n#include "/proc/1/environ"\n'
     rep = attack(instance, host, core_patch(hostile_core("", body)))
-    assert rep["verdict"] == "build-failed" and rep["applied"]  # host.untouched: no secret in it
+    assert rep["verdict"] == "correct" and rep["applied"], rep["reason"]  # host.untouched: no secret
 
 
 def _cmake_patch(added: str) -> str:
