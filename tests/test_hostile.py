@@ -4,13 +4,17 @@ the jail, no secret (file or environment variable) in the report or logs, no con
 loopback listener, no process left behind, a host canary process alive, the report the
 evaluator's own.
 
-Classes: apply-time (C-quoted `.git` names, `---`-only names, other `-p1` prefixes, symlink and
-setuid modes in any spelling, renames into tests, build files, binary hunks, instance-id path
-traversal, report reuse for another patch); build-time (`#include`/`.incbin` of host files, and
-with `--allow-build-changes` CMake code that runs commands or rewrites test properties by
-obfuscation); run-time (host writes, secret reads, loopback connections, daemons, killing host
-processes, rewriting the report, writing the binaries, a result cache in /tmp, detecting the
-timing by CPU pinning, writing the system, new user namespaces). The run-time attacks also run on
+Classes: apply-time (C-quoted `.git` names, `---`-only names, other `-p1` prefixes, symlink,
+setuid and gitlink modes in any spelling, renames and copies of tests, `.git` in other cases and
+spellings, `.gitattributes`/`.gitmodules`, over-long and CRLF names, build files, binary hunks,
+instance-id path traversal, report reuse for another patch); build-time (`#include`/`.incbin` of
+host files, `__has_include` probes, `/proc` includes, and with `--allow-build-changes` CMake code
+that runs commands or rewrites test properties by obfuscation); run-time (host writes, secret
+reads, loopback and abstract-socket connections, daemons, killing host processes, rewriting the
+report, writing the binaries, the other trees found through the mount table, result caches in
+/tmp, kernel keyrings and SysV shared memory, detecting the timing by CPU pinning, forging the
+timer's answer (through its fds, through the jail's pid 1, by ptrace, in the test's own output),
+CPU work hidden in an orphan, writing the system, new user namespaces). The run-time attacks also run on
 the docker backend where an engine answers.
 """
 
