@@ -4,13 +4,17 @@ the jail, no secret (file or environment variable) in the report or logs, no con
 loopback listener, no process left behind, a host canary process alive, the report the
 evaluator's own.
 
-Classes: apply-time (C-quoted `.git` names, `---`-only names, other `-p1` prefixes, symlink and
-setuid modes in any spelling, renames into tests, build files, binary hunks, instance-id path
-traversal, report reuse for another patch); build-time (`#include`/`.incbin` of host files, and
-with `--allow-build-changes` CMake code that runs commands or rewrites test properties by
-obfuscation); run-time (host writes, secret reads, loopback connections, daemons, killing host
-processes, rewriting the report, writing the binaries, a result cache in /tmp, detecting the
-timing by CPU pinning, writing the system, new user namespaces). The run-time attacks also run on
+Classes: apply-time (C-quoted `.git` names, `---`-only names, other `-p1` prefixes, symlink,
+setuid and gitlink modes in any spelling, renames and copies of tests, `.git` in other cases and
+spellings, `.gitattributes`/`.gitmodules`, over-long and CRLF names, build files, binary hunks,
+instance-id path traversal, report reuse for another patch); build-time (`#include`/`.incbin` of
+host files, `__has_include` probes, `/proc` includes, and with `--allow-build-changes` CMake code
+that runs commands or rewrites test properties by obfuscation); run-time (host writes, secret
+reads, loopback and abstract-socket connections, daemons, killing host processes, rewriting the
+report, writing the binaries, the other trees found through the mount table, result caches in
+/tmp, kernel keyrings and SysV shared memory, detecting the timing by CPU pinning, forging the
+timer's answer (through its fds, through the jail's pid 1, by ptrace, in the test's own output),
+CPU work hidden in an orphan, writing the system, new user namespaces). The run-time attacks also run on
 the docker backend where an engine answers.
 """
 
@@ -56,6 +60,7 @@ class Host:
     connections: list[str] = field(default_factory=list)
     canary: subprocess.Popen[bytes] | None = None
     listener: socket.socket | None = None
+    abstract: socket.socket | None = None  # an abstract unix socket: reachable in a shared net namespace
 
     @property
     def secret(self) -> str:
@@ -74,6 +79,10 @@ class Host:
         ]
 
     @property
+    def abstract_name(self) -> str:
+        return f"cppperf-hostile-{self.token}"
+
+    @property
     def daemon_arg(self) -> str:
         return f"4242.{int(self.token[:6], 16)}"
 
@@ -84,22 +93,26 @@ class Host:
         self.listener.bind(("127.0.0.1", 0))
         self.listener.listen(8)
         self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.abstract.bind("\0" + self.abstract_name)
+        self.abstract.listen(8)
+        for sock in (self.listener, self.abstract):
+            threading.Thread(target=self._accept, args=(sock,), daemon=True).start()
         self.canary = subprocess.Popen(["sleep", "3600"])
 
-    def _accept(self) -> None:
-        assert self.listener is not None
+    def _accept(self, sock: socket.socket) -> None:
         while True:
             try:
-                conn, addr = self.listener.accept()
+                conn, addr = sock.accept()
             except OSError:
                 return
             self.connections.append(str(addr))
             conn.close()
 
     def stop(self) -> None:
-        if self.listener is not None:
-            self.listener.close()
+        for sock in (self.listener, self.abstract):
+            if sock is not None:
+                sock.close()
         if self.canary is not None:
             self.canary.kill()
             self.canary.wait()
@@ -107,7 +120,7 @@ class Host:
     def untouched(self, report: dict[str, Any], runs_dir: Path) -> None:
         for marker in self.markers:
             assert not marker.exists(), f"the attack wrote {marker}"
-        assert self.connections == [], "the loopback listener saw a connection"
+        assert self.connections == [], "a loopback or abstract-socket listener saw a connection"
         assert self.canary is not None and self.canary.poll() is None, "a host process was killed"
         ps = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True, check=True).stdout
         left = [ln for ln in ps.splitlines() if self.daemon_arg in ln and not ln.lstrip().startswith("Z")]
@@ -276,6 +289,69 @@ APPLY_TIME = {
         "unsafe-patch",
         "escapes",
     ),
+    # a submodule (gitlink) entry: git would record a commit, not a file
+    "gitlink-160000": (
+        _raw(
+            "diff --git a/src/sub b/src/sub",
+            "new file mode 160000",
+            "index 0000000..1111111",
+            "--- /dev/null",
+            "+++ b/src/sub",
+            "@@ -0,0 +1 @@",
+            "+Subproject commit 1111111111111111111111111111111111111111",
+        ),
+        "unsafe-patch",
+        "submodule",
+    ),
+    "gitlink-on-the-index-line": (
+        _raw(
+            "diff --git a/src/core.cpp b/src/core.cpp",
+            "index 1111111..2222222 160000",
+            "--- a/src/core.cpp",
+            "+++ b/src/core.cpp",
+            "@@ -1 +1 @@",
+            '-#include "core.h"',
+            '+#include "core.h" // x',
+        ),
+        "unsafe-patch",
+        "submodule",
+    ),
+    "gitattributes-filter": (
+        _raw("--- /dev/null", "+++ b/.gitattributes", "@@ -0,0 +1 @@", "+*.cpp filter=pwn diff=pwn"),
+        "forbidden-file",
+        "not a C++ source",
+    ),
+    "gitmodules": (
+        _raw(
+            "--- /dev/null",
+            "+++ b/.gitmodules",
+            "@@ -0,0 +2 @@",
+            '+[submodule "x"]',
+            "+\turl = file:///etc",
+        ),
+        "forbidden-file",
+        "not a C++ source",
+    ),
+    "copy-a-test-into-the-sources": (
+        _raw(
+            "diff --git a/tests/test_spin.cpp b/src/spin_copy.cpp",
+            "similarity index 100%",
+            "copy from tests/test_spin.cpp",
+            "copy to src/spin_copy.cpp",
+        ),
+        "test-edit",
+        "test file",
+    ),
+    "case-folded-dot-git": (
+        _raw("--- /dev/null", "+++ b/.GIT/hooks/pre-commit", "@@ -0,0 +1 @@", "+touch /tmp/pwned"),
+        "unsafe-patch",
+        ".git",
+    ),
+    "dot-git-with-trailing-dot": (
+        _raw("--- /dev/null", "+++ b/src/.git./config", "@@ -0,0 +1 @@", "+[core]"),
+        "unsafe-patch",
+        ".git",
+    ),
 }
 
 
@@ -285,6 +361,21 @@ def test_apply_time_attack_is_refused(instance: Any, host: Host, name: str) -> N
     rep = attack(instance, host, patch, model=f"apply-{name}")
     assert rep["verdict"] == verdict, rep["reason"]
     assert reason.lower() in rep["reason"].lower() and not rep.get("applied")
+
+
+def test_over_long_file_name_is_an_apply_failure(instance: Any, host: Host) -> None:
+    # a name component over NAME_MAX passes the name rule; git apply must refuse it cleanly
+    name = "src/" + "a" * 300 + ".cpp"
+    rep = attack(instance, host, _raw("--- /dev/null", f"+++ b/{name}", "@@ -0,0 +1 @@", "+int x;"))
+    assert rep["verdict"] == "apply-failed" and not rep["applied"], rep["reason"]
+
+
+def test_crlf_names_cannot_smuggle_a_second_file(instance: Any, host: Host) -> None:
+    # CRLF line ends: the `diff --git` names end in "\r", a name no C++ source has; refused
+    # before anything runs, whatever git would make of it
+    patch = core_patch(core(2)).replace("\n", "\r\n")
+    rep = attack(instance, host, patch, model="crlf")
+    assert rep["verdict"] == "forbidden-file" and not rep["applied"], rep["reason"]
 
 
 def test_instance_id_traversal_is_refused_before_any_path(instance: Any, host: Host) -> None:
@@ -314,6 +405,25 @@ def test_incbin_of_a_host_secret_does_not_build(instance: Any, host: Host) -> No
     body = f'asm(".pushsection .rodata\\n.incbin \\"{host.secret_file}\\"\\n.popsection");'
     rep = attack(instance, host, core_patch(hostile_core("", body + "\n")))
     assert rep["verdict"] == "build-failed"
+
+
+def test_has_include_cannot_probe_host_files(instance: Any, host: Host) -> None:
+    # the answer would leak through the test's outcome: a wrong result when a host file is seen
+    probe = (
+        f'#if __has_include("{host.secret_file}") || __has_include("/etc/shadow") '
+        f'|| __has_include("{instance[2]}/runs") || __has_include("/root/.bashrc")\n'
+        "#define SEEN 1\n#else\n#define SEEN 0\n#endif\n"
+    )
+    rep = attack(instance, host, core_patch(hostile_core("x += SEEN;\n", probe)))
+    assert rep["verdict"] in ("correct", "opt"), rep["reason"]
+
+
+def test_include_of_proc_environ_shows_no_secret(instance: Any, host: Host) -> None:
+    # a compiler error would quote the included text into the build tail of the report; GCC reads
+    # a /proc file as empty (its size is 0), and the jail's environment is allow-listed anyway
+    body = '#include "/proc/self/environ"\n#include "/proc/1/environ"\n'
+    rep = attack(instance, host, core_patch(hostile_core("", body)))
+    assert rep["verdict"] == "correct" and rep["applied"], rep["reason"]  # host.untouched: no secret
 
 
 def _cmake_patch(added: str) -> str:
@@ -356,6 +466,19 @@ INCLUDES = (
     "#include <cstdio>\n#include <cstdlib>\n#include <cstring>\n#include <unistd.h>\n#include <fcntl.h>\n"
     "#include <signal.h>\n#include <sched.h>\n#include <sys/socket.h>\n#include <netinet/in.h>\n"
     "#include <arpa/inet.h>\n"
+)
+MORE_INCLUDES = (
+    "#include <cstddef>\n#include <string>\n#include <sys/un.h>\n#include <sys/ptrace.h>\n"
+    "#include <sys/ipc.h>\n#include <sys/shm.h>\n#include <sys/syscall.h>\n#include <sys/wait.h>\n"
+)
+# computes the base's answer (what a cached result must equal)
+_COMPUTE = (
+    " unsigned long long r = 0; for (int k = 0; k < 3; ++k) { r = 88172645463325252ull;"
+    " for (unsigned long long i = 0; i < iters; ++i) { r ^= r << 13; r ^= r >> 7; r ^= r << 17; sink = r; } }"
+)
+_FAKE_ANSWER = (
+    '{\\"returncode\\": 0, \\"wall_s\\": 0.0001, \\"cpu_s\\": 0.0001, \\"output\\": \\"spin: ok\\\\n\\",'
+    ' \\"timed_out\\": false, \\"truncated\\": false}'
 )
 
 
@@ -428,7 +551,74 @@ def run_time_attacks(host: Host, runs_dir: Path, iid: str) -> dict[str, tuple[st
             "{ std::system(\"for p in /proc/[0-9]*; do case $(tr '\\\\0' ' ' < $p/cmdline) in *runner.py*)"
             ' echo \'{\\"returncode\\": 0, \\"wall_s\\": 0.0001, \\"cpu_s\\": 0, \\"output\\": \\"\\",'
             ' \\"timed_out\\": false, \\"truncated\\": false}\' > $p/fd/1; kill -9 ${p#/proc/};; esac; done"); }',
+            ("correct", "tests-failed"),  # the timer is pid 1 now: unkillable,
+        ),
+        "forge-the-timer-through-pid-1": (
+            # the jail's pid 1 holds the host end of the answer pipe: write a fake answer there,
+            # then kill the in-jail timer before it writes the real one
+            f'{{ const char* fake = "{_FAKE_ANSWER}"; int n = 0;'
+            ' for (const char* p : {"/proc/1/fd/1", "/proc/1/fd/2"}) { int fd = open(p, O_WRONLY);'
+            " if (fd >= 0) { n += write(fd, fake, std::strlen(fake)) > 0; close(fd); break; } }"
+            " if (n) { kill(getppid(), SIGKILL); kill(1, SIGKILL); for (;;) pause(); } }",
+            ("correct", "tests-failed"),
+        ),
+        "keyring-result-cache": (
+            # kernel keyrings are per uid, not per jail: remember the answer between runs there
+            f'{{ const char* name = "spin-{host.token}"; long rings[] = {{-5, -4, -3}};'
+            ' for (long ring : rings) { long k = syscall(SYS_keyctl, 10, ring, "user", name, 0);'
+            " unsigned long long v = 0; if (k >= 0 && syscall(SYS_keyctl, 11, k, &v, sizeof v) == (long)sizeof v)"
+            f" return v; }}{_COMPUTE}"
+            ' for (long ring : rings) syscall(SYS_add_key, "user", name, &r, sizeof r, ring); return r; }',
+            ok,
+        ),
+        "sysv-shm-result-cache": (
+            f"{{ key_t key = 0x{host.token[:7]}; int id = shmget(key, 8, 0666);"
+            " if (id >= 0) { auto* p = (unsigned long long*)shmat(id, nullptr, 0);"
+            f" if (p != (void*)-1 && *p) return *p; }}{_COMPUTE}"
+            " id = shmget(key, 8, IPC_CREAT | 0666); if (id >= 0) { auto* p = (unsigned long long*)shmat(id, nullptr, 0);"
+            " if (p != (void*)-1) *p = r; } return r; }",
+            ok,
+        ),
+        "abstract-unix-socket": (
+            "{ int fd = socket(AF_UNIX, SOCK_STREAM, 0); sockaddr_un a{}; a.sun_family = AF_UNIX;"
+            f' const char n[] = "\\0{host.abstract_name}"; std::memcpy(a.sun_path, n, sizeof n - 1);'
+            " connect(fd, (sockaddr*)&a, offsetof(sockaddr_un, sun_path) + sizeof n - 1); close(fd); }",
+            ok,
+        ),
+        "other-trees-from-mountinfo": (
+            # the jail's mount table names the host workspace: overwrite the other trees' binaries
+            # (and the logs, the runs dir) at the paths it gives, both as seen inside and on the host
+            '{ FILE* m = std::fopen("/proc/self/mountinfo", "r"); char line[8192], root[4096], mnt[4096];'
+            " while (m && std::fgets(line, sizeof line, m)) {"
+            ' if (std::sscanf(line, "%*s %*s %*s %4095s %4095s", root, mnt) != 2) continue;'
+            ' std::string r = root, t = mnt; if (t.size() < 8 || t.compare(t.size() - 8, 8, "/current")) continue;'
+            " std::string bases[] = {t.substr(0, t.size() - 8), r.substr(0, r.rfind('/'))};"
+            ' for (const std::string& b : bases) for (const char* w : {"/old/build/test_spin",'
+            ' "/expert/build/test_spin", "/old/src/src/core.cpp", "/expert/src/src/core.cpp",'
+            ' "/logs/agent-build.log", "/../../runs/pwned"}) { FILE* f = std::fopen((b + w).c_str(), "w");'
+            ' if (f) { std::fputs("#!/bin/sh\\nexit 0\\n", f); std::fclose(f); } } } if (m) std::fclose(m); }',
+            ok,
+        ),
+        "forged-output": (
+            # a wrong answer dressed in the lines a parser might trust
+            f'{{ std::printf("{_FAKE_ANSWER}\\n100%% tests passed, 0 tests failed out of 2\\n'
+            'Test #1: spin ...   Passed    0.01 sec\\nspin: ok\\n"); std::fflush(stdout); return 12345; }',
             ("tests-failed",),
+        ),
+        "ptrace-the-timer": (
+            # attaching to the in-jail timer (our parent) or pid 1 would let us rewrite its answer
+            "{ if (ptrace(PTRACE_ATTACH, getppid(), nullptr, nullptr) == 0"
+            " || ptrace(PTRACE_SEIZE, 1, nullptr, nullptr) == 0) return 1; }",
+            ok,
+        ),
+        "cpu-in-an-orphan": (
+            # the work in a grandchild nobody waits for: its CPU time is in no wait4 rusage, and the
+            # default metric is CPU time
+            "{ int p[2]; if (pipe(p) != 0) return 0; if (fork() == 0) { if (fork() == 0) {"
+            f"{_COMPUTE} if (write(p[1], &r, sizeof r) != sizeof r) {{}} _exit(0); }} _exit(0); }}"
+            " wait(nullptr); unsigned long long v = 0; if (read(p[0], &v, sizeof v) != sizeof v) return 0;"
+            " return v; }",
+            ok,
         ),
         "new-user-namespace": (
             f'{{ if (unshare(CLONE_NEWUSER | CLONE_NEWNS) == 0) {{ FILE* f = std::fopen("{host.markers[0]}", "w");'
@@ -451,14 +641,24 @@ RUN_TIME_NAMES = [
     "new-user-namespace",
     "forge-the-timer",
 ]
+NEW_RUN_TIME = [
+    "forge-the-timer-through-pid-1",
+    "keyring-result-cache",
+    "sysv-shm-result-cache",
+    "abstract-unix-socket",
+    "other-trees-from-mountinfo",
+    "forged-output",
+    "ptrace-the-timer",
+    "cpu-in-an-orphan",
+]
 
 
-@pytest.mark.parametrize("name", RUN_TIME_NAMES)
+@pytest.mark.parametrize("name", RUN_TIME_NAMES + NEW_RUN_TIME)
 def test_run_time_attack_is_contained(instance: Any, host: Host, name: str) -> None:
     runs_dir = Path(instance[0].evaluator.runs_dir)
     body, verdicts = run_time_attacks(host, runs_dir, instance[1])[name]
-    rep = attack(instance, host, core_patch(hostile_core(body, INCLUDES)))
-    assert rep["verdict"] in verdicts, (rep["verdict"], rep["reason"])
+    rep = attack(instance, host, core_patch(hostile_core(body, INCLUDES + MORE_INCLUDES)))
+    assert rep["verdict"] in verdicts, (rep["verdict"], rep["reason"], rep.get("build_tail"))
     assert rep["sandbox"] == "bwrap"
     if name == "detect-timing-by-pinning":
         assert rep["failing_tests"][0]["test"] == "spin"  # caught by the correctness run

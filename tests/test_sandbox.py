@@ -239,3 +239,94 @@ def test_missing_caps_names_what_falls_back_to_rlimits(
     cg = cgroups.RunCgroup(processes=limits.processes, memory_mb=limits.memory_mb)
     assert cg.memory is None  # so the run falls back to RLIMIT_AS (see _preexec)
     cg.kill_all_and_remove()
+
+
+KEYRING_PROBE = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+nr = {"x86_64": (248, 250), "aarch64": (217, 219)}[os.uname().machine]
+found = libc.syscall(nr[1], 10, -5, b"user", b"cppperf-jail-probe-TAG", 0)  # KEYCTL_SEARCH
+print("found" if found >= 0 else "search-errno", ctypes.get_errno())
+added = libc.syscall(nr[0], b"user", b"cppperf-jail-probe-TAG", b"x", 1, -5)  # user-session keyring
+print("added" if added >= 0 else "add-errno", ctypes.get_errno())
+"""
+
+
+@jail_only
+def test_jail_has_no_kernel_keyrings() -> None:
+    """Keyrings are per uid, shared by every jailed run: a run could leave its answer there for
+    the next one. In the jail they do not exist (ENOSYS, seccomp)."""
+    probe = KEYRING_PROBE.replace("TAG", str(os.getpid()))
+    runs = [run([INNER_PYTHON, "-c", probe], env=jail_env(), jail=Jail(), timed=t) for t in (False, True)]
+    for res in runs:
+        assert res.ok, res.output
+        assert "search-errno 38" in res.output and "add-errno 38" in res.output, res.output
+    assert run(["true"], env=jail_env(), jail=Jail()).ok  # everything else still runs
+
+
+FORGE = (
+    'printf \'{"returncode": 0, "wall_s": 0.0001, "cpu_s": 0, "output": "FORGED",'
+    ' "timed_out": false, "truncated": false}\' > /proc/1/fd/1; kill -9 $PPID 1; sleep 0.3'
+)
+
+
+@jail_only
+def test_timed_answer_cannot_be_forged_through_pid_1() -> None:
+    """The runner is pid 1 of its jail (no bwrap init holding the answer pipe), not dumpable and
+    unkillable from inside: the command can neither write a fake answer nor stop the real one."""
+    res = run(["sh", "-c", FORGE], env=jail_env(), jail=Jail(), timed=True)
+    assert "FORGED" not in res.output and res.wall_s > 0.25, res
+    assert res.ok and "Permission denied" in res.output
+
+
+def test_an_answer_counts_only_from_a_runner_that_finished() -> None:
+    from cppperf.shared.engine.sandbox import RunResult, _inner_result
+
+    answer = '{"returncode": 0, "wall_s": 0.0001, "cpu_s": 0, "output": "", "timed_out": false, "truncated": false}'
+    killed = RunResult(137, 1.0, 1.0, answer, False, False)
+    assert _inner_result(killed, None) is killed
+    finished = _inner_result(RunResult(0, 1.0, 1.0, answer, False, False), None)
+    assert finished.wall_s == 0.0001
+
+
+@jail_only
+def test_jail_writes_only_to_capped_tmpfs_and_its_binds() -> None:
+    """bwrap's tmpfs for / and /dev have no size: read-only once set up, so writes go only to
+    /tmp and /dev/shm, each capped at `tmp_mb` — a bound even where no memory cgroup counts them
+    (the per-process RLIMIT_AS fallback never sees tmpfs pages)."""
+    fill = "for d in / /dev /dev/shm /tmp; do dd if=/dev/zero of=$d/fill bs=1M count=40 2>&1 | tail -1; done"
+    res = run(
+        ["sh", "-c", fill + "; echo x > /dev/null && echo null-ok; df -k /dev/shm /tmp | tail -2"],
+        env=jail_env(),
+        jail=Jail(tmp_mb=16),
+        limits=Limits(timeout=60, memory_mb=100, memory_cgroup=False),
+    )
+    assert res.output.count("Read-only file system") == 2, res.output
+    assert "null-ok" in res.output, res.output
+    df = [ln.split()[1:4] for ln in res.output.strip().splitlines()[-2:]]
+    assert df == [["16384", "16384", "0"]] * 2, res.output  # 40 MB asked, full at 16 MiB
+
+
+HIDDEN_WORK = """
+import os, time
+r, w = os.pipe()
+if os.fork() == 0:
+    if os.fork() == 0:  # an orphan nobody waits for: its CPU time is in no wait4 rusage
+        t = time.process_time()
+        while time.process_time() - t < 0.5:
+            pass
+        os.write(w, b"done")
+        os._exit(0)
+    os._exit(0)
+os.wait()
+print(os.read(r, 4).decode())
+"""
+
+
+@jail_only
+def test_timed_cpu_counts_children_nobody_waited_for() -> None:
+    """A score cheat under the `cpu` metric: do the work in an orphan. The runner is the jail's
+    pid 1, so it reaps the orphan and its CPU time is in the sample."""
+    res = run([INNER_PYTHON, "-c", HIDDEN_WORK], env=jail_env(), jail=Jail(), timed=True)
+    assert res.ok and "done" in res.output, res.output
+    assert res.cpu_s >= 0.45, res

@@ -49,6 +49,7 @@ _CMAKE_TEST = re.compile(
     re.IGNORECASE,
 )
 _PLAIN_MODES = (0o100644, 0o100755)
+_GITLINK = 0o160000  # git's mode for a submodule commit
 _ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
 
 
@@ -202,8 +203,8 @@ def _text_checks(text: str, max_bytes: int) -> CheckResult | None:
         for mode in patch_modes(text):
             if mode not in _PLAIN_MODES:
                 what = "a symlink" if mode >= 0 and stat.S_ISLNK(mode) else f"mode {mode:o}"
-                if mode >= 0 and stat.S_ISDIR(mode & 0o170000 or 0):
-                    what = "a submodule or directory"
+                if mode >= 0 and (mode & 0o170000) in (_GITLINK, stat.S_IFDIR):
+                    what = f"a submodule (gitlink) or directory (mode {mode:o})"
                 problem = (
                     EvalVerdict.UNSAFE_PATCH,
                     f"the patch creates or changes {what} (only plain files)",

@@ -8,7 +8,10 @@ Takes one JSON request as its argument, writes one JSON answer on stdout:
         → {"returncode": 0, "wall_s": 0.1, "cpu_s": 0.09, "timed_out": false, "output": "...",
            "truncated": false, "instructions": null}
     (`cpu`: pin a timed run to its leased core; `cpus`: the build cores for builds;
-     `instructions`: count user-space instructions with perf_event_open where the kernel allows)
+     `instructions`: count user-space instructions with perf_event_open where the kernel allows;
+     `reap`: the runner is pid 1 of the command's own pid namespace (the host's jail): afterwards it
+     kills whatever is left and reaps every process, so CPU time spent in children the command
+     never waited for — orphans reparented to pid 1 — is in `cpu_s` too)
     {"op": "probe"} → {"instructions_unsupported": null | "why"}
     {"op": "hash", "root": "/work/old/build", "replace": ["/work/old", "/work/new"]}
         → {"files": {"test_x": "<sha256>", "lib/libcore.so": "..."}}   (executables and .so files;
@@ -21,6 +24,7 @@ import contextlib
 import hashlib
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -230,6 +234,20 @@ def _empty_temp_dirs() -> None:
                     os.unlink(path)
 
 
+def _reap_all() -> None:
+    """As pid 1 of a pid namespace: kill every other process in it, then reap them all (their
+    CPU time then counts in our RUSAGE_CHILDREN, whoever their parent was)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(-1, signal.SIGKILL)
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            continue
+
+
 def _run(req: dict[str, Any]) -> dict[str, Any]:
     if req.get("fresh_tmp"):
         _empty_temp_dirs()
@@ -262,14 +280,21 @@ def _run(req: dict[str, Any]) -> dict[str, Any]:
         }
     if counter is not None:
         counter.receive()
+    reap = bool(req.get("reap")) and os.getpid() == 1
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     status, usage, wall, timed_out = supervise(proc, keep, float(req.get("timeout", 600)), start)
+    cpu_s = usage.ru_utime + usage.ru_stime
+    if reap:
+        _reap_all()
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_s = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     assert proc.stdout is not None
     proc.stdout.close()
     return {
         "instructions": counter.read() if counter is not None else None,
         "returncode": os.waitstatus_to_exitcode(status),
         "wall_s": wall,
-        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "cpu_s": cpu_s,
         "timed_out": timed_out,
         "output": keep.text(),
         "truncated": keep.dropped > 0,

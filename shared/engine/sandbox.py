@@ -4,12 +4,16 @@
   builder when bwrap works) runs in. An unprivileged uid (`SANDBOX_UID`: when we are root the
   child drops to it *before* exec'ing bwrap, so the jailed code is that uid on the host too), new
   user/pid/net/ipc/uts/cgroup namespaces, no capabilities, `no_new_privs`, no nested user
-  namespaces; a read-only system (`/usr`, the few `/etc` files compilers need), a fresh size-capped
-  tmpfs `/tmp` per run, only the binds the caller names (its own tree, writable or not, and a
+  namespaces, a seccomp filter without kernel keyrings (`seccomp.py`); a read-only system (`/usr`,
+  the few `/etc` files compilers need), `/` and `/dev` read-only, fresh size-capped tmpfs `/tmp`
+  and `/dev/shm` per run, only the binds the caller names (its own tree, writable or not, and a
   ccache dir), no view of other trees, the store, `runs/` or any home; an environment from an
   allow-list (`jail_env`). rlimits and the run's cgroups are set on the child before exec, so the
   jailed code cannot raise them; on timeout bwrap (pid 1 of the namespace) is killed, which kills
-  every process in the namespace, and the cgroup is emptied. `jail_available()` says whether
+  every process in the namespace, and the cgroup is emptied. A `timed` run's runner is the
+  jail's pid 1 (no bwrap init holding the answer pipe; not dumpable, not signallable from
+  inside), reaps every orphan so their CPU time is counted, and its answer counts only when it
+  exited 0. `jail_available()` says whether
   bwrap works here; callers decide what to do without it (the evaluator refuses, see README).
 - Network (no jail): unshared (`bwrap --unshare-net` when installed, else `unshare --net`, with
   `--map-root-user` when not root); `sandbox=False` runs it plainly.
@@ -46,6 +50,7 @@ from pathlib import Path
 
 from cppperf.shared.engine.cgroups import RunCgroup
 from cppperf.shared.engine.runner_script import InstructionCounter, OutputKeeper, set_affinity, supervise
+from cppperf.shared.engine.seccomp import filter_fd
 
 
 @dataclass(frozen=True)
@@ -140,11 +145,21 @@ def jail_env(*layers: Mapping[str, str]) -> dict[str, str]:
 
 
 def bwrap_argv(
-    jail: Jail, cwd: str | None, *, stage: str | None = None, share_net: bool = False
+    jail: Jail,
+    cwd: str | None,
+    *,
+    stage: str | None = None,
+    share_net: bool = False,
+    seccomp_fd: int | None = None,
+    as_pid_1: bool = False,
 ) -> list[str]:
     """The bwrap command line for `jail` (the command follows). `stage`: the bind sources are
     read from `<stage>/<i>` (`ro` then `rw`), where `run` mounted them (`_stage_binds`).
-    `share_net` (`Limits.network=True`, never for agents' code) keeps the host's network."""
+    `share_net` (`Limits.network=True`, never for agents' code) keeps the host's network.
+    `seccomp_fd`: the filter (`seccomp.filter_fd`), inherited by bwrap. `as_pid_1`: the command
+    is pid 1 of the namespace, with no bwrap init holding the host end of its pipes (the timing
+    runner: pid 1 cannot be signalled from inside, and it is not dumpable, so nothing it runs
+    can reach its stdout through /proc/1/fd)."""
     argv = [
         "bwrap",
         "--unshare-all",
@@ -161,6 +176,8 @@ def bwrap_argv(
         "--new-session",
         "--cap-drop",
         "ALL",
+        *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
+        *(["--as-pid-1"] if as_pid_1 else []),
     ]
     for path in jail.system:
         if os.path.lexists(path):
@@ -179,10 +196,17 @@ def bwrap_argv(
         str(jail.tmp_mb * 1024 * 1024),
         "--tmpfs",
         JAIL_TMP,
+        "--size",
+        str(jail.tmp_mb * 1024 * 1024),
+        "--tmpfs",
+        "/dev/shm",  # noqa: S108 - inside the jail: a private tmpfs, fresh for each run
     ]
     binds = [("--ro-bind", *b) for b in jail.ro] + [("--bind", *b) for b in jail.rw]
     for i, (flag, host, inside) in enumerate(binds):
         argv += [flag, f"{stage}/{i}" if stage else str(host), str(inside)]
+    # bwrap's own tmpfs for / and /dev have no size (half the RAM): once every mount point is
+    # made they become read-only, so only the size-capped /tmp and /dev/shm and the binds take writes
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
     if cwd:
         argv += ["--chdir", str(cwd)]
     return [*argv, "--"]
@@ -365,11 +389,13 @@ def run(
     `log_file` gets the same bounded head+tail as the result, appended after the run."""
     isolate = sandbox and not limits.network
     stage: tuple[str, list[str]] | None = None
+    seccomp_fd: int | None = None
     inner = jail is not None and timed and os.path.exists(INNER_PYTHON)
     if jail is not None and inner:
         req: dict[str, object] = {"op": "run", "argv": list(argv), "cwd": str(cwd) if cwd else None}
         req.update(env=dict(env or {}), timeout=limits.timeout, output_limit=output_limit)
         req.update(instructions=limits.instructions)  # counted inside: bwrap's never enter it
+        req.update(reap=True)  # it is pid 1 (bwrap --as-pid-1): orphans' CPU time is counted too
         jail = Jail(
             rw=jail.rw,
             ro=(*jail.ro, (RUNNER_PATH, Path(INNER_RUNNER))),
@@ -386,7 +412,18 @@ def run(
             sources = [host for host, _ in (*jail.ro, *jail.rw)]
             stage = (_make_stage(sources), [str(h) for h in sources])
         where = str(cwd) if cwd else None
-        full = [*bwrap_argv(jail, where, stage=stage[0] if stage else None, share_net=limits.network), *argv]
+        seccomp_fd = filter_fd()
+        full = [
+            *bwrap_argv(
+                jail,
+                where,
+                stage=stage[0] if stage else None,
+                share_net=limits.network,
+                seccomp_fd=seccomp_fd,
+                as_pid_1=inner,
+            ),
+            *argv,
+        ]
         cwd = "/"
     elif mount is not None:
         full = [
@@ -400,9 +437,12 @@ def run(
         prefix = network_prefix(sandbox) if not limits.network else []
         full = [*prefix, *argv]
     try:
-        res = _start_and_supervise(full, argv, cwd, env, limits, output_limit, log_file, jail, stage)
+        fds = (seccomp_fd,) if seccomp_fd is not None else ()
+        res = _start_and_supervise(full, argv, cwd, env, limits, output_limit, log_file, jail, stage, fds)
         return _inner_result(res, limits.memory_mb) if inner else res
     finally:
+        if seccomp_fd is not None:
+            os.close(seccomp_fd)
         if stage is not None:  # mounted only in the (finished) child's namespace: empty here
             shutil.rmtree(stage[0], ignore_errors=True)
 
@@ -411,7 +451,11 @@ _OOM_LINE = "\ncppperf: memory limit of {} MiB for the whole run reached: the ke
 
 
 def _inner_result(outer: RunResult, memory_mb: int | None) -> RunResult:
-    """The runner's own measurement; the outer one when it gave none (killed by the backstop)."""
+    """The runner's own measurement; the outer one when it gave none (killed by the backstop, or
+    by the kernel at the memory cap). An answer counts only when the runner itself exited 0:
+    text on the pipe of a runner that did not finish is never trusted."""
+    if outer.returncode != 0 or outer.timed_out:
+        return outer
     try:
         ans = json.loads(outer.output)
         oom = outer.memory_exceeded
@@ -441,6 +485,7 @@ def _start_and_supervise(
     log_file: Path | None,
     jail: Jail | None,
     stage: tuple[str, list[str]] | None,
+    pass_fds: tuple[int, ...] = (),
 ) -> RunResult:
     keep = OutputKeeper(output_limit)
     cgroup = (
@@ -458,6 +503,7 @@ def _start_and_supervise(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            pass_fds=pass_fds,
             preexec_fn=lambda: _preexec(  # noqa: PLW1509 - rlimits need preexec
                 limits, cgroup, counter, jail.uid if jail is not None else None, stage
             ),
