@@ -330,3 +330,24 @@ def test_timed_cpu_counts_children_nobody_waited_for() -> None:
     res = run([INNER_PYTHON, "-c", HIDDEN_WORK], env=jail_env(), jail=Jail(), timed=True)
     assert res.ok and "done" in res.output, res.output
     assert res.cpu_s >= 0.45, res
+
+
+def test_the_runner_as_subreaper_counts_orphans_outside_a_pid_namespace() -> None:
+    """In a container the runner is not pid 1 (`docker exec`): as the subreaper of its command it
+    still reaps the orphan, so the hidden CPU work is in `cpu_s` — and without `reap` it is not."""
+    import json
+    import subprocess
+
+    from cppperf.shared.engine.sandbox import RUNNER_PATH
+
+    def answer(reap: bool) -> dict[str, object]:
+        req = {"op": "run", "argv": [sys.executable, "-c", HIDDEN_WORK], "timeout": 60, "reap": reap}
+        out = subprocess.run(
+            [sys.executable, str(RUNNER_PATH), json.dumps(req)], capture_output=True, text=True, check=True
+        ).stdout
+        return dict(json.loads(out))
+
+    blind, seen = answer(False), answer(True)
+    assert "done" in str(blind["output"]) and "done" in str(seen["output"])
+    assert float(str(blind["cpu_s"])) < 0.3, blind
+    assert float(str(seen["cpu_s"])) >= 0.45, seen

@@ -9,9 +9,9 @@ Takes one JSON request as its argument, writes one JSON answer on stdout:
            "truncated": false, "instructions": null}
     (`cpu`: pin a timed run to its leased core; `cpus`: the build cores for builds;
      `instructions`: count user-space instructions with perf_event_open where the kernel allows;
-     `reap`: the runner is pid 1 of the command's own pid namespace (the host's jail): afterwards it
-     kills whatever is left and reaps every process, so CPU time spent in children the command
-     never waited for — orphans reparented to pid 1 — is in `cpu_s` too)
+     `reap`: afterwards the runner kills whatever the command left and reaps every process, so CPU
+     time spent in children the command never waited for — orphans, reparented to the runner as
+     pid 1 of the jail's pid namespace or, in a container, as their subreaper — is in `cpu_s` too)
     {"op": "probe"} → {"instructions_unsupported": null | "why"}
     {"op": "hash", "root": "/work/old/build", "replace": ["/work/old", "/work/new"]}
         → {"files": {"test_x": "<sha256>", "lib/libcore.so": "..."}}   (executables and .so files;
@@ -234,11 +234,53 @@ def _empty_temp_dirs() -> None:
                     os.unlink(path)
 
 
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _become_subreaper() -> bool:
+    """Not pid 1 (a container's `docker exec`): become the subreaper of what we start, so every
+    orphan of the command is reparented to us, not to the container's init."""
+    try:
+        import ctypes
+
+        return int(ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _children() -> list[int]:
+    me, out = os.getpid(), []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                stat = fh.read().decode(errors="replace")
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == me:
+                out.append(int(name))
+    return out
+
+
 def _reap_all() -> None:
-    """As pid 1 of a pid namespace: kill every other process in it, then reap them all (their
-    CPU time then counts in our RUSAGE_CHILDREN, whoever their parent was)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(-1, signal.SIGKILL)
+    """Kill every process the command left behind, then reap them all (their CPU time then counts
+    in our RUSAGE_CHILDREN, whoever their parent was). As pid 1 of a pid namespace (the host's
+    jail): everything else in it. As a subreaper (containers): our children, again and again, as
+    each one's own orphans are reparented to us when it dies; never `kill(-1)` there."""
+    if os.getpid() == 1:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(-1, signal.SIGKILL)
+    else:
+        for _ in range(1000):
+            kids = _children()
+            if not kids:
+                break
+            for pid in kids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                while os.waitpid(-1, os.WNOHANG)[0]:
+                    pass
+            time.sleep(0.005)
     while True:
         try:
             os.waitpid(-1, 0)
@@ -256,6 +298,7 @@ def _run(req: dict[str, Any]) -> dict[str, Any]:
     uid = None if req.get("uid") is None else int(req["uid"])
     cpus = {int(c) for c in req.get("cpus") or []}
     counter = InstructionCounter() if req.get("instructions") else None
+    reap = bool(req.get("reap")) and (os.getpid() == 1 or _become_subreaper())
     start = time.perf_counter_ns()
     try:
         proc = subprocess.Popen(
@@ -280,7 +323,6 @@ def _run(req: dict[str, Any]) -> dict[str, Any]:
         }
     if counter is not None:
         counter.receive()
-    reap = bool(req.get("reap")) and os.getpid() == 1
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     status, usage, wall, timed_out = supervise(proc, keep, float(req.get("timeout", 600)), start)
     cpu_s = usage.ru_utime + usage.ru_stime
