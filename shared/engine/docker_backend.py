@@ -17,18 +17,33 @@ network; memory and pids limits. Configure, build, test discovery and tests run 
 with no capabilities. `hardened=True` (the evaluator, agents' code): each tree has its own uid
 (`SIDE_UIDS`) and is private to it (0700) while it builds, then root's and read-only (group
 read for its uid) while its tests run; the ccache is read-only for the agent's build; `/tmp`,
-`/var/tmp` and `/dev/shm` are emptied before every run and HOME is /tmp. The root filesystem
-stays writable for root (sources and the runner go in with put_archive, instance images are
-committed from it): the jailed uids can write nothing outside their tree and the emptied temp
-dirs.
+`/var/tmp` and `/dev/shm` are emptied before every run and HOME is /tmp.
+
+Read-only root: every container runs with `read_only=True`, so not even root in it can change
+the system (no wrapper over `/usr/bin/c++`, nothing planted in `/usr/local/bin` or the base
+image's `/home/runner`, uid 1000's own directory, for a later run to find). Writable are only
+size-limited tmpfs mounts — `/tmp` (`tmp_mb`, HOME when hardened), `/var/tmp` and `/dev/shm`
+(`TMPFS_SMALL_MB`) — and `/work`, the trees: a named volume per container
+(`cppperf-work-<id>`, labelled `cppperf=work`), removed in `cleanup()`. A volume, not a tmpfs:
+build trees and the ccache of a real project take gigabytes, and a tmpfs counts against the
+container's memory limit, which would turn big builds into `resource-limit` failures and shrink
+the memory the tests are timed with. `/work` itself is root's (0755); only the trees, the
+ccache and HOME below it belong to the build uids, so no uid can move another's tree away.
+The runner is baked into the env image (`images.ensure_env_image`, keyed by the runner's hash);
+sources go onto the volume with `put_archive`. Docker commit does not capture volumes, so
+`commit()` copies `/work` out (`get_archive`) into a stopped helper container of the same env
+image (`put_archive`, which only a stopped, writable container accepts) and commits that; a
+container from an instance image gets a fresh volume, which the engine fills from the image's
+`/work` (copy-up of an empty named volume), and runs read-only like any other.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import tempfile
+import uuid
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -43,22 +58,30 @@ from cppperf.shared.engine.cmake import (
     test_options_from_text,
 )
 from cppperf.shared.engine.deps import diagnose
-from cppperf.shared.engine.images import cmake_texts, ensure_env_image, git_archive, tar_bytes
+from cppperf.shared.engine.images import (
+    RUNNER,
+    cmake_texts,
+    ensure_env_image,
+    git_archive,
+    tar_bytes,
+)
 from cppperf.shared.engine.sandbox import Limits, RunResult
 from cppperf.shared.engine.submodules import Sources
 from cppperf.shared.errors import InfraFailure
 
-RUNNER = "/opt/cppperf/runner.py"
 WORK = "/work"
 UID = 1000
 HOME = "/work/home"  # a home inside the per-instance tree, never a shared temp dir
 SIDE_UIDS = {"old": 1001, "expert": 1002, "new": 1001}  # hardened: every other side (agent) is UID
 # root in the container may only set up: chown trees, switch to the build uid, clean temp dirs
 CAPS = ["CHOWN", "SETUID", "SETGID", "FOWNER", "DAC_OVERRIDE"]
+TMPFS_SMALL_MB = 256  # /var/tmp and /dev/shm
+WORK_LABEL = {"cppperf": "work"}  # the /work volumes
+BOX_LABEL = {"cppperf": "box"}  # the containers (`cppperf.work`: the volume's name)
 
 
-def runner_source() -> bytes:
-    return resources.files("cppperf.shared.engine").joinpath("runner_script.py").read_bytes()
+def tmpfs_options(size_mb: int) -> str:
+    return f"rw,nosuid,nodev,size={size_mb}m,mode=1777"
 
 
 @dataclass
@@ -77,14 +100,20 @@ class DockerBackend:
     ccache_basedir: bool = False
     submodules: Sources = field(default_factory=Sources)
     hardened: bool = False  # agents' code: a uid per tree, read-only trees while tested (docstring)
+    tmp_mb: int = 1024  # the /tmp tmpfs (compilers' temp files too); at most half the memory limit
     name: str = "docker"
     container: Any = None
+    volume: Any = None
+    image: str = ""
     installed: list[str] = field(default_factory=list)
     _sources: dict[SideName, bytes] = field(default_factory=dict)
     _test_options: list[str] = field(default_factory=lambda: ["-DBUILD_TESTING=ON"])
 
     # ------------------------------------------------------------------ container
     def _start(self, image: str) -> None:
+        """A read-only container from `image` with a fresh volume at /work (filled from the image's
+        /work, if it has one) and tmpfs temp dirs."""
+        small = min(TMPFS_SMALL_MB, max(16, self.memory_mb // 8))
         kwargs: dict[str, Any] = {
             "detach": True,
             "network_mode": "none",
@@ -93,15 +122,28 @@ class DockerBackend:
             "cap_drop": ["ALL"],
             "cap_add": CAPS,
             "security_opt": ["no-new-privileges"],
+            "read_only": True,
+            "tmpfs": {  # the container's own temp dirs: fresh, size-limited tmpfs mounts
+                "/tmp": tmpfs_options(min(self.tmp_mb, max(32, self.memory_mb // 2))),  # noqa: S108
+                "/var/tmp": tmpfs_options(small),  # noqa: S108
+                "/dev/shm": tmpfs_options(small),  # noqa: S108
+            },
             "working_dir": WORK,
             "command": ["sleep", "infinity"],
         }
         if self.cpuset:
             kwargs["cpuset_cpus"] = self.cpuset
         try:
+            self.volume = self.client.volumes.create(
+                name=f"cppperf-work-{uuid.uuid4().hex[:16]}", labels=WORK_LABEL
+            )
+            kwargs["volumes"] = {self.volume.name: {"bind": WORK, "mode": "rw"}}
+            kwargs["labels"] = {**BOX_LABEL, "cppperf.work": self.volume.name}  # its volume, for a kept box
             self.container = self.client.containers.run(image, **kwargs)
         except Exception as exc:  # docker.errors.APIError / ImageNotFound
+            self.cleanup()
             raise InfraFailure(f"cannot start a container from {image}: {exc}") from exc
+        self.image = image
 
     def _root(self, argv: list[str]) -> None:
         code, out = self.container.exec_run(argv, user="0")
@@ -110,13 +152,22 @@ class DockerBackend:
                 f"{' '.join(argv)} failed in the container: {out.decode(errors='replace')[-500:]}"
             )
 
+    def _own_work(self, sides: list[str]) -> None:
+        """/work root's (0755); the trees and the ccache the build uid's, and HOME unless hardened
+        (HOME is /tmp then: no uid keeps files on the volume between runs); hardened, `_own`
+        then hands each tree to its own uid before it builds."""
+        mine = [f"{WORK}/{side}" for side in sides] + [f"{WORK}/ccache"] + ([] if self.hardened else [HOME])
+        self._root(["mkdir", "-p", *mine])
+        self._root(["chown", "-R", f"{UID}:{UID}", *mine])
+        self._root(["chown", "0:0", WORK])
+        self._root(["chmod", "0755", WORK])
+
     def _load_sources(self) -> None:
-        dirs = [f"{WORK}/{side}/src" for side in self._sources] or [f"{WORK}/old/src", f"{WORK}/new/src"]
-        self._root(["mkdir", "-p", *dirs, HOME, "/opt/cppperf"])
-        self.container.put_archive("/opt/cppperf", tar_bytes({"runner.py": runner_source()}, mode=0o755))
+        sides = list(self._sources) or ["old", "new"]
+        self._root(["mkdir", "-p", *[f"{WORK}/{side}/src" for side in sides]])
         for side, data in self._sources.items():
             self.container.put_archive(f"{WORK}/{side}/src", data)
-        self._root(["chown", "-R", f"{UID}:{UID}", WORK])
+        self._own_work(sides)
 
     def prepare(self, repo_path: Path, sides: Sides) -> None:
         """Start the container and load every side: a commit by `git archive`, a host tree as tar.
@@ -124,6 +175,10 @@ class DockerBackend:
         self.logs.mkdir(parents=True, exist_ok=True)
         if self.from_image is not None:
             self._start(self.from_image)
+            # the engine's copy of the image's /work onto the volume does not keep every owner
+            code, out = self.container.exec_run(["ls", WORK], user="0")
+            trees = [n for n in out.decode().split() if n in ("old", "new", "expert")] if code == 0 else []
+            self._own_work(trees or ["old", "new"])
             return
         self._sources = {
             side: tar_tree(src) if isinstance(src, Path) else git_archive(repo_path, src, self.submodules)
@@ -354,10 +409,29 @@ class DockerBackend:
 
     # ------------------------------------------------------------------ images
     def commit(self, image: str, record: dict[str, Any]) -> str:
-        """Store the record in the container and commit it as the instance image."""
+        """Store the record on /work and commit the instance image: the env image plus a copy of
+        /work (a volume, which `docker commit` would leave out), made in a stopped helper
+        container, so the running one's root stays read-only."""
         self.container.put_archive(WORK, tar_bytes({"instance.json": json.dumps(record, indent=1).encode()}))
         repo, _, tag = image.partition(":")
-        self.container.commit(repository=repo, tag=tag or "latest")
+        helper = None
+        try:
+            with tempfile.TemporaryFile(prefix="cppperf-work-") as fh:
+                stream, _stat = self.container.get_archive(WORK)
+                for chunk in stream:
+                    fh.write(chunk)
+                fh.seek(0)
+                helper = self.client.containers.create(
+                    self.image, command=["sleep", "infinity"], working_dir=WORK, network_mode="none"
+                )
+                helper.put_archive("/", fh)
+            helper.commit(repository=repo, tag=tag or "latest")
+        except Exception as exc:  # docker.errors.APIError
+            raise InfraFailure(f"cannot commit the instance image {image}: {exc}") from exc
+        finally:
+            if helper is not None:
+                with contextlib.suppress(Exception):
+                    helper.remove(force=True)
         return image
 
     def push(self, image: str, registry: str) -> str:
@@ -376,7 +450,12 @@ class DockerBackend:
         return data
 
     def cleanup(self) -> None:
+        """Remove the container, then its /work volume."""
         if self.container is not None:
             with contextlib.suppress(Exception):  # already gone: nothing to clean
                 self.container.remove(force=True)
             self.container = None
+        if self.volume is not None:
+            with contextlib.suppress(Exception):
+                self.volume.remove(force=True)
+            self.volume = None
