@@ -287,6 +287,7 @@ def test_images_prune_removes_dangling_layers(engine: Any, tmp_path: Path) -> No
     )
     dockerfile2 = dockerfile.replace("/marker", "/marker2")
     engine.images.build(fileobj=io.BytesIO(dockerfile2.encode()), tag="cppperf/prune-probe:1", rm=True)
+    left = engine.volumes.create(name=f"cppperf-work-{tmp_path.name}", labels={"cppperf": "work"})
     res = subprocess.run(
         [sys.executable, "-m", "cppperf", "images", "prune"],
         capture_output=True,
@@ -296,6 +297,7 @@ def test_images_prune_removes_dangling_layers(engine: Any, tmp_path: Path) -> No
     )
     assert res.returncode == 0, res.stderr
     assert "dangling image" in res.stdout
+    assert "unused work volume" in res.stdout and not engine.volumes.list(filters={"name": left.name})
     import docker.errors
 
     with pytest.raises(docker.errors.ImageNotFound):  # the untagged first build is gone
