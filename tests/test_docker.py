@@ -169,6 +169,36 @@ def test_root_is_read_only_and_only_the_own_tree_is_writable(
     assert not engine.volumes.list(filters={"name": volume})  # the volume went with the container
 
 
+def test_instance_image_carries_the_built_trees(engine: Any, demo_repo: DemoRepo, tmp_path: Path) -> None:
+    """commit() copies the /work volume into the image; a container from it gets the trees back
+    on a fresh volume with owners and mtimes, so the rebuild is a no-op, and runs read-only."""
+    s = dsettings(tmp_path)
+    commit = commit_for(demo_repo.path, demo_repo.shas["perf"])
+    backend: Any = make_backend(s.builder, tmp_path / "w", source=(demo_repo.path, commit.sha, commit.date))
+    image = f"cppperf/commit-probe:{tmp_path.name.lower()[-20:]}"
+    again: Any = None
+    try:
+        backend.prepare(demo_repo.path, {"old": commit.parent, "new": commit.sha})
+        assert all(st.ok for st in backend.build("new")), "the demo builds"
+        backend.commit(image, {"probe": tmp_path.name})
+        again = make_backend(s.builder, tmp_path / "w2", from_image=image)
+        again.prepare(demo_repo.path, {})
+        assert again.read_record() == {"probe": tmp_path.name}
+        rebuild = again.build("new")
+        assert rebuild[0].ok and "no work to do" in rebuild[0].result.output, rebuild[0].result.output
+        assert again.volume.name != backend.volume.name
+        _code, out = again.container.exec_run(
+            ["sh", "-c", "stat -c %U /work/new/build; touch /etc/x"], user="0"
+        )
+        assert out.decode().split("\n")[0] == "runner" and b"Read-only file system" in out, out
+    finally:
+        backend.cleanup()
+        if again is not None:
+            again.cleanup()
+        if _has(engine, image):
+            engine.images.remove(image, force=True)
+
+
 def test_memory_hog_is_a_resource_limit_not_a_result(engine: Any, tmp_path: Path) -> None:
     repo = tmp_path / "hog"
     head = _two_commit_repo(

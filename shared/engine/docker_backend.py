@@ -31,17 +31,18 @@ the memory the tests are timed with. `/work` itself is root's (0755); only the t
 ccache and HOME below it belong to the build uids, so no uid can move another's tree away.
 The runner is baked into the env image (`images.ensure_env_image`, keyed by the runner's hash);
 sources go onto the volume with `put_archive`. Docker commit does not capture volumes, so
-`commit()` copies `/work` out (`get_archive`) into a stopped helper container of the same env
-image (`put_archive`, which only a stopped, writable container accepts) and commits that; a
-container from an instance image gets a fresh volume, which the engine fills from the image's
-`/work` (copy-up of an empty named volume), and runs read-only like any other.
+`commit()` runs a helper container of the same env image, the volume mounted read-only at /vol,
+that copies it into its own (writable) root with `cp -a`, and commits the helper; a container
+from an instance image gets a fresh volume that a helper of the instance image fills with
+`cp -a` of the image's /work (not the engine's copy-up of an empty volume, which keeps whole
+seconds of the mtimes only, so ninja would rebuild everything), and runs read-only like any
+other. Helpers run with the same limits, no network and the setup's capabilities only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +78,7 @@ SIDE_UIDS = {"old": 1001, "expert": 1002, "new": 1001}  # hardened: every other 
 CAPS = ["CHOWN", "SETUID", "SETGID", "FOWNER", "DAC_OVERRIDE"]
 TMPFS_SMALL_MB = 256  # /var/tmp and /dev/shm
 WORK_LABEL = {"cppperf": "work"}  # the /work volumes
+VOL = "/vol"  # where helper containers see a /work volume
 BOX_LABEL = {"cppperf": "box"}  # the containers (`cppperf.work`: the volume's name)
 
 
@@ -110,9 +112,9 @@ class DockerBackend:
     _test_options: list[str] = field(default_factory=lambda: ["-DBUILD_TESTING=ON"])
 
     # ------------------------------------------------------------------ container
-    def _start(self, image: str) -> None:
-        """A read-only container from `image` with a fresh volume at /work (filled from the image's
-        /work, if it has one) and tmpfs temp dirs."""
+    def _start(self, image: str, *, fill: bool = False) -> None:
+        """A read-only container from `image` with a fresh volume at /work (`fill`: a copy of the
+        image's /work) and tmpfs temp dirs."""
         small = min(TMPFS_SMALL_MB, max(16, self.memory_mb // 8))
         kwargs: dict[str, Any] = {
             "detach": True,
@@ -137,6 +139,8 @@ class DockerBackend:
             self.volume = self.client.volumes.create(
                 name=f"cppperf-work-{uuid.uuid4().hex[:16]}", labels=WORK_LABEL
             )
+            if fill:  # cp -a: owners and nanosecond mtimes (the engine's copy-up keeps seconds only)
+                self._helper(image, f"cp -a {WORK}/. {VOL}/", "rw")
             kwargs["volumes"] = {self.volume.name: {"bind": WORK, "mode": "rw"}}
             kwargs["labels"] = {**BOX_LABEL, "cppperf.work": self.volume.name}  # its volume, for a kept box
             self.container = self.client.containers.run(image, **kwargs)
@@ -144,6 +148,32 @@ class DockerBackend:
             self.cleanup()
             raise InfraFailure(f"cannot start a container from {image}: {exc}") from exc
         self.image = image
+
+    def _helper(self, image: str, script: str, mode: str) -> Any:
+        """Run `script` as root in a stopped-when-done container of `image` with the volume at
+        /vol (`mode` rw or ro); the exited container (the caller removes it), or InfraFailure."""
+        box = self.client.containers.run(
+            image,
+            ["sh", "-c", script],
+            detach=True,
+            network_mode="none",
+            mem_limit=f"{self.memory_mb}m",
+            pids_limit=self.pids,
+            cap_drop=["ALL"],
+            cap_add=CAPS,
+            security_opt=["no-new-privileges"],
+            volumes={self.volume.name: {"bind": VOL, "mode": mode}},
+            labels={"cppperf": "helper"},
+        )
+        status = box.wait(timeout=3600)
+        if int(status.get("StatusCode", 1)) != 0:
+            logs = box.logs().decode(errors="replace")[-500:]
+            with contextlib.suppress(Exception):
+                box.remove(force=True)
+            raise InfraFailure(f"{script} failed in a helper container of {image}: {logs}")
+        if mode == "rw":  # a filler: nothing to keep
+            box.remove(force=True)
+        return box
 
     def _root(self, argv: list[str]) -> None:
         code, out = self.container.exec_run(argv, user="0")
@@ -174,11 +204,7 @@ class DockerBackend:
         CMake test options come from the last side given as a commit (`new`, or the expert's)."""
         self.logs.mkdir(parents=True, exist_ok=True)
         if self.from_image is not None:
-            self._start(self.from_image)
-            # the engine's copy of the image's /work onto the volume does not keep every owner
-            code, out = self.container.exec_run(["ls", WORK], user="0")
-            trees = [n for n in out.decode().split() if n in ("old", "new", "expert")] if code == 0 else []
-            self._own_work(trees or ["old", "new"])
+            self._start(self.from_image, fill=True)
             return
         self._sources = {
             side: tar_tree(src) if isinstance(src, Path) else git_archive(repo_path, src, self.submodules)
@@ -410,22 +436,17 @@ class DockerBackend:
     # ------------------------------------------------------------------ images
     def commit(self, image: str, record: dict[str, Any]) -> str:
         """Store the record on /work and commit the instance image: the env image plus a copy of
-        /work (a volume, which `docker commit` would leave out), made in a stopped helper
-        container, so the running one's root stays read-only."""
+        /work (a volume, which `docker commit` leaves out), made by a helper container of the env
+        image that copies the volume into its own root (`cp -a`: owners and mtimes kept, so a
+        reproduce's build is a no-op); the running container's root stays read-only."""
         self.container.put_archive(WORK, tar_bytes({"instance.json": json.dumps(record, indent=1).encode()}))
         repo, _, tag = image.partition(":")
         helper = None
         try:
-            with tempfile.TemporaryFile(prefix="cppperf-work-") as fh:
-                stream, _stat = self.container.get_archive(WORK)
-                for chunk in stream:
-                    fh.write(chunk)
-                fh.seek(0)
-                helper = self.client.containers.create(
-                    self.image, command=["sleep", "infinity"], working_dir=WORK, network_mode="none"
-                )
-                helper.put_archive("/", fh)
-            helper.commit(repository=repo, tag=tag or "latest")
+            helper = self._helper(self.image, f"mkdir -p {WORK} && cp -a {VOL}/. {WORK}/", "ro")
+            helper.commit(repository=repo, tag=tag or "latest", changes=['CMD ["sleep", "infinity"]'])
+        except InfraFailure:
+            raise
         except Exception as exc:  # docker.errors.APIError
             raise InfraFailure(f"cannot commit the instance image {image}: {exc}") from exc
         finally:
