@@ -558,21 +558,26 @@ def test_run_time_attack_is_contained_in_docker(instance: Any, host: Host, name:
     runs_dir = Path(settings.evaluator.runs_dir)
     body, verdicts = run_time_attacks(host, runs_dir, iid)[name]
     client = docker.from_env()
-    boxes = {"label": "cppperf=box"}
-    before = {c.id for c in client.containers.list(all=True, filters=boxes)}
+    work = str(settings.work_dir())  # the evaluator's workspaces are below it
+
+    def boxes() -> list[Any]:  # this evaluation's containers (other tests may run beside it)
+        found = client.containers.list(all=True, filters={"label": "cppperf=box"})
+        return [c for c in found if c.labels.get("cppperf.logs", "").startswith(work + "/")]
+
+    before = {c.id for c in boxes()}
     try:
         rep = attack(
             (settings, iid, tmp), host, core_patch(hostile_core(body, INCLUDES)), model=f"docker-{host.token}"
         )
         assert rep["verdict"] in verdicts, (rep["verdict"], rep["reason"])
         assert rep["sandbox"] == "docker"
-        mine = [c for c in client.containers.list(all=True, filters=boxes) if c.id not in before]
+        mine = [c for c in boxes() if c.id not in before]
         assert len(mine) == 1, mine
         changed = {d["Path"] for d in mine[0].diff() or []}
         planted = {*PLANTED, "/home/runner", "/usr/local/bin", "/home/runner/.spin", "/spin"}
         assert not changed & planted, f"the attack changed the container's root: {changed & planted}"
     finally:
-        for box in client.containers.list(all=True, filters=boxes):
+        for box in boxes():
             if box.id not in before:
                 box.remove(force=True)
                 client.volumes.get(box.labels["cppperf.work"]).remove(force=True)

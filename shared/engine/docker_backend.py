@@ -79,7 +79,7 @@ CAPS = ["CHOWN", "SETUID", "SETGID", "FOWNER", "DAC_OVERRIDE"]
 TMPFS_SMALL_MB = 256  # /var/tmp and /dev/shm
 WORK_LABEL = {"cppperf": "work"}  # the /work volumes
 VOL = "/vol"  # where helper containers see a /work volume
-BOX_LABEL = {"cppperf": "box"}  # the containers (`cppperf.work`: the volume's name)
+BOX_LABEL = {"cppperf": "box"}  # the containers (`cppperf.work`: the volume; `cppperf.logs`)
 
 
 def tmpfs_options(size_mb: int) -> str:
@@ -142,7 +142,8 @@ class DockerBackend:
             if fill:  # cp -a: owners and nanosecond mtimes (the engine's copy-up keeps seconds only)
                 self._helper(image, f"cp -a {WORK}/. {VOL}/", "rw")
             kwargs["volumes"] = {self.volume.name: {"bind": WORK, "mode": "rw"}}
-            kwargs["labels"] = {**BOX_LABEL, "cppperf.work": self.volume.name}  # its volume, for a kept box
+            # its volume and its logs directory: who a kept box belongs to, what to remove with it
+            kwargs["labels"] = {**BOX_LABEL, "cppperf.work": self.volume.name, "cppperf.logs": str(self.logs)}
             self.container = self.client.containers.run(image, **kwargs)
         except Exception as exc:  # docker.errors.APIError / ImageNotFound
             self.cleanup()
@@ -150,8 +151,9 @@ class DockerBackend:
         self.image = image
 
     def _helper(self, image: str, script: str, mode: str) -> Any:
-        """Run `script` as root in a stopped-when-done container of `image` with the volume at
-        /vol (`mode` rw or ro); the exited container (the caller removes it), or InfraFailure."""
+        """Run `script` as root in a run-to-completion container of `image` with the volume at
+        /vol (`mode`): a reader (ro, commit's copy) is returned exited, for the caller to commit
+        and remove; a filler (rw) is removed here. InfraFailure when the script fails."""
         box = self.client.containers.run(
             image,
             ["sh", "-c", script],
@@ -165,13 +167,16 @@ class DockerBackend:
             volumes={self.volume.name: {"bind": VOL, "mode": mode}},
             labels={"cppperf": "helper"},
         )
-        status = box.wait(timeout=3600)
-        if int(status.get("StatusCode", 1)) != 0:
-            logs = box.logs().decode(errors="replace")[-500:]
+        try:
+            status = box.wait(timeout=3600)
+            if int(status.get("StatusCode", 1)) != 0:
+                logs = box.logs().decode(errors="replace")[-500:]
+                raise InfraFailure(f"{script} failed in a helper container of {image}: {logs}")
+        except Exception:
             with contextlib.suppress(Exception):
                 box.remove(force=True)
-            raise InfraFailure(f"{script} failed in a helper container of {image}: {logs}")
-        if mode == "rw":  # a filler: nothing to keep
+            raise
+        if mode == "rw":
             box.remove(force=True)
         return box
 
