@@ -1,6 +1,7 @@
 """The docker backend on a real engine (podman's Docker API here; `.ci/run` starts it): the base
 image from `images bootstrap` works, an instance image reproduces its verdict from the image
-alone, the network is unreachable inside, a memory hog is reported as resource-limit, a missing
+alone, the network is unreachable inside, the root file system is read-only (writable only the
+size-limited tmpfs temp dirs and each tree for its own uid), a memory hog is reported as resource-limit, a missing
 Debian package is installed into an env image, and repositories share the base layers."""
 
 from __future__ import annotations
@@ -116,6 +117,86 @@ def test_network_is_unreachable_inside(engine: Any, demo_repo: DemoRepo, tmp_pat
     finally:
         backend.cleanup()
     _ = socket
+
+
+SYSTEM_PATHS = ["/usr/local/x", "/etc/x", "/x", "/usr/local/bin/c++", "/home/runner/x"]
+
+
+def test_root_is_read_only_and_only_the_own_tree_is_writable(
+    engine: Any, demo_repo: DemoRepo, tmp_path: Path
+) -> None:
+    s = dsettings(tmp_path)
+    commit = commit_for(demo_repo.path, demo_repo.shas["perf"])
+    backend: Any = make_backend(s.builder, tmp_path / "w", source=(demo_repo.path, commit.sha, commit.date))
+    backend.hardened, backend.tmp_mb = True, 32
+    writes = "; ".join(f"echo pwned > {p} && echo wrote {p}" for p in SYSTEM_PATHS) + "; true"
+    try:
+        backend.prepare(demo_repo.path, {"old": commit.parent, "new": commit.sha, "agent": commit.sha})
+        volume = backend.volume.name
+        backend._own("new", building=True)  # what build() does first: the tree private to its uid
+        # a build step (as the tree's uid) and a test (as the agent's) write the system: refused
+        step = backend._step("new", "build", ["sh", "-c", writes], 30)
+        test = backend.run_test(
+            "agent", CTestCase(name="w", command=["sh", "-c", writes], cwd="/tmp"), Limits(timeout=20)
+        )
+        for out in (step.result.output, test.output):
+            assert "wrote" not in out and out.count("Read-only file system") == len(SYSTEM_PATHS), out
+        _code, raw = backend.container.exec_run(["sh", "-c", writes], user="0")  # not even root
+        assert b"wrote" not in raw and raw.count(b"Read-only file system") == len(SYSTEM_PATHS), raw
+        changed = {d["Path"] for d in backend.container.diff() or []}
+        assert not changed & {*SYSTEM_PATHS, "/home/runner", "/usr/local/bin"}, changed
+
+        def sh(side: str, cmd: str) -> str:
+            res = backend.run_test(
+                side, CTestCase(name="s", command=["sh", "-c", cmd], cwd="/tmp"), Limits(timeout=20)
+            )
+            return res.output
+
+        # /tmp: a size-limited tmpfs, empty again for the next run
+        assert " /tmp tmpfs " in sh("agent", "cat /proc/mounts") and "size=32768k" in sh(
+            "agent", "grep ' /tmp ' /proc/mounts"
+        )
+        assert "No space left" in sh("agent", "head -c 40000000 /dev/zero > /tmp/big; echo > /tmp/mark")
+        assert sh("agent", "ls -A /tmp /var/tmp /dev/shm").split() == ["/dev/shm:", "/tmp:", "/var/tmp:"]
+        # /work: the tree writable by its own uid only; /work itself by nobody
+        assert "ok" in sh("new", "touch /work/new/build/x && echo ok")
+        for side in ("agent", "expert"):
+            out = sh(side, "touch /work/new/x /work/x; mv /work/new /work/gone; mkdir /work/home")
+            assert out.count("Permission denied") == 4, out
+        assert sh("agent", "ls /work").split() == ["agent", "ccache", "new", "old"]
+    finally:
+        backend.cleanup()
+    assert not engine.volumes.list(filters={"name": volume})  # the volume went with the container
+
+
+def test_instance_image_carries_the_built_trees(engine: Any, demo_repo: DemoRepo, tmp_path: Path) -> None:
+    """commit() copies the /work volume into the image; a container from it gets the trees back
+    on a fresh volume with owners and mtimes, so the rebuild is a no-op, and runs read-only."""
+    s = dsettings(tmp_path)
+    commit = commit_for(demo_repo.path, demo_repo.shas["perf"])
+    backend: Any = make_backend(s.builder, tmp_path / "w", source=(demo_repo.path, commit.sha, commit.date))
+    image = f"cppperf/commit-probe:{tmp_path.name.lower()[-20:]}"
+    again: Any = None
+    try:
+        backend.prepare(demo_repo.path, {"old": commit.parent, "new": commit.sha})
+        assert all(st.ok for st in backend.build("new")), "the demo builds"
+        backend.commit(image, {"probe": tmp_path.name})
+        again = make_backend(s.builder, tmp_path / "w2", from_image=image)
+        again.prepare(demo_repo.path, {})
+        assert again.read_record() == {"probe": tmp_path.name}
+        rebuild = again.build("new")
+        assert rebuild[0].ok and "no work to do" in rebuild[0].result.output, rebuild[0].result.output
+        assert again.volume.name != backend.volume.name
+        _code, out = again.container.exec_run(
+            ["sh", "-c", "stat -c %U /work/new/build; touch /etc/x"], user="0"
+        )
+        assert out.decode().split("\n")[0] == "runner" and b"Read-only file system" in out, out
+    finally:
+        backend.cleanup()
+        if again is not None:
+            again.cleanup()
+        if _has(engine, image):
+            engine.images.remove(image, force=True)
 
 
 def test_memory_hog_is_a_resource_limit_not_a_result(engine: Any, tmp_path: Path) -> None:
@@ -236,6 +317,7 @@ def test_images_prune_removes_dangling_layers(engine: Any, tmp_path: Path) -> No
     )
     dockerfile2 = dockerfile.replace("/marker", "/marker2")
     engine.images.build(fileobj=io.BytesIO(dockerfile2.encode()), tag="cppperf/prune-probe:1", rm=True)
+    left = engine.volumes.create(name=f"cppperf-work-{tmp_path.name}", labels={"cppperf": "work"})
     res = subprocess.run(
         [sys.executable, "-m", "cppperf", "images", "prune"],
         capture_output=True,
@@ -245,6 +327,7 @@ def test_images_prune_removes_dangling_layers(engine: Any, tmp_path: Path) -> No
     )
     assert res.returncode == 0, res.stderr
     assert "dangling image" in res.stdout
+    assert "unused work volume" in res.stdout and not engine.volumes.list(filters={"name": left.name})
     import docker.errors
 
     with pytest.raises(docker.errors.ImageNotFound):  # the untagged first build is gone

@@ -14,8 +14,11 @@ reads, loopback and abstract-socket connections, daemons, killing host processes
 report, writing the binaries, the other trees found through the mount table, result caches in
 /tmp, kernel keyrings and SysV shared memory, detecting the timing by CPU pinning, forging the
 timer's answer (through its fds, through the jail's pid 1, by ptrace, in the test's own output),
-CPU work hidden in an orphan, writing the system, new user namespaces). The run-time attacks also run on
-the docker backend where an engine answers.
+CPU work hidden in an orphan, writing the system, new user namespaces). Run-time attacks also run
+on the docker backend where an engine answers, two of them only there: a result cache in, and
+compiler wrappers planted over, the container's system directories (the base image's
+`/home/runner` is uid 1000's, so only the read-only root stops those); the kept container's root
+is checked to be unchanged afterwards.
 """
 
 from __future__ import annotations
@@ -465,7 +468,7 @@ def test_obfuscated_test_property_change_is_a_test_edit(instance: Any, host: Hos
 INCLUDES = (
     "#include <cstdio>\n#include <cstdlib>\n#include <cstring>\n#include <unistd.h>\n#include <fcntl.h>\n"
     "#include <signal.h>\n#include <sched.h>\n#include <sys/socket.h>\n#include <netinet/in.h>\n"
-    "#include <arpa/inet.h>\n"
+    "#include <arpa/inet.h>\n#include <sys/stat.h>\n"
 )
 MORE_INCLUDES = (
     "#include <cstddef>\n#include <string>\n#include <sys/un.h>\n#include <sys/ptrace.h>\n"
@@ -480,6 +483,16 @@ _FAKE_ANSWER = (
     '{\\"returncode\\": 0, \\"wall_s\\": 0.0001, \\"cpu_s\\": 0.0001, \\"output\\": \\"spin: ok\\\\n\\",'
     ' \\"timed_out\\": false, \\"truncated\\": false}'
 )
+
+
+PLANTED = [  # what a test may try to leave in a container's root for later runs
+    "/usr/bin/c++",
+    "/usr/local/bin/c++",
+    "/usr/local/bin/cmake",
+    "/etc/ld.so.preload",
+    "/home/runner/.profile",
+    "/home/runner/c++",
+]
 
 
 def run_time_attacks(host: Host, runs_dir: Path, iid: str) -> dict[str, tuple[str, tuple[str, ...]]]:
@@ -540,6 +553,26 @@ def run_time_attacks(host: Host, runs_dir: Path, iid: str) -> dict[str, tuple[st
             " for (unsigned long long i = 0; i < iters; ++i) { r ^= r << 13; r ^= r >> 7; r ^= r << 17; sink = r; } }"
             ' for (const char* w : where) { FILE* f = std::fopen(w, "w"); if (f) { std::fprintf(f, "%llu", r);'
             " std::fclose(f); } } return r; }",
+            ok,
+        ),
+        # docker only: the base image's /home/runner belongs to uid 1000, the agent's uid, so
+        # without a read-only root a cache there outlives the per-run emptying of the temp dirs
+        "cache-in-system-dirs": (
+            '{ const char* where[] = {"/home/runner/.spin", "/usr/local/spin", "/etc/spin", "/var/mail/spin",'
+            ' "/spin"}; for (const char* w : where) { FILE* f = std::fopen(w, "r"); unsigned long long v;'
+            ' if (f && std::fscanf(f, "%llu", &v) == 1) { std::fclose(f); return v; } }'
+            " unsigned long long r = 0; for (int k = 0; k < 3; ++k) { r = 88172645463325252ull;"
+            " for (unsigned long long i = 0; i < iters; ++i) { r ^= r << 13; r ^= r >> 7; r ^= r << 17; sink = r; } }"
+            ' for (const char* w : where) { FILE* f = std::fopen(w, "w"); if (f) { std::fprintf(f, "%llu", r);'
+            " std::fclose(f); } } return r; }",
+            ok,
+        ),
+        # docker only: wrappers over the compiler and a preload list, planted for whatever runs
+        # next in the container (another tree's run, the root-side setup, a committed image)
+        "plant-for-later-runs": (
+            "{ const char* where[] = {" + ", ".join(f'"{p}"' for p in PLANTED) + "};"
+            ' for (const char* w : where) { FILE* f = std::fopen(w, "w"); if (f) {'
+            ' std::fputs("#!/bin/sh\\nexec /usr/bin/g++ \\"$@\\"\\n", f); std::fclose(f); chmod(w, 0755); } } }',
             ok,
         ),
         "detect-timing-by-pinning": (
@@ -692,27 +725,60 @@ def _engine_ready() -> str:
     return ""
 
 
-DOCKER_ATTACKS = ["write-host-files", "loopback-connect", "daemon", "tmp-result-cache", "rewrite-report"]
+DOCKER_ATTACKS = [
+    "write-host-files",
+    "loopback-connect",
+    "daemon",
+    "tmp-result-cache",
+    "rewrite-report",
+    "cache-in-system-dirs",  # these two only a read-only root stops
+    "plant-for-later-runs",
+]
 
 
 @pytest.mark.docker
 @pytest.mark.slow
 @pytest.mark.parametrize("name", DOCKER_ATTACKS)
 def test_run_time_attack_is_contained_in_docker(instance: Any, host: Host, name: str) -> None:
+    """The container is kept (`builder.keep`) so its root can be checked afterwards: nothing the
+    attack wrote there (`docker diff`), then removed here with its /work volume."""
     why = _engine_ready()
     if why:
         pytest.skip(why)
+    import docker
     import msgspec
 
     settings, iid, tmp = instance
     settings = msgspec.structs.replace(
         settings,
-        builder=msgspec.structs.replace(settings.builder, backend="docker", base_release="bookworm"),
+        builder=msgspec.structs.replace(
+            settings.builder, backend="docker", base_release="bookworm", keep=True
+        ),
     )
     runs_dir = Path(settings.evaluator.runs_dir)
     body, verdicts = run_time_attacks(host, runs_dir, iid)[name]
-    rep = attack(
-        (settings, iid, tmp), host, core_patch(hostile_core(body, INCLUDES)), model=f"docker-{host.token}"
-    )
-    assert rep["verdict"] in verdicts, (rep["verdict"], rep["reason"])
-    assert rep["sandbox"] == "docker"
+    client = docker.from_env()
+    work = str(settings.work_dir())  # the evaluator's workspaces are below it
+
+    def boxes() -> list[Any]:  # this evaluation's containers (other tests may run beside it)
+        found = client.containers.list(all=True, filters={"label": "cppperf=box"})
+        return [c for c in found if c.labels.get("cppperf.logs", "").startswith(work + "/")]
+
+    before = {c.id for c in boxes()}
+    try:
+        rep = attack(
+            (settings, iid, tmp), host, core_patch(hostile_core(body, INCLUDES)), model=f"docker-{host.token}"
+        )
+        assert rep["verdict"] in verdicts, (rep["verdict"], rep["reason"])
+        assert rep["sandbox"] == "docker"
+        mine = [c for c in boxes() if c.id not in before]
+        assert len(mine) == 1, mine
+        changed = {d["Path"] for d in mine[0].diff() or []}
+        planted = {*PLANTED, "/home/runner", "/usr/local/bin", "/home/runner/.spin", "/spin"}
+        assert not changed & planted, f"the attack changed the container's root: {changed & planted}"
+    finally:
+        for box in boxes():
+            if box.id not in before:
+                box.remove(force=True)
+                client.volumes.get(box.labels["cppperf.work"]).remove(force=True)
+        client.close()

@@ -298,7 +298,7 @@ def images_bootstrap(
 
 @images_app.command("prune")
 def images_prune(config: Config = None) -> None:
-    """Remove dangling image layers and stopped cppperf containers."""
+    """Remove dangling image layers, stopped cppperf containers and unused /work volumes."""
     from cppperf.shared.engine.backends import docker_client
 
     s = _settings(config)
@@ -310,8 +310,13 @@ def images_prune(config: Config = None) -> None:
                 c.remove(force=True)
                 removed += 1
         res = client.images.prune(filters={"dangling": True})
+        # the docker backend's /work volumes a crashed run left behind (none in use is touched)
+        vols = client.volumes.prune(filters={"label": "cppperf=work"})
     except CppPerfError as exc:
         raise _fail(exc) from exc
     except Exception as exc:  # docker.errors.DockerException and requests' errors: the engine failed
         raise _fail(f"container engine: {exc}") from exc
-    out.print(f"removed {removed} container(s), {len(res.get('ImagesDeleted') or [])} dangling image(s)")
+    out.print(
+        f"removed {removed} container(s), {len(res.get('ImagesDeleted') or [])} dangling image(s), "
+        f"{len(vols.get('VolumesDeleted') or [])} unused work volume(s)"
+    )

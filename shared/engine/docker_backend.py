@@ -17,18 +17,34 @@ network; memory and pids limits. Configure, build, test discovery and tests run 
 with no capabilities. `hardened=True` (the evaluator, agents' code): each tree has its own uid
 (`SIDE_UIDS`) and is private to it (0700) while it builds, then root's and read-only (group
 read for its uid) while its tests run; the ccache is read-only for the agent's build; `/tmp`,
-`/var/tmp` and `/dev/shm` are emptied before every run and HOME is /tmp. The root filesystem
-stays writable for root (sources and the runner go in with put_archive, instance images are
-committed from it): the jailed uids can write nothing outside their tree and the emptied temp
-dirs.
+`/var/tmp` and `/dev/shm` are emptied before every run and HOME is /tmp.
+
+Read-only root: every container runs with `read_only=True`, so not even root in it can change
+the system (no wrapper over `/usr/bin/c++`, nothing planted in `/usr/local/bin` or the base
+image's `/home/runner`, uid 1000's own directory, for a later run to find). Writable are only
+size-limited tmpfs mounts — `/tmp` (`tmp_mb`, HOME when hardened), `/var/tmp` and `/dev/shm`
+(`TMPFS_SMALL_MB`) — and `/work`, the trees: a named volume per container
+(`cppperf-work-<id>`, labelled `cppperf=work`), removed in `cleanup()`. A volume, not a tmpfs:
+build trees and the ccache of a real project take gigabytes, and a tmpfs counts against the
+container's memory limit, which would turn big builds into `resource-limit` failures and shrink
+the memory the tests are timed with. `/work` itself is root's (0755); only the trees, the
+ccache and HOME below it belong to the build uids, so no uid can move another's tree away.
+The runner is baked into the env image (`images.ensure_env_image`, keyed by the runner's hash);
+sources go onto the volume with `put_archive`. Docker commit does not capture volumes, so
+`commit()` runs a helper container of the same env image, the volume mounted read-only at /vol,
+that copies it into its own (writable) root with `cp -a`, and commits the helper; a container
+from an instance image gets a fresh volume that a helper of the instance image fills with
+`cp -a` of the image's /work (not the engine's copy-up of an empty volume, which keeps whole
+seconds of the mtimes only, so ninja would rebuild everything), and runs read-only like any
+other. Helpers run with the same limits, no network and the setup's capabilities only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import uuid
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -44,22 +60,31 @@ from cppperf.shared.engine.cmake import (
 )
 from cppperf.shared.engine.deps import diagnose
 from cppperf.shared.engine.fetchcontent import has_init_cache
-from cppperf.shared.engine.images import cmake_texts, ensure_env_image, git_archive, tar_bytes
+from cppperf.shared.engine.images import (
+    RUNNER,
+    cmake_texts,
+    ensure_env_image,
+    git_archive,
+    tar_bytes,
+)
 from cppperf.shared.engine.sandbox import Limits, RunResult
 from cppperf.shared.engine.submodules import Sources
 from cppperf.shared.errors import InfraFailure
 
-RUNNER = "/opt/cppperf/runner.py"
 WORK = "/work"
 UID = 1000
 HOME = "/work/home"  # a home inside the per-instance tree, never a shared temp dir
 SIDE_UIDS = {"old": 1001, "expert": 1002, "new": 1001}  # hardened: every other side (agent) is UID
 # root in the container may only set up: chown trees, switch to the build uid, clean temp dirs
 CAPS = ["CHOWN", "SETUID", "SETGID", "FOWNER", "DAC_OVERRIDE"]
+TMPFS_SMALL_MB = 256  # /var/tmp and /dev/shm
+WORK_LABEL = {"cppperf": "work"}  # the /work volumes
+VOL = "/vol"  # where helper containers see a /work volume
+BOX_LABEL = {"cppperf": "box"}  # the containers (`cppperf.work`: the volume; `cppperf.logs`)
 
 
-def runner_source() -> bytes:
-    return resources.files("cppperf.shared.engine").joinpath("runner_script.py").read_bytes()
+def tmpfs_options(size_mb: int) -> str:
+    return f"rw,nosuid,nodev,size={size_mb}m,mode=1777"
 
 
 @dataclass
@@ -78,14 +103,20 @@ class DockerBackend:
     ccache_basedir: bool = False
     submodules: Sources = field(default_factory=Sources)
     hardened: bool = False  # agents' code: a uid per tree, read-only trees while tested (docstring)
+    tmp_mb: int = 1024  # the /tmp tmpfs (compilers' temp files too); at most half the memory limit
     name: str = "docker"
     container: Any = None
+    volume: Any = None
+    image: str = ""
     installed: list[str] = field(default_factory=list)
     _sources: dict[SideName, bytes] = field(default_factory=dict)
     _test_options: list[str] = field(default_factory=lambda: ["-DBUILD_TESTING=ON"])
 
     # ------------------------------------------------------------------ container
-    def _start(self, image: str) -> None:
+    def _start(self, image: str, *, fill: bool = False) -> None:
+        """A read-only container from `image` with a fresh volume at /work (`fill`: a copy of the
+        image's /work) and tmpfs temp dirs."""
+        small = min(TMPFS_SMALL_MB, max(16, self.memory_mb // 8))
         kwargs: dict[str, Any] = {
             "detach": True,
             "network_mode": "none",
@@ -94,15 +125,61 @@ class DockerBackend:
             "cap_drop": ["ALL"],
             "cap_add": CAPS,
             "security_opt": ["no-new-privileges"],
+            "read_only": True,
+            "tmpfs": {  # the container's own temp dirs: fresh, size-limited tmpfs mounts
+                "/tmp": tmpfs_options(min(self.tmp_mb, max(32, self.memory_mb // 2))),  # noqa: S108
+                "/var/tmp": tmpfs_options(small),  # noqa: S108
+                "/dev/shm": tmpfs_options(small),  # noqa: S108
+            },
             "working_dir": WORK,
             "command": ["sleep", "infinity"],
         }
         if self.cpuset:
             kwargs["cpuset_cpus"] = self.cpuset
         try:
+            self.volume = self.client.volumes.create(
+                name=f"cppperf-work-{uuid.uuid4().hex[:16]}", labels=WORK_LABEL
+            )
+            if fill:  # cp -a: owners and nanosecond mtimes (the engine's copy-up keeps seconds only)
+                self._helper(image, f"cp -a {WORK}/. {VOL}/", "rw")
+            kwargs["volumes"] = {self.volume.name: {"bind": WORK, "mode": "rw"}}
+            # its volume and its logs directory: who a kept box belongs to, what to remove with it
+            kwargs["labels"] = {**BOX_LABEL, "cppperf.work": self.volume.name, "cppperf.logs": str(self.logs)}
             self.container = self.client.containers.run(image, **kwargs)
         except Exception as exc:  # docker.errors.APIError / ImageNotFound
+            self.cleanup()
             raise InfraFailure(f"cannot start a container from {image}: {exc}") from exc
+        self.image = image
+
+    def _helper(self, image: str, script: str, mode: str) -> Any:
+        """Run `script` as root in a run-to-completion container of `image` with the volume at
+        /vol (`mode`): a reader (ro, commit's copy) is returned exited, for the caller to commit
+        and remove; a filler (rw) is removed here. InfraFailure when the script fails."""
+        box = self.client.containers.run(
+            image,
+            ["sh", "-c", script],
+            detach=True,
+            network_mode="none",
+            mem_limit=f"{self.memory_mb}m",
+            pids_limit=self.pids,
+            cap_drop=["ALL"],
+            cap_add=CAPS,
+            security_opt=["no-new-privileges"],
+            volumes={self.volume.name: {"bind": VOL, "mode": mode}},
+            labels={"cppperf": "helper"},
+        )
+        try:
+            status = box.wait(timeout=3600)
+            if int(status.get("StatusCode", 1)) != 0:
+                logs = box.logs().decode(errors="replace")[-500:]
+                raise InfraFailure(f"{script} failed in a helper container of {image}: {logs}")
+        except Exception:
+            with contextlib.suppress(Exception):
+                box.remove(force=True)
+            raise
+        if mode == "rw":
+            box.remove(force=True)
+        return box
 
     def _root(self, argv: list[str]) -> None:
         code, out = self.container.exec_run(argv, user="0")
@@ -111,20 +188,29 @@ class DockerBackend:
                 f"{' '.join(argv)} failed in the container: {out.decode(errors='replace')[-500:]}"
             )
 
+    def _own_work(self, sides: list[str]) -> None:
+        """/work root's (0755); the trees and the ccache the build uid's, and HOME unless hardened
+        (HOME is /tmp then: no uid keeps files on the volume between runs); hardened, `_own`
+        then hands each tree to its own uid before it builds."""
+        mine = [f"{WORK}/{side}" for side in sides] + [f"{WORK}/ccache"] + ([] if self.hardened else [HOME])
+        self._root(["mkdir", "-p", *mine])
+        self._root(["chown", "-R", f"{UID}:{UID}", *mine])
+        self._root(["chown", "0:0", WORK])
+        self._root(["chmod", "0755", WORK])
+
     def _load_sources(self) -> None:
-        dirs = [f"{WORK}/{side}/src" for side in self._sources] or [f"{WORK}/old/src", f"{WORK}/new/src"]
-        self._root(["mkdir", "-p", *dirs, HOME, "/opt/cppperf"])
-        self.container.put_archive("/opt/cppperf", tar_bytes({"runner.py": runner_source()}, mode=0o755))
+        sides = list(self._sources) or ["old", "new"]
+        self._root(["mkdir", "-p", *[f"{WORK}/{side}/src" for side in sides]])
         for side, data in self._sources.items():
             self.container.put_archive(f"{WORK}/{side}/src", data)
-        self._root(["chown", "-R", f"{UID}:{UID}", WORK])
+        self._own_work(sides)
 
     def prepare(self, repo_path: Path, sides: Sides) -> None:
         """Start the container and load every side: a commit by `git archive`, a host tree as tar.
         CMake test options come from the last side given as a commit (`new`, or the expert's)."""
         self.logs.mkdir(parents=True, exist_ok=True)
         if self.from_image is not None:
-            self._start(self.from_image)
+            self._start(self.from_image, fill=True)
             return
         self._sources = {
             side: tar_tree(src) if isinstance(src, Path) else git_archive(repo_path, src, self.submodules)
@@ -156,6 +242,7 @@ class DockerBackend:
         instructions: bool = False,
         output_limit: int | None = None,
         uid: int = UID,
+        reap: bool = False,
     ) -> RunResult:
         req = {
             "op": "run",
@@ -169,6 +256,7 @@ class DockerBackend:
             "instructions": instructions,
             "uid": uid,
             "fresh_tmp": self.hardened,
+            "reap": reap,  # the runner as subreaper: what the test left is killed, orphans' CPU counted
         }
         code, out = self.container.exec_run(["python3", RUNNER, json.dumps(req)], user="0")
         try:
@@ -342,6 +430,7 @@ class DockerBackend:
             cpus=limits.cpus,
             instructions=limits.instructions,
             uid=self.uid(side),
+            reap=True,
         )
 
     def instructions_unsupported(self) -> str | None:
@@ -363,10 +452,24 @@ class DockerBackend:
 
     # ------------------------------------------------------------------ images
     def commit(self, image: str, record: dict[str, Any]) -> str:
-        """Store the record in the container and commit it as the instance image."""
+        """Store the record on /work and commit the instance image: the env image plus a copy of
+        /work (a volume, which `docker commit` leaves out), made by a helper container of the env
+        image that copies the volume into its own root (`cp -a`: owners and mtimes kept, so a
+        reproduce's build is a no-op); the running container's root stays read-only."""
         self.container.put_archive(WORK, tar_bytes({"instance.json": json.dumps(record, indent=1).encode()}))
         repo, _, tag = image.partition(":")
-        self.container.commit(repository=repo, tag=tag or "latest")
+        helper = None
+        try:
+            helper = self._helper(self.image, f"mkdir -p {WORK} && cp -a {VOL}/. {WORK}/", "ro")
+            helper.commit(repository=repo, tag=tag or "latest", changes=['CMD ["sleep", "infinity"]'])
+        except InfraFailure:
+            raise
+        except Exception as exc:  # docker.errors.APIError
+            raise InfraFailure(f"cannot commit the instance image {image}: {exc}") from exc
+        finally:
+            if helper is not None:
+                with contextlib.suppress(Exception):
+                    helper.remove(force=True)
         return image
 
     def push(self, image: str, registry: str) -> str:
@@ -385,7 +488,12 @@ class DockerBackend:
         return data
 
     def cleanup(self) -> None:
+        """Remove the container, then its /work volume."""
         if self.container is not None:
             with contextlib.suppress(Exception):  # already gone: nothing to clean
                 self.container.remove(force=True)
             self.container = None
+        if self.volume is not None:
+            with contextlib.suppress(Exception):
+                self.volume.remove(force=True)
+            self.volume = None

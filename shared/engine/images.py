@@ -2,8 +2,14 @@
 
     base      cppperf/base:<release>            a Debian release of the commit's era with the
                                                  toolchain (GCC, CMake, Ninja, ccache, Python)
-    env       cppperf/env:<hash(base, packages)> base + the Debian packages the project needs
-    instance  cppperf/<owner>__<name>:<sha12>    env + both trees built + runner + the record
+    deps      cppperf/deps:<hash(base, packages)> base + the Debian packages the project needs
+    env       cppperf/env:<hash(base, packages,   base or deps + the in-container runner at
+                            runner)>              /opt/cppperf/runner.py (a runner change: a new env)
+    instance  cppperf/<owner>__<name>:<sha12>    env + /work: both trees built + the record
+
+Containers run with a read-only root (see docker_backend.py), so nothing is copied into a running
+container's root: the runner is baked into the env image, the trees live on a volume at /work,
+and an instance image is the env image plus a layer holding a copy of that volume.
 
 Base images are made without a registry: `debootstrap` a minimal root file system with the
 toolchain, then import it (`cppperf images bootstrap`). That is how an air-gapped cluster (and CI)
@@ -14,11 +20,13 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import re
 import subprocess
 import tarfile
 import tempfile
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +77,25 @@ def base_name(release: str) -> str:
     return f"cppperf/base:{release}"
 
 
-def env_name(base_id: str, packages: list[str]) -> str:
-    digest = hashlib.sha256((base_id + "\n" + "\n".join(sorted(set(packages)))).encode()).hexdigest()[:12]
-    return f"cppperf/env:{digest}"
+RUNNER = "/opt/cppperf/runner.py"
+
+
+def runner_source() -> bytes:
+    return resources.files("cppperf.shared.engine").joinpath("runner_script.py").read_bytes()
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
+
+
+def deps_name(base_id: str, packages: list[str]) -> str:
+    return f"cppperf/deps:{_digest(base_id, *sorted(set(packages)))}"
+
+
+def env_name(base_id: str, packages: list[str], runner: bytes | None = None) -> str:
+    """The env image's name: keyed by the base, the package set and the runner's bytes."""
+    runner_sha = hashlib.sha256(runner_source() if runner is None else runner).hexdigest()
+    return f"cppperf/env:{_digest(base_id, *sorted(set(packages)), 'runner=' + runner_sha)}"
 
 
 def instance_image_name(repo: str, sha: str) -> str:
@@ -132,24 +156,62 @@ def _imported_id(answer: Any) -> str:
 
 
 def ensure_env_image(client: Any, base: str, packages: list[str]) -> str:
-    """The env image for `base` + `packages` (built once, shared by every repo that needs them)."""
-    if not packages:
-        return base
+    """The env image for `base` + `packages` + the runner (built once, shared by every repo that
+    needs them): the packages in a deps image of their own (a runner change does not reinstall
+    them), the runner in a small layer on top."""
     base_id = client.images.get(base).id
-    name = env_name(base_id, packages)
+    runner = runner_source()
+    name = env_name(base_id, packages, runner)
     if image_exists(client, name):
         return name
+    parent = base
+    if packages:
+        parent = deps_name(base_id, packages)
+        if not image_exists(client, parent):
+            _build(
+                client,
+                parent,
+                f"FROM {base}\n"
+                "RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y "
+                "--no-install-recommends "
+                + " ".join(sorted(set(packages)))
+                + " && rm -rf /var/lib/apt/lists/*\n",
+                {},
+                f"could not build env image with {' '.join(packages)}",
+            )
+    # COPY keeps the context's mode (0755, root's): the jailed uids can run it, not change it
     dockerfile = (
-        f"FROM {base}\n"
-        "RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "
-        + " ".join(sorted(set(packages)))
-        + " && rm -rf /var/lib/apt/lists/*\n"
+        f"FROM {parent}\nCOPY runner.py {RUNNER}\n"
+        f"LABEL cppperf.runner={json.dumps(hashlib.sha256(runner).hexdigest())}\n"
     )
-    try:
-        client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=name, rm=True, network_mode="host")
-    except Exception as exc:  # docker.errors.BuildError / APIError
-        raise InfraFailure(f"could not build env image with {' '.join(packages)}: {exc}") from exc
+    _build(client, name, dockerfile, {"runner.py": runner}, "could not build the env image with the runner")
     return name
+
+
+def _build(client: Any, tag: str, dockerfile: str, files: dict[str, bytes], what: str) -> None:
+    try:
+        client.images.build(
+            fileobj=io.BytesIO(_context_tar(dockerfile, files)),
+            custom_context=True,
+            tag=tag,
+            rm=True,
+            network_mode="host",
+            pull=False,
+        )
+    except Exception as exc:  # docker.errors.BuildError / APIError
+        raise InfraFailure(f"{what}: {exc}") from exc
+
+
+def _context_tar(dockerfile: str, files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data, mode in [("Dockerfile", dockerfile.encode(), 0o644)] + [
+            (n, d, 0o755) for n, d in files.items()
+        ]:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
 
 
 def tar_bytes(files: dict[str, bytes], *, mode: int = 0o644) -> bytes:
