@@ -731,6 +731,7 @@ DOCKER_ATTACKS = [
     "daemon",
     "tmp-result-cache",
     "rewrite-report",
+    "cpu-in-an-orphan",  # the runner reaps as subreaper there (not pid 1)
     "cache-in-system-dirs",  # these two only a read-only root stops
     "plant-for-later-runs",
 ]
