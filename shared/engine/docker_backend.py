@@ -75,8 +75,9 @@ WORK = "/work"
 UID = 1000
 HOME = "/work/home"  # a home inside the per-instance tree, never a shared temp dir
 SIDE_UIDS = {"old": 1001, "expert": 1002, "new": 1001}  # hardened: every other side (agent) is UID
-# root in the container may only set up: chown trees, switch to the build uid, clean temp dirs
-CAPS = ["CHOWN", "SETUID", "SETGID", "FOWNER", "DAC_OVERRIDE"]
+# root in the container may only set up: chown trees, switch to the build uid, clean temp dirs,
+# and kill what a test left behind (the runner reaps as subreaper; the build uids get no caps)
+CAPS = ["CHOWN", "SETUID", "SETGID", "FOWNER", "DAC_OVERRIDE", "KILL"]
 TMPFS_SMALL_MB = 256  # /var/tmp and /dev/shm
 WORK_LABEL = {"cppperf": "work"}  # the /work volumes
 VOL = "/vol"  # where helper containers see a /work volume

@@ -266,21 +266,21 @@ def _reap_all() -> None:
     in our RUSAGE_CHILDREN, whoever their parent was). As pid 1 of a pid namespace (the host's
     jail): everything else in it. As a subreaper (containers): our children, again and again, as
     each one's own orphans are reparented to us when it dies; never `kill(-1)` there."""
-    if os.getpid() == 1:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(-1, signal.SIGKILL)
-    else:
-        for _ in range(1000):
+    if os.getpid() != 1:
+        for _ in range(1000):  # a child we may not kill (no CAP_KILL) is left; never block on it
             kids = _children()
             if not kids:
-                break
+                return
             for pid in kids:
-                with contextlib.suppress(ProcessLookupError):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):
                 while os.waitpid(-1, os.WNOHANG)[0]:
                     pass
             time.sleep(0.005)
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(-1, signal.SIGKILL)
     while True:
         try:
             os.waitpid(-1, 0)
