@@ -479,6 +479,20 @@ _COMPUTE = (
     " unsigned long long r = 0; for (int k = 0; k < 3; ++k) { r = 88172645463325252ull;"
     " for (unsigned long long i = 0; i < iters; ++i) { r ^= r << 13; r ^= r >> 7; r ^= r << 17; sink = r; } }"
 )
+
+
+def _result_cache(*paths: str) -> str:
+    """A cheat: remember the answer between timed runs in `paths`, skip the work when found."""
+    where = ", ".join(f'"{p}"' for p in paths)
+    return (
+        f'{{ const char* where[] = {{{where}}}; for (const char* w : where) {{ FILE* f = std::fopen(w, "r");'
+        ' unsigned long long v; if (f && std::fscanf(f, "%llu", &v) == 1) { std::fclose(f); return v; } }'
+        f"{_COMPUTE}"
+        ' for (const char* w : where) { FILE* f = std::fopen(w, "w"); if (f) { std::fprintf(f, "%llu", r);'
+        " std::fclose(f); } } return r; }"
+    )
+
+
 _FAKE_ANSWER = (
     '{\\"returncode\\": 0, \\"wall_s\\": 0.0001, \\"cpu_s\\": 0.0001, \\"output\\": \\"spin: ok\\\\n\\",'
     ' \\"timed_out\\": false, \\"truncated\\": false}'
@@ -546,25 +560,13 @@ def run_time_attacks(host: Host, runs_dir: Path, iid: str) -> dict[str, tuple[st
         ),
         "tmp-result-cache": (
             # a cheat: remember the answer between timed runs anywhere writable, skip the work
-            '{ const char* where[] = {"/tmp/spin.cache", "spin.cache", "/dev/shm/spin.cache"};'
-            ' for (const char* w : where) { FILE* f = std::fopen(w, "r"); unsigned long long v;'
-            ' if (f && std::fscanf(f, "%llu", &v) == 1) { std::fclose(f); return v; } }'
-            " unsigned long long r = 0; for (int k = 0; k < 3; ++k) { r = 88172645463325252ull;"
-            " for (unsigned long long i = 0; i < iters; ++i) { r ^= r << 13; r ^= r >> 7; r ^= r << 17; sink = r; } }"
-            ' for (const char* w : where) { FILE* f = std::fopen(w, "w"); if (f) { std::fprintf(f, "%llu", r);'
-            " std::fclose(f); } } return r; }",
+            _result_cache("/tmp/spin.cache", "spin.cache", "/dev/shm/spin.cache"),
             ok,
         ),
         # docker only: the base image's /home/runner belongs to uid 1000, the agent's uid, so
         # without a read-only root a cache there outlives the per-run emptying of the temp dirs
         "cache-in-system-dirs": (
-            '{ const char* where[] = {"/home/runner/.spin", "/usr/local/spin", "/etc/spin", "/var/mail/spin",'
-            ' "/spin"}; for (const char* w : where) { FILE* f = std::fopen(w, "r"); unsigned long long v;'
-            ' if (f && std::fscanf(f, "%llu", &v) == 1) { std::fclose(f); return v; } }'
-            " unsigned long long r = 0; for (int k = 0; k < 3; ++k) { r = 88172645463325252ull;"
-            " for (unsigned long long i = 0; i < iters; ++i) { r ^= r << 13; r ^= r >> 7; r ^= r << 17; sink = r; } }"
-            ' for (const char* w : where) { FILE* f = std::fopen(w, "w"); if (f) { std::fprintf(f, "%llu", r);'
-            " std::fclose(f); } } return r; }",
+            _result_cache("/home/runner/.spin", "/usr/local/spin", "/etc/spin", "/var/mail/spin", "/spin"),
             ok,
         ),
         # docker only: wrappers over the compiler and a preload list, planted for whatever runs
