@@ -228,7 +228,6 @@ class RunCgroup:
     def kill_all_and_remove(self) -> None:
         if not self.dirs:
             return
-        self._oom_seen = self.oom_killed()  # read before the directories go
         if self.pids is not None:  # no new processes from here on (a fork bomb refills otherwise)
             _write(self.pids / "pids.max", "0")
         for _ in range(500):
@@ -239,6 +238,6 @@ class RunCgroup:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.01)
-        self._oom_seen = self._oom_seen or self.oom_killed()
+        self._oom_seen = self.oom_killed()  # read before the directories go
         for path in list(self.dirs):
             self._remove(path)
