@@ -78,10 +78,11 @@ def prove_one(
             "cpuset": args.cpuset,
         },
     )
-    commit = _commit_from_repo(clone, entry["new_sha"], None)
-    commit = msgspec.structs.replace(commit, repo=entry["repo"])
     t0 = time.perf_counter()
     try:
+        # the index's parent: a merge commit (CppPerf-DB has some) is compared with the one it names
+        commit = _commit_from_repo(clone, entry["new_sha"], entry.get("old_sha"))
+        commit = msgspec.structs.replace(commit, repo=entry["repo"])
         built = build_patch(commit, clone, settings.builder, work_dir=work, out_dir=args.out / backend)
     except Exception as exc:  # an infrastructure failure is a row of the table, not the end of the run
         return {"verdict": "error", "category": type(exc).__name__, "line": str(exc)[:200], "seconds": 0}
