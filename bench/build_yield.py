@@ -148,8 +148,13 @@ def main() -> None:
         sys.exit(f"--index {args.index}: no such file")
     backends = ["local", "docker"] if args.backend == "both" else [args.backend]
     if "docker" in backends and not engine_reachable():
+        if args.backend == "docker":  # asked for containers only: never a silent local run instead
+            host = os.environ.get("DOCKER_HOST", "")
+            sys.exit(
+                f"--backend docker: no container engine reachable (DOCKER_HOST={host!r}); see README, Containers"
+            )
         print("docker: no container engine reachable, local backend only", file=sys.stderr)
-        backends = [b for b in backends if b != "docker"] or ["local"]
+        backends = ["local"]
     chosen = select(args.index, clones, args.per_repo, args.ids)
     if not chosen:
         sys.exit("no index entry matches the clones given")

@@ -70,3 +70,27 @@ def test_a_commit_that_cannot_be_had_is_a_row(tmp_path: Path) -> None:
     entry = {"repo": "o/r", "new_sha": "f" * 40, "old_sha": "e" * 40, "date": "2024-01-01T00:00:00+00:00"}
     row = build_yield.prove_one(entry, repo, "local", _args(tmp_path), {})
     assert row["verdict"] == "error" and row["line"]
+
+
+def test_docker_asked_for_and_no_engine_is_an_error_not_a_local_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unset DOCKER_HOST once turned a docker run into local builds beside another build."""
+    repo = tmp_path / "r"
+    commit_files(repo, {"CMakeLists.txt": "project(x)\n"}, "base")
+    index = tmp_path / "index.jsonl"
+    index.write_text("")
+    ran: list[str] = []
+    monkeypatch.setattr(build_yield, "engine_reachable", lambda: False)
+    monkeypatch.setattr(build_yield, "prove_one", lambda *a, **_k: ran.append(a[2]) or {})
+    argv = ["build_yield.py", "--clone", f"o/r={repo}", "--index", str(index), "--out", str(tmp_path / "o")]
+    monkeypatch.setattr(sys, "argv", [*argv, "--backend", "docker"])
+    with pytest.raises(SystemExit) as exc:
+        build_yield.main()
+    assert "no container engine reachable" in str(exc.value.code)
+    assert ran == []
+    monkeypatch.setattr(sys, "argv", [*argv, "--backend", "both"])  # both: local only, said on stderr
+    with pytest.raises(SystemExit) as exc:
+        build_yield.main()
+    assert "no index entry" in str(exc.value.code)  # got past the engine check (the index is empty)
+    assert "local backend only" in capsys.readouterr().err
