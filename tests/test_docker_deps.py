@@ -97,3 +97,15 @@ def test_no_fresh_container_once_a_side_has_configured(
     b.needs = [("ZLIB", "zlib1g-dev")]
     assert steps_of(b, "new") == [("configure", False)]
     assert b.installed == [] and b.started == []
+
+
+def test_a_fresh_prepare_may_install_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The builder's retries (Debug, -Wno-error) clean up and prepare a new container: nothing is
+    built in it, so a configure there may still get the packages it names."""
+    b = backend(tmp_path, [], monkeypatch)
+    assert steps_of(b, "old") == [("configure", True), ("build", True)]
+    b.cleanup()
+    b.prepare(tmp_path, {})
+    b.needs = [("ZLIB", "zlib1g-dev")]
+    assert steps_of(b, "old") == [("configure", False), ("configure", True), ("build", True)]
+    assert b.installed == ["zlib1g-dev"]

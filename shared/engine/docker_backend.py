@@ -225,6 +225,7 @@ class DockerBackend:
         if options_from is not None:
             self._test_options = test_options_from_text(cmake_texts(repo_path, options_from))
         self._start(ensure_env_image(self.client, self.base_image, self.packages))
+        self._built = False  # a fresh container: no side built in it yet (a retry's prepare too)
         self._load_sources()
 
     def _recreate_with(self, packages: list[str]) -> None:
