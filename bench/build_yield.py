@@ -78,10 +78,11 @@ def prove_one(
             "cpuset": args.cpuset,
         },
     )
-    commit = _commit_from_repo(clone, entry["new_sha"], None)
-    commit = msgspec.structs.replace(commit, repo=entry["repo"])
     t0 = time.perf_counter()
     try:
+        # the index's parent: a merge commit (CppPerf-DB has some) is compared with the one it names
+        commit = _commit_from_repo(clone, entry["new_sha"], entry.get("old_sha"))
+        commit = msgspec.structs.replace(commit, repo=entry["repo"])
         built = build_patch(commit, clone, settings.builder, work_dir=work, out_dir=args.out / backend)
     except Exception as exc:  # an infrastructure failure is a row of the table, not the end of the run
         return {"verdict": "error", "category": type(exc).__name__, "line": str(exc)[:200], "seconds": 0}
@@ -147,8 +148,13 @@ def main() -> None:
         sys.exit(f"--index {args.index}: no such file")
     backends = ["local", "docker"] if args.backend == "both" else [args.backend]
     if "docker" in backends and not engine_reachable():
+        if args.backend == "docker":  # asked for containers only: never a silent local run instead
+            host = os.environ.get("DOCKER_HOST", "")
+            sys.exit(
+                f"--backend docker: no container engine reachable (DOCKER_HOST={host!r}); see README, Containers"
+            )
         print("docker: no container engine reachable, local backend only", file=sys.stderr)
-        backends = [b for b in backends if b != "docker"] or ["local"]
+        backends = ["local"]
     chosen = select(args.index, clones, args.per_repo, args.ids)
     if not chosen:
         sys.exit("no index entry matches the clones given")

@@ -31,13 +31,22 @@ _TEST_OPTION = re.compile(
 )
 
 
+# Test switches for what no builder image has: a GPU toolchain (CUDA, HIP, SYCL, OpenCL) or
+# clang's libFuzzer. Left at the project's default: switched on, they fail the configure or the
+# build (`find_package(CUDA REQUIRED)`, `-fsanitize=fuzzer` under GCC) of a tree whose ordinary
+# tests would have run.
+_NEEDS_WHAT_WE_LACK = re.compile(r"CUDA|(?:^|_)(?:HIP|SYCL|OPENCL|GPU|FUZZ\w*)(?:_|$)", re.IGNORECASE)
+
+
 def test_options_from_text(texts: list[str]) -> list[str]:
     """`-D<opt>=ON` for test switches declared with option() in the given CMake texts."""
     opts: dict[str, None] = {"BUILD_TESTING": None}
     for text in texts:
         for name in _TEST_OPTION.findall(text):
-            if "DISABLE" not in name.upper() and "NO_" not in name.upper():
-                opts.setdefault(name, None)
+            upper = name.upper()
+            if "DISABLE" in upper or "NO_" in upper or _NEEDS_WHAT_WE_LACK.search(upper):
+                continue
+            opts.setdefault(name, None)
     return [f"-D{o}=ON" for o in opts]
 
 

@@ -6,10 +6,11 @@ and pids limits, on the host's build and timing cores (`cpuset_cpus`; builds run
 run on its leased core), removed in `cleanup()`. Sources go in with
 `put_archive` (git archive), into the same-shaped trees the local backend uses (`/work/old`,
 `/work/new`); every command runs through `/opt/cppperf/runner.py` as uid 1000, which times the
-test inside the container. A configure that fails for missing Debian packages is retried once in
-an env image with those packages. `commit()` turns the finished container into the instance
-image `cppperf/<owner>__<name>:<sha12>` with both trees built and the record at
-`/work/instance.json`; `from_image` reproduces an instance from that image alone.
+test inside the container. A configure that fails for missing Debian packages is retried in an
+env image with those packages (again while each retry names more, up to `INSTALL_ROUNDS`).
+`commit()` turns the finished container into the instance image `cppperf/<owner>__<name>:<sha12>`
+with both trees built and the record at `/work/instance.json`; `from_image` reproduces an
+instance from that image alone.
 
 Security: every container drops all capabilities but the few the root-side setup needs (chown of
 the trees, the runner's switch to the build uid, cleaning temp dirs); `no-new-privileges`; no
@@ -81,6 +82,7 @@ CAPS = ["CHOWN", "SETUID", "SETGID", "FOWNER", "DAC_OVERRIDE", "KILL"]
 TMPFS_SMALL_MB = 256  # /var/tmp and /dev/shm
 WORK_LABEL = {"cppperf": "work"}  # the /work volumes
 VOL = "/vol"  # where helper containers see a /work volume
+INSTALL_ROUNDS = 3  # fresh containers with more packages after configures that name them
 BOX_LABEL = {"cppperf": "box"}  # the containers (`cppperf.work`: the volume; `cppperf.logs`)
 
 
@@ -112,6 +114,8 @@ class DockerBackend:
     installed: list[str] = field(default_factory=list)
     _sources: dict[SideName, bytes] = field(default_factory=dict)
     _test_options: list[str] = field(default_factory=lambda: ["-DBUILD_TESTING=ON"])
+    _rounds: int = 0  # env images made for missing packages (at most INSTALL_ROUNDS)
+    _built: bool = False  # a side has built in this container (no more fresh containers)
 
     # ------------------------------------------------------------------ container
     def _start(self, image: str, *, fill: bool = False) -> None:
@@ -221,6 +225,7 @@ class DockerBackend:
         if options_from is not None:
             self._test_options = test_options_from_text(cmake_texts(repo_path, options_from))
         self._start(ensure_env_image(self.client, self.base_image, self.packages))
+        self._built = False  # a fresh container: no side built in it yet (a retry's prepare too)
         self._load_sources()
 
     def _recreate_with(self, packages: list[str]) -> None:
@@ -366,11 +371,15 @@ class DockerBackend:
         )
         self._own(side, building=True)
         steps = [self._step(side, "configure", argv, self.spec.configure_timeout)]
-        last = steps[-1]
-        if not last.ok and last.missing is not None and last.missing.debian and not self.installed:
-            self._recreate_with(last.missing.debian)  # one retry with the packages installed
+        # CMake stops at the first REQUIRED package it lacks, so each retry may name the next one:
+        # retried while a configure names packages not installed yet, at most INSTALL_ROUNDS times,
+        # and only before any side has built (a new container starts from the sources again)
+        while (new := self._to_install(steps[-1])) and self._rounds < INSTALL_ROUNDS and not self._built:
+            self._rounds += 1
+            self._recreate_with(new)
             steps.append(self._step(side, "configure", argv, self.spec.configure_timeout))
         if steps[-1].ok:
+            self._built = True
             jobs = self.spec.jobs or 2
             steps.append(
                 self._step(
@@ -379,6 +388,12 @@ class DockerBackend:
             )
         self._own(side, building=False)
         return steps
+
+    def _to_install(self, step: StepResult) -> list[str]:
+        """The Debian packages a failed configure names that the container does not have yet."""
+        if step.ok or step.missing is None:
+            return []
+        return [p for p in step.missing.debian if p not in self.packages]
 
     def tree_root(self, side: SideName) -> str:
         return f"{WORK}/{side}"
