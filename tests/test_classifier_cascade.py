@@ -419,11 +419,16 @@ def test_train_and_eval_cv_commands(tmp_path: Path) -> None:
     rep = json.loads(r.stdout)
     assert rep["crossval"]["summary"]["folds"] >= 1 and "cascade" in rep
     assert set(rep["crossval"]["summary"]["targets"]) == {"no_model", "cascade"}
+    pops = rep["crossval"]["summary"]["populations"]  # both evaluation populations in --json
+    assert set(pops) == {"labelled", "cppperf_db_vs_mined"}
+    assert pops["cppperf_db_vs_mined"]["positives"] == 54 and pops["cppperf_db_vs_mined"]["commits"] == 216
+    assert "shipped" in pops["labelled"]["scorers"] and "rules" in pops["cppperf_db_vs_mined"]["scorers"]
     assert rep["cascade"]["paper_calls_per_1000"] > 0 and "recall_kept" in rep["cascade"]
     args = ["classify", "--config", str(cfg), "eval", "--labels", str(labels), "--db", str(db)]
     text = CliRunner().invoke(app, [*args, "--negatives", str(neg), "--folds", "3"])
     assert text.exit_code == 0, text.output
     assert "targets: no-model F1 >= 0.55" in " ".join(text.stdout.split())
+    assert "cppperf_db_vs_mined" in text.stdout and "all-three" in text.stdout
     bad = CliRunner().invoke(app, ["classify", "train", "--db", str(tmp_path / "nothing")])
     assert bad.exit_code != 0 and "no CppPerf-DB entries" in " ".join(bad.output.split())
     (db / "entries" / "broken.json").write_text('{"metadata": {}}')

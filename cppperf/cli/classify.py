@@ -198,15 +198,19 @@ def _crossval_table(cv: dict[str, Any]) -> Table:
     t = Table(
         title=f"no-model scorers, {s['folds']} folds over repositories (mean ± sd over folds with positives)"
     )
-    for col in ("", "precision", "recall", "F1", "pooled P / R / F1"):
-        t.add_column(col, justify="right" if col else "left")
-    for name in ("model", "heuristic"):
-        m, pooled = s[name], s[f"{name}_pooled"]
-        t.add_row(
-            "trained scorer" if name == "model" else "rules (heuristic)",
-            *(f"{m[k]['mean']:.3f} ± {m[k]['sd']:.3f}" for k in ("precision", "recall", "f1")),
-            f"{pooled['precision']:.3f} / {pooled['recall']:.3f} / {pooled['f1']:.3f}",
-        )
+    for col in ("population", "scorer", "precision", "recall", "F1", "pooled P / R / F1"):
+        t.add_column(col, justify="right" if col not in ("population", "scorer") else "left")
+    for pop, p in s["populations"].items():
+        label = f"{pop} ({p['positives']}/{p['commits']})"
+        for name, m in p["scorers"].items():
+            pooled = m["pooled"]
+            t.add_row(
+                label,
+                "rules (heuristic)" if name == "rules" else f"trained: {name}",
+                *(f"{m[k]['mean']:.3f} ± {m[k]['sd']:.3f}" for k in ("precision", "recall", "f1")),
+                f"{pooled['precision']:.3f} / {pooled['recall']:.3f} / {pooled['f1']:.3f}",
+            )
+            label = ""
     g = s["gate"]
     mined = "" if g["mined_passed_share"] is None else f", mined commits passed {g['mined_passed_share']:.1%}"
     t.caption = (
@@ -243,9 +247,16 @@ def _targets_line(t: dict[str, Any]) -> str:
         return "met" if b else "not met"
 
     gates = ", ".join(f"{g:.2f}" for g in c["met_at_gates"])
+    met_by = [
+        f"{name} on {pop}"
+        for pop, scorers in nm.get("by_population", {}).items()
+        for name, ok in scorers.items()
+        if ok
+    ]
     return (
-        f"targets: no-model F1 >= {nm['f1_min']} at precision >= {nm['precision_min']}: "
-        f"trained scorer {yes(nm['model_met'])}, rules {yes(nm['heuristic_met'])}; "
+        f"targets: no-model F1 >= {nm['f1_min']} at precision >= {nm['precision_min']} (means over folds): "
+        f"trained scorer {yes(nm['model_met'])}, rules {yes(nm['heuristic_met'])} on the labelled commits; "
+        f"met by {', '.join(met_by) if met_by else 'no scorer on any population'}; "
         f"cascade <= {c['calls_ratio_max']}x calls keeping >= {c['recall_min']} of positives: "
         + (f"met at gate {gates}" if gates else "not met")
     )

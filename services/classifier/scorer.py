@@ -154,6 +154,11 @@ def _fit(x: sparse.csr_matrix, y: np.ndarray, l2: float) -> tuple[np.ndarray, fl
     return res.x[:n], float(res.x[n])
 
 
+def fit_logistic(x: sparse.csr_matrix, y: np.ndarray, l2: float) -> tuple[np.ndarray, float]:
+    """Weights and bias of a class-balanced L2 logistic regression (training only)."""
+    return _fit(x, y, l2)
+
+
 def _vocabulary(feats: Sequence[frozenset[str]], repos: Sequence[str], cfg: TrainConfig) -> dict[str, int]:
     df: Counter[str] = Counter()
     seen_in: dict[str, set[str]] = {}
@@ -189,14 +194,26 @@ def recall_threshold(pos_scores: Sequence[float], recall: float) -> float:
     return max(0.0, s[k] - 1e-9)
 
 
-def f1_threshold(scores: Sequence[float], labels: Sequence[bool]) -> float:
-    """The threshold that maximises F1 on (out-of-fold) scores."""
+def f1_threshold(scores: Sequence[float], labels: Sequence[bool], *, neg_weight: float = 1.0) -> float:
+    """The lowest threshold that maximises F1 on (out-of-fold) scores (`score >= t` is positive).
+    `neg_weight` counts each negative that many times: F1 at another prevalence than the sample's."""
+    pairs = sorted(zip(scores, labels, strict=True), key=lambda sl: -sl[0])
+    total_pos = sum(1 for y in labels if y)
     best, best_t = -1.0, 0.5
-    for t in sorted(set(scores)):
-        tp = sum(1 for s, y in zip(scores, labels, strict=True) if s >= t and y)
-        fp = sum(1 for s, y in zip(scores, labels, strict=True) if s >= t and not y)
-        fn = sum(1 for s, y in zip(scores, labels, strict=True) if s < t and y)
-        f1 = 2 * tp / (2 * tp + fp + fn) if tp else 0.0
+    tp = fp = 0
+    i = 0
+    candidates: list[tuple[float, float]] = []  # (threshold, F1), highest threshold first
+    while i < len(pairs):
+        j = i
+        while j < len(pairs) and pairs[j][0] == pairs[i][0]:
+            tp += pairs[j][1]
+            fp += not pairs[j][1]
+            j += 1
+        fn = total_pos - tp
+        f1 = 2 * tp / (2 * tp + neg_weight * fp + fn) if tp else 0.0
+        candidates.append((pairs[i][0], f1))
+        i = j
+    for t, f1 in reversed(candidates):  # ascending thresholds: a tie keeps the lowest
         if f1 > best:
             best, best_t = f1, t
     return best_t
@@ -248,23 +265,33 @@ def average_precision(scores: Sequence[float], labels: Sequence[bool]) -> float:
     return ap
 
 
-def train(examples: Sequence[Example], cfg: TrainConfig | None = None) -> Model:
-    """Fit on everything; choose the regularisation and both thresholds on out-of-fold scores
-    (models trained without the scored commit's repository): the L2 strength with the best average
-    precision over the grid, the gate for recall, the label threshold for F1."""
-    cfg = cfg or TrainConfig()
-    if not any(e.label for e in examples) or all(e.label for e in examples):
-        raise ValueError("training needs both positive and negative examples")
-    labels = [e.label for e in examples]
+def grid_scores(examples: Sequence[Example], cfg: TrainConfig) -> dict[float, list[float]]:
+    """Out-of-fold scores (inner repository folds) for each L2 strength `train` would consider."""
     grid = (cfg.l2,) if cfg.l2 is not None else tuple(sorted(cfg.l2_grid, reverse=True))
-    chosen: tuple[float, float, list[float]] | None = None  # (AP, l2, oof)
-    for l2 in grid:  # strongest first: a tie keeps the simpler model
-        oof_l2 = out_of_fold_scores(examples, replace(cfg, l2=l2), cfg.inner_folds)
-        ap = average_precision(oof_l2, labels)
+    return {l2: out_of_fold_scores(examples, replace(cfg, l2=l2), cfg.inner_folds) for l2 in grid}
+
+
+def choose_l2(oof_by_l2: dict[float, list[float]], labels: Sequence[bool]) -> tuple[float, float]:
+    """(L2, AP): the strength whose out-of-fold scores rank best; strongest first, so a tie keeps
+    the simpler model."""
+    chosen: tuple[float, float] | None = None  # (AP, l2)
+    for l2 in sorted(oof_by_l2, reverse=True):
+        ap = average_precision(oof_by_l2[l2], labels)
         if chosen is None or ap > chosen[0] + 1e-9:
-            chosen = (ap, l2, oof_l2)
+            chosen = (ap, l2)
     assert chosen is not None
-    ap, l2, oof = chosen
+    return chosen[1], chosen[0]
+
+
+def train_from_scores(
+    examples: Sequence[Example], cfg: TrainConfig, oof_by_l2: dict[float, list[float]]
+) -> tuple[Model, list[float]]:
+    """`train` once the out-of-fold scores per L2 are known (cross-validation computes them once
+    for several grids); also returns the chosen strength's out-of-fold scores."""
+    labels = [e.label for e in examples]
+    l2, ap = choose_l2(oof_by_l2, labels)
+    oof = oof_by_l2[l2]
+    grid = sorted(oof_by_l2, reverse=True)
     cfg = replace(cfg, l2=l2)
     pos = [s for s, y in zip(oof, labels, strict=True) if y]
     label_t = f1_threshold(oof, labels)
@@ -290,4 +317,18 @@ def train(examples: Sequence[Example], cfg: TrainConfig | None = None) -> Model:
             "inner_folds": cfg.inner_folds,
         },
     }
-    return Model(w, b, label_threshold=label_t, gate_threshold=gate, meta=meta)
+    return Model(w, b, label_threshold=label_t, gate_threshold=gate, meta=meta), oof
+
+
+def check_classes(examples: Sequence[Example]) -> None:
+    if not any(e.label for e in examples) or all(e.label for e in examples):
+        raise ValueError("training needs both positive and negative examples")
+
+
+def train(examples: Sequence[Example], cfg: TrainConfig | None = None) -> Model:
+    """Fit on everything; choose the regularisation and both thresholds on out-of-fold scores
+    (models trained without the scored commit's repository): the L2 strength with the best average
+    precision over the grid, the gate for recall, the label threshold for F1."""
+    cfg = cfg or TrainConfig()
+    check_classes(examples)
+    return train_from_scores(examples, cfg, grid_scores(examples, cfg))[0]
