@@ -60,6 +60,9 @@ def dsettings(tmp_path: Path, **builder: object) -> Any:
     )
 
 
+# the module's engine fixture debootstraps the base image on a fresh machine (~80 s alone, over
+# 300 s beside 3 compile loops): pytest-timeout counts that setup against the first test
+@pytest.mark.timeout(1200)
 def test_bootstrapped_base_image_has_the_toolchain(engine: Any) -> None:
     # wait for the exit, then read the logs: `run(remove=True)` can return before podman has
     # collected all of a short-lived container's output
