@@ -131,7 +131,7 @@ def _design(feats: Sequence[frozenset[str]], vocab: dict[str, int]) -> sparse.cs
     return sparse.csr_matrix((data, (rows, cols)), shape=(len(feats), len(vocab)))
 
 
-def _fit(x: sparse.csr_matrix, y: np.ndarray, l2: float) -> tuple[np.ndarray, float]:
+def fit_logistic(x: sparse.csr_matrix, y: np.ndarray, l2: float) -> tuple[np.ndarray, float]:
     import numpy as np
     from scipy import optimize
 
@@ -152,11 +152,6 @@ def _fit(x: sparse.csr_matrix, y: np.ndarray, l2: float) -> tuple[np.ndarray, fl
 
     res = optimize.minimize(loss, np.zeros(n + 1), jac=True, method="L-BFGS-B", options={"maxiter": 500})
     return res.x[:n], float(res.x[n])
-
-
-def fit_logistic(x: sparse.csr_matrix, y: np.ndarray, l2: float) -> tuple[np.ndarray, float]:
-    """Weights and bias of a class-balanced L2 logistic regression (training only)."""
-    return _fit(x, y, l2)
 
 
 def _vocabulary(feats: Sequence[frozenset[str]], repos: Sequence[str], cfg: TrainConfig) -> dict[str, int]:
@@ -181,7 +176,7 @@ def fit_weights(examples: Sequence[Example], cfg: TrainConfig) -> tuple[dict[str
     feats = [commit_features(e.message, e.issue_text, e.diff) for e in examples]
     vocab = _vocabulary(feats, [e.repo for e in examples], cfg)
     y = np.array([1.0 if e.label else 0.0 for e in examples])
-    w, b = _fit(_design(feats, vocab), y, cfg.l2 if cfg.l2 is not None else 1.0)
+    w, b = fit_logistic(_design(feats, vocab), y, cfg.l2 if cfg.l2 is not None else 1.0)
     return {f: float(w[j]) for f, j in vocab.items() if abs(w[j]) >= 1e-3}, b
 
 
