@@ -60,6 +60,7 @@ from cppperf.shared.engine.cmake import (
     test_options_from_text,
 )
 from cppperf.shared.engine.deps import diagnose
+from cppperf.shared.engine.docker_exec import exec_bounded
 from cppperf.shared.engine.fetchcontent import has_init_cache
 from cppperf.shared.engine.images import (
     RUNNER,
@@ -75,6 +76,8 @@ from cppperf.shared.errors import InfraFailure
 WORK = "/work"
 UID = 1000
 HOME = "/work/home"  # a home inside the per-instance tree, never a shared temp dir
+RUN_MARGIN_S = 300.0  # a run's exec past its own timeout (the runner kills at it): the engine hangs
+SETUP_DEADLINE_S = 3600.0  # chown, hashing, reading the record: none takes an hour
 SIDE_UIDS = {"old": 1001, "expert": 1002, "new": 1001}  # hardened: every other side (agent) is UID
 # root in the container may only set up: chown trees, switch to the build uid, clean temp dirs,
 # and kill what a test left behind (the runner reaps as subreaper; the build uids get no caps)
@@ -186,8 +189,12 @@ class DockerBackend:
             box.remove(force=True)
         return box
 
+    def _exec(self, argv: list[str], *, user: str, deadline_s: float = SETUP_DEADLINE_S) -> tuple[int, bytes]:
+        """A command in the container that always returns (`docker_exec.exec_bounded`)."""
+        return exec_bounded(self.container, argv, user=user, deadline_s=deadline_s)
+
     def _root(self, argv: list[str]) -> None:
-        code, out = self.container.exec_run(argv, user="0")
+        code, out = self._exec(argv, user="0")
         if code != 0:
             raise InfraFailure(
                 f"{' '.join(argv)} failed in the container: {out.decode(errors='replace')[-500:]}"
@@ -264,7 +271,9 @@ class DockerBackend:
             "fresh_tmp": self.hardened,
             "reap": reap,  # the runner as subreaper: what the test left is killed, orphans' CPU counted
         }
-        code, out = self.container.exec_run(["python3", RUNNER, json.dumps(req)], user="0")
+        code, out = self._exec(
+            ["python3", RUNNER, json.dumps(req)], user="0", deadline_s=timeout + RUN_MARGIN_S
+        )
         try:
             ans = json.loads(out)
         except ValueError as exc:
@@ -420,7 +429,7 @@ class DockerBackend:
             "root": f"{WORK}/{side}/build",
             "replace": [f"{WORK}/old", f"{WORK}/new"] if side == "old" else ["", ""],
         }
-        code, out = self.container.exec_run(["python3", RUNNER, json.dumps(req)], user="0")
+        code, out = self._exec(["python3", RUNNER, json.dumps(req)], user="0")
         if code != 0:
             raise InfraFailure(f"hashing failed in the container: {out[-300:]!r}")
         files: dict[str, str] = json.loads(out)["files"]
@@ -451,7 +460,7 @@ class DockerBackend:
 
     def instructions_unsupported(self) -> str | None:
         """Why the container cannot count instructions (seccomp, no PMU), or None."""
-        code, out = self.container.exec_run(["python3", RUNNER, json.dumps({"op": "probe"})], user=str(UID))
+        code, out = self._exec(["python3", RUNNER, json.dumps({"op": "probe"})], user=str(UID))
         try:
             why: str | None = json.loads(out)["instructions_unsupported"]
         except (ValueError, KeyError):
@@ -462,7 +471,7 @@ class DockerBackend:
         """Compiler and CMake versions inside the container (first line of `--version`)."""
         out: dict[str, str] = {}
         for key, argv in (("compiler", ["c++", "--version"]), ("cmake", ["cmake", "--version"])):
-            code, text = self.container.exec_run(argv, user=str(UID))
+            code, text = self._exec(argv, user=str(UID))
             out[key] = text.decode(errors="replace").splitlines()[0] if code == 0 and text else ""
         return out
 
@@ -497,7 +506,7 @@ class DockerBackend:
         return remote
 
     def read_record(self) -> dict[str, Any]:
-        code, out = self.container.exec_run(["cat", f"{WORK}/instance.json"], user="0")
+        code, out = self._exec(["cat", f"{WORK}/instance.json"], user="0")
         if code != 0:
             raise InfraFailure("the image has no /work/instance.json")
         data: dict[str, Any] = json.loads(out)
