@@ -9,8 +9,8 @@ Every one of CppPerf-DB's instances built and passed its tests in the paper's pi
 100 %). For each selected instance (ids from the index; the repositories from the local clones
 given, never fetched by this script) the builder proves the commit against its parent with a
 few rounds only (`--runs 3 --warmup 0`: every test three times per side, the fewest the
-settings allow; a build-and-test check, not a timing claim; no core pinning), on the local backend
-and, where a container engine answers, the docker backend. Prints per instance the verdict or
+settings allow, one run per sample; a build-and-test check, not a timing claim; no core
+pinning), on the local backend and, where a container engine answers, the docker backend. Prints per instance the verdict or
 the rejection category with its first error line, then the yield per backend beside the paper's.
 Results go to `OUT/results.jsonl`; a re-run skips what is there (`--redo` to repeat).
 """
@@ -75,6 +75,9 @@ def prove_one(
             "build_timeout": args.build_timeout,
             "test_timeout": args.test_timeout,
             "pin_cpu": False,  # no timing claim here: let tests use any core
+            # one run per sample: no repeats of short tests up to the timing floor (a project
+            # registering hundreds of millisecond gtest cases, cpp-peglib, ran each ~17 times)
+            "sample_floor": 0.0,
             "cpuset": args.cpuset,
         },
     )
