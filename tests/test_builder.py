@@ -380,7 +380,8 @@ def test_same_path_trees_share_compiled_objects(demo_repo: DemoRepo, tmp_path: P
 
     if not sh.which("ccache") or not mount_namespace_available():
         pytest.skip("needs ccache and a private mount namespace")
-    s = make_settings(tmp_path, builder={"keep": True})
+    # the fewest timed rounds: only the builds are looked at here, not the verdict
+    s = make_settings(tmp_path, builder={"keep": True, "runs": 4, "confirm": False})
     built = build_patch(
         commit_for(demo_repo.path, demo_repo.shas["noop"]),
         demo_repo.path,
