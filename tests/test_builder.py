@@ -7,29 +7,24 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from cppperf.demo import DemoRepo
 from cppperf.services.builder.service import build_patch, validate_latest
-from cppperf.services.filter.links import LinkResolver
 from cppperf.services.filter.rules import Rules
-from cppperf.services.filter.select import to_message
-from cppperf.services.filter.walk import commit_details, iter_commits
 from cppperf.shared import messages as m
 from cppperf.shared.errors import RepoRejected
 from cppperf.shared.settings import Settings
-from tests.conftest import make_settings
+from tests.conftest import Proven, commit_for, make_settings
 from tests.gitrepo import commit_files
 
 pytestmark = pytest.mark.build
 
-
-def commit_for(repo: Path, sha: str, name: str = "local/demo") -> m.CommitSelected:
-    header = next(iter_commits(repo, f"{sha}^!"))
-    details = next(commit_details(repo, [header]))
-    return to_message(name, str(repo), header, details, LinkResolver())
+__all__ = ["commit_for"]  # other test modules import it from here
 
 
 @pytest.fixture
@@ -50,10 +45,24 @@ def prove(demo: DemoRepo, kind: str, settings: Settings, tmp_path: Path) -> dict
     return built.record
 
 
+def shared(proven: Callable[[str], Proven], kind: str, settings: Settings) -> dict:  # type: ignore[type-arg]
+    """The session's proof of `kind` (see conftest `proven`), made with these very settings."""
+    p = proven(kind)
+    own = msgspec.structs.replace(  # all but the paths below each test's tmp_path
+        settings.builder,
+        work_dir=p.settings.builder.work_dir,
+        submodule_cache=p.settings.builder.submodule_cache,
+    )
+    assert own == p.settings.builder
+    assert p.path.exists()
+    assert json.loads(p.path.read_text()) == p.record
+    return p.record
+
+
 def test_perf_commit_is_improved_and_names_the_test(
-    demo_repo: DemoRepo, settings: Settings, tmp_path: Path
+    demo_repo: DemoRepo, proven: Callable[[str], Proven], settings: Settings
 ) -> None:
-    rec = prove(demo_repo, "perf", settings, tmp_path)
+    rec = shared(proven, "perf", settings)
     c = rec["cppperf"]
     assert c["verdict"] == "improved", c
     assert rec["tests"]["significant_improvements_tests"] == ["spin"]
@@ -105,8 +114,8 @@ def test_perf_commit_is_improved_and_names_the_test(
     assert rec["tests"]["tests"][0]["relative_improvement_median"] is not None
 
 
-def test_noop_commit_is_not_improved(demo_repo: DemoRepo, settings: Settings, tmp_path: Path) -> None:
-    rec = prove(demo_repo, "noop", settings, tmp_path)
+def test_noop_commit_is_not_improved(proven: Callable[[str], Proven], settings: Settings) -> None:
+    rec = shared(proven, "noop", settings)
     assert rec["cppperf"]["verdict"] == "not-improved"
     assert rec["tests"]["significant_improvements"] == 0
 
@@ -132,8 +141,8 @@ def test_paper_profile_builds_debug_and_decides_by_the_papers_rule(
     assert cp["decision_rule"] == "paper" and cp["verdict"] == cp["verdict_paper_rule"] == "improved"
 
 
-def test_slowdown_is_a_regression(demo_repo: DemoRepo, settings: Settings, tmp_path: Path) -> None:
-    rec = prove(demo_repo, "regression", settings, tmp_path)
+def test_slowdown_is_a_regression(proven: Callable[[str], Proven], settings: Settings) -> None:
+    rec = shared(proven, "regression", settings)
     assert rec["cppperf"]["verdict"] == "regressed"
     # the slowed test is named; a ~10 ms neighbour on a busy 2-core machine may be flagged too (noise)
     assert "spin" in rec["tests"]["significant_regressions_tests"]
@@ -371,7 +380,8 @@ def test_same_path_trees_share_compiled_objects(demo_repo: DemoRepo, tmp_path: P
 
     if not sh.which("ccache") or not mount_namespace_available():
         pytest.skip("needs ccache and a private mount namespace")
-    s = make_settings(tmp_path, builder={"keep": True})
+    # the fewest timed rounds: only the builds are looked at here, not the verdict
+    s = make_settings(tmp_path, builder={"keep": True, "runs": 4, "confirm": False})
     built = build_patch(
         commit_for(demo_repo.path, demo_repo.shas["noop"]),
         demo_repo.path,

@@ -7,6 +7,7 @@ Debian package is installed into an env image, and repositories share the base l
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from cppperf.shared.engine.backends import make_backend
 from cppperf.shared.engine.cmake import TestCase as CTestCase
 from cppperf.shared.engine.images import base_name, bootstrap_base, ensure_env_image
 from cppperf.shared.engine.sandbox import Limits
+from cppperf.shared.settings import Settings
 from tests.conftest import make_settings
 from tests.gitrepo import commit_files
 from tests.test_builder import _two_commit_repo, commit_for
@@ -60,6 +62,24 @@ def dsettings(tmp_path: Path, **builder: object) -> Any:
     )
 
 
+@pytest.fixture(scope="module")
+def docker_perf(
+    engine: Any, demo_repo: DemoRepo, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Settings, dict[str, Any]]:
+    """The demo's perf commit proven once on the docker backend (with its instance image): the
+    reproduce and evaluator tests read it."""
+    tmp = tmp_path_factory.mktemp("docker-perf")
+    s = dsettings(tmp)
+    built = build_patch(
+        commit_for(demo_repo.path, demo_repo.shas["perf"]),
+        demo_repo.path,
+        s.builder,
+        work_dir=tmp / "work",
+        out_dir=Path(s.out_dir),
+    )
+    return s, built.record
+
+
 # the module's engine fixture debootstraps the base image on a fresh machine (~80 s alone, over
 # 300 s beside 3 compile loops): pytest-timeout counts that setup against the first test
 @pytest.mark.timeout(1200)
@@ -81,16 +101,11 @@ def test_bootstrapped_base_image_has_the_toolchain(engine: Any) -> None:
 
 
 @pytest.mark.timeout(1200)  # two protocols through one exec per run: ~11 min beside 6 compile loops
-def test_instance_image_reproduces_the_verdict(engine: Any, demo_repo: DemoRepo, tmp_path: Path) -> None:
-    s = dsettings(tmp_path)
-    built = build_patch(
-        commit_for(demo_repo.path, demo_repo.shas["perf"]),
-        demo_repo.path,
-        s.builder,
-        work_dir=tmp_path / "work",
-        out_dir=tmp_path / "out",
-    )
-    c = built.record["cppperf"]
+def test_instance_image_reproduces_the_verdict(
+    engine: Any, demo_repo: DemoRepo, docker_perf: tuple[Settings, dict[str, Any]], tmp_path: Path
+) -> None:
+    s, record = docker_perf
+    c = record["cppperf"]
     assert c["verdict"] == "improved" and c["builder"] == "docker"
     image = c["image"]
     assert image == f"cppperf/local__demo:{demo_repo.shas['perf'][:12]}"
@@ -250,28 +265,27 @@ def test_missing_package_is_installed_into_an_env_image(engine: Any, tmp_path: P
     assert [st["step"] for st in c["build_steps"]][:2] == ["configure", "configure"]
 
 
-def test_repositories_share_the_base_layers(engine: Any, demo_repo: DemoRepo, tmp_path: Path) -> None:
+def test_repositories_share_the_base_layers(
+    engine: Any, demo_repo: DemoRepo, docker_perf: tuple[Settings, dict[str, Any]], tmp_path: Path
+) -> None:
     s = dsettings(tmp_path)
     other = tmp_path / "demo-b"
     subprocess.run(["git", "clone", "-q", str(demo_repo.path), str(other)], check=True)
+    # a second repository's instance image; the comment-only commit gets one without timing runs
     built = build_patch(
-        commit_for(other, demo_repo.shas["regression"], "local/demo-b"),
+        commit_for(other, demo_repo.shas["comment"], "local/demo-b"),
         other,
         s.builder,
         work_dir=tmp_path / "work",
         out_dir=tmp_path / "out",
     )
+    assert built.record["cppperf"]["verdict"] == "unchanged-binaries"
     img_b = engine.images.get(built.record["cppperf"]["image"])
-    img_a = (
-        engine.images.get(f"cppperf/local__demo:{demo_repo.shas['perf'][:12]}")
-        if _has(engine, f"cppperf/local__demo:{demo_repo.shas['perf'][:12]}")
-        else None
-    )
+    img_a = engine.images.get(docker_perf[1]["cppperf"]["image"])  # the demo's own (local/demo)
     base_layers = engine.images.get(base_name("bookworm")).attrs["RootFS"]["Layers"]
     layers_b = img_b.attrs["RootFS"]["Layers"]
     assert layers_b[: len(base_layers)] == base_layers  # the instance image is base + its own layer(s)
-    if img_a is not None:
-        assert img_a.attrs["RootFS"]["Layers"][: len(base_layers)] == base_layers
+    assert img_a.attrs["RootFS"]["Layers"][: len(base_layers)] == base_layers
     # the same package set maps to the same env image: built once, shared
     assert ensure_env_image(engine, base_name("bookworm"), ["libgsl-dev"]) == ensure_env_image(
         engine, base_name("bookworm"), ["libgsl-dev"]
@@ -286,21 +300,21 @@ def _has(engine: Any, name: str) -> bool:
     return True
 
 
-def test_evaluator_in_containers(engine: Any, demo_repo: DemoRepo, tmp_path: Path) -> None:
+@pytest.mark.timeout(1200)  # sets up the module's docker proof too when run on its own
+def test_evaluator_in_containers(
+    engine: Any, docker_perf: tuple[Settings, dict[str, Any]], tmp_path: Path
+) -> None:
     from cppperf.services.evaluator.pipeline import EvalRequest, evaluate
 
     s = dsettings(tmp_path)
     s.evaluator.runs = 8
     s.evaluator.runs_dir = str(tmp_path / "runs")
-    built = build_patch(
-        commit_for(demo_repo.path, demo_repo.shas["perf"]),
-        demo_repo.path,
-        s.builder,
-        work_dir=tmp_path / "work",
-        out_dir=Path(s.out_dir),
-    )
-    iid = built.record["cppperf"]["instance_id"]
-    expert = built.record["commit_info"]["patch"][0]
+    record = docker_perf[1]
+    iid = record["cppperf"]["instance_id"]
+    src = Path(docker_perf[0].out_dir) / "instances" / f"{iid}.json"  # into this test's own OUT
+    (Path(s.out_dir) / "instances").mkdir(parents=True)
+    shutil.copyfile(src, Path(s.out_dir) / "instances" / src.name)
+    expert = record["commit_info"]["patch"][0]
     rep = evaluate(EvalRequest(run_id="d", model="expert", instance_id=iid, patch=expert), s)
     assert rep["verdict"] == "opt", rep.get("reason")
     broken = expert.replace(
@@ -308,7 +322,9 @@ def test_evaluator_in_containers(engine: Any, demo_repo: DemoRepo, tmp_path: Pat
     )
     rep2 = evaluate(EvalRequest(run_id="d", model="broken", instance_id=iid, patch=broken), s)
     assert rep2["verdict"] == "tests-failed" and rep2["failing_tests"][0]["test"] == "spin"
-    assert not engine.containers.list(all=True, filters={"status": "running"})
+    # none of this test's containers is left (other cppperf runs on the engine may have theirs)
+    boxes = engine.containers.list(all=True, filters={"label": "cppperf=box"})
+    assert not [b for b in boxes if b.labels.get("cppperf.logs", "").startswith(f"{s.work_dir()}/")]
 
 
 def test_images_prune_removes_dangling_layers(engine: Any, tmp_path: Path) -> None:

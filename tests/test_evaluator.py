@@ -14,19 +14,17 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cppperf.demo import DemoRepo, core
-from cppperf.services.builder.service import build_patch
+from cppperf.demo import core
 from cppperf.services.evaluator.pipeline import EvalRequest, evaluate, summarize
 from cppperf.shared.engine.leases import core_plan
 from cppperf.shared.settings import Settings
-from tests.conftest import make_settings
-from tests.test_builder import commit_for
+from tests.conftest import Proven, make_settings
 
 pytestmark = pytest.mark.build
 
@@ -49,19 +47,14 @@ def hostile_core(body: str, includes: str = "") -> str:
 
 @pytest.fixture(scope="module")
 def instance_env(
-    tmp_path_factory: pytest.TempPathFactory, demo_repo: DemoRepo
+    tmp_path_factory: pytest.TempPathFactory, proven: Callable[[str], Proven]
 ) -> tuple[Settings, str, dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("eval")
     settings = make_settings(tmp, evaluator={"runs": 8, "runs_dir": str(tmp / "runs"), "test_timeout": 5.0})
-    built = build_patch(
-        commit_for(demo_repo.path, demo_repo.shas["perf"]),
-        demo_repo.path,
-        settings.builder,
-        work_dir=tmp / "work",
-        out_dir=Path(settings.out_dir),
-    )
-    assert built.record["cppperf"]["verdict"] == "improved"
-    return settings, built.record["cppperf"]["instance_id"], built.record
+    perf = proven("perf")  # the session's proof (conftest), read from this module's own OUT
+    perf.copy_to(Path(settings.out_dir))
+    assert perf.record["cppperf"]["verdict"] == "improved"
+    return settings, perf.record["cppperf"]["instance_id"], perf.record
 
 
 def run(env: tuple[Settings, str, dict[str, Any]], patch: str, model: str) -> dict[str, Any]:
@@ -298,20 +291,15 @@ def test_summary_splits_single_and_multi_file(tmp_path: Path) -> None:
 
 @pytest.mark.nats
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # three instances built, then six trees per evaluation on two cores
+@pytest.mark.timeout(900)  # three instances built (unless earlier tests did), then six trees per evaluation
 def test_predictions_over_the_bus_with_two_workers(
-    nats_server: Any, demo_repo: DemoRepo, tmp_path: Path
+    nats_server: Any, proven: Callable[[str], Proven], tmp_path: Path
 ) -> None:
     settings = make_settings(tmp_path)
     ids = []
-    for kind in ("perf", "noop", "regression"):
-        b = build_patch(
-            commit_for(demo_repo.path, demo_repo.shas[kind]),
-            demo_repo.path,
-            settings.builder,
-            work_dir=tmp_path / "work",
-            out_dir=Path(settings.out_dir),
-        )
+    for kind in ("perf", "noop", "regression"):  # the session's proofs (conftest), in this OUT
+        b = proven(kind)
+        b.copy_to(Path(settings.out_dir))
         ids.append((b.record["cppperf"]["instance_id"], b.record["commit_info"]["patch"][0]))
     preds = tmp_path / "preds.jsonl"
     preds.write_text(

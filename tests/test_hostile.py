@@ -29,20 +29,18 @@ import socket
 import subprocess
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cppperf.demo import DemoRepo, core
-from cppperf.services.builder.service import build_patch
+from cppperf.demo import core
 from cppperf.services.evaluator.pipeline import EvalRequest, evaluate
 from cppperf.shared.engine.sandbox import jail_available
 from cppperf.shared.settings import Settings
-from tests.conftest import make_settings
-from tests.test_builder import commit_for
+from tests.conftest import Proven, make_settings
 from tests.test_evaluator import core_patch, hostile_core
 
 pytestmark = [
@@ -135,18 +133,15 @@ class Host:
 
 
 @pytest.fixture(scope="module")
-def instance(tmp_path_factory: pytest.TempPathFactory, demo_repo: DemoRepo) -> tuple[Settings, str, Path]:
+def instance(
+    tmp_path_factory: pytest.TempPathFactory, proven: Callable[[str], Proven]
+) -> tuple[Settings, str, Path]:
     tmp = tmp_path_factory.mktemp("hostile")
     settings = make_settings(tmp, evaluator={"runs": 4, "runs_dir": str(tmp / "runs"), "test_timeout": 10.0})
-    built = build_patch(
-        commit_for(demo_repo.path, demo_repo.shas["perf"]),
-        demo_repo.path,
-        settings.builder,
-        work_dir=tmp / "work",
-        out_dir=Path(settings.out_dir),
-    )
-    assert built.record["cppperf"]["verdict"] == "improved"
-    return settings, built.record["cppperf"]["instance_id"], tmp
+    perf = proven("perf")  # the session's proof (conftest), read from this module's own OUT
+    perf.copy_to(Path(settings.out_dir))
+    assert perf.record["cppperf"]["verdict"] == "improved"
+    return settings, perf.record["cppperf"]["instance_id"], tmp
 
 
 @pytest.fixture

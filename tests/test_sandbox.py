@@ -352,3 +352,29 @@ def test_the_runner_as_subreaper_counts_orphans_outside_a_pid_namespace() -> Non
     assert "done" in str(blind["output"]) and "done" in str(seen["output"])
     assert float(str(blind["cpu_s"])) < 0.3, blind
     assert float(str(seen["cpu_s"])) >= 0.45, seen
+
+
+def test_the_runner_reaps_a_daemon_holding_its_output_at_once() -> None:
+    """A daemon the test left (its own session, our stdout still open) is killed as soon as the
+    test exits: the run does not wait for the pipe's end, and nothing is left behind."""
+    import json
+    import subprocess
+    import time
+
+    from cppperf.shared.engine.sandbox import RUNNER_PATH
+
+    arg = f"4243.{os.getpid()}"
+    daemon = (
+        "import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        f"        os.execv('/bin/sleep', ['sleep', '{arg}'])\n    os._exit(0)\nos.wait()\nprint('hi')\n"
+    )
+    req = {"op": "run", "argv": [sys.executable, "-c", daemon], "timeout": 60, "reap": True}
+    t0 = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, str(RUNNER_PATH), json.dumps(req)], capture_output=True, text=True, check=True
+    ).stdout
+    took = time.monotonic() - t0
+    assert json.loads(out)["output"] == "hi\n"
+    left = subprocess.run(["pgrep", "-f", f"sleep {arg}"], capture_output=True, text=True, check=False)
+    assert left.stdout.strip() == ""
+    assert took < 4.0, took  # the reader's 5 s wait for the pipe's end was not needed

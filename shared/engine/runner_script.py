@@ -324,10 +324,13 @@ def _run(req: dict[str, Any]) -> dict[str, Any]:
     if counter is not None:
         counter.receive()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    status, usage, wall, timed_out = supervise(proc, keep, float(req.get("timeout", 600)), start)
+    # reaping before the output is drained: a daemon the command left holding its stdout would
+    # otherwise keep the pipe open until the reader's 5 s wait ran out, on every run
+    status, usage, wall, timed_out = supervise(
+        proc, keep, float(req.get("timeout", 600)), start, after_exit=_reap_all if reap else None
+    )
     cpu_s = usage.ru_utime + usage.ru_stime
     if reap:
-        _reap_all()
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu_s = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     assert proc.stdout is not None
