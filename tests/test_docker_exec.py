@@ -134,3 +134,24 @@ def test_on_the_real_engine() -> None:
     finally:
         box.remove(force=True)
         client.close()
+
+
+def test_an_answer_the_engine_lost_is_asked_for_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # podman drops a short exec's whole output now and then (exit 0, empty stream)
+    from cppperf.shared.engine import docker_exec
+
+    replies = iter([(0, b""), (0, b""), (0, b'{"ok": 1}')])
+    calls: list[list[str]] = []
+
+    def flaky(container: Any, argv: list[str], **kw: Any) -> tuple[int, bytes]:
+        calls.append(argv)
+        return next(replies)
+
+    monkeypatch.setattr(docker_exec, "exec_bounded", flaky)
+    assert docker_exec.exec_answer(None, ["runner"], user="0", deadline_s=5) == (0, b'{"ok": 1}')
+    assert len(calls) == 3
+    # never more than ANSWER_TRIES runs: the caller sees the empty answer and says so
+    replies = iter([(0, b"")] * 10)
+    calls.clear()
+    assert docker_exec.exec_answer(None, ["runner"], user="0", deadline_s=5) == (0, b"")
+    assert len(calls) == docker_exec.ANSWER_TRIES

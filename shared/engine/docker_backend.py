@@ -60,7 +60,7 @@ from cppperf.shared.engine.cmake import (
     test_options_from_text,
 )
 from cppperf.shared.engine.deps import diagnose
-from cppperf.shared.engine.docker_exec import exec_bounded
+from cppperf.shared.engine.docker_exec import exec_answer, exec_bounded
 from cppperf.shared.engine.fetchcontent import has_init_cache
 from cppperf.shared.engine.images import (
     RUNNER,
@@ -189,12 +189,16 @@ class DockerBackend:
             box.remove(force=True)
         return box
 
-    def _exec(self, argv: list[str], *, user: str, deadline_s: float = SETUP_DEADLINE_S) -> tuple[int, bytes]:
-        """A command in the container that always returns (`docker_exec.exec_bounded`)."""
-        return exec_bounded(self.container, argv, user=user, deadline_s=deadline_s)
+    def _exec(
+        self, argv: list[str], *, user: str, deadline_s: float = SETUP_DEADLINE_S, answer: bool = True
+    ) -> tuple[int, bytes]:
+        """A command in the container that always returns (`docker_exec.exec_bounded`); one that
+        prints its answer (`answer`: the runner, reads) runs again when the engine loses its output."""
+        run = exec_answer if answer else exec_bounded
+        return run(self.container, argv, user=user, deadline_s=deadline_s)
 
     def _root(self, argv: list[str]) -> None:
-        code, out = self._exec(argv, user="0")
+        code, out = self._exec(argv, user="0", answer=False)
         if code != 0:
             raise InfraFailure(
                 f"{' '.join(argv)} failed in the container: {out.decode(errors='replace')[-500:]}"

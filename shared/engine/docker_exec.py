@@ -15,6 +15,13 @@ exec among thousands, the builder blocked for good).
   the builder's message is redelivered and retried).
 
 The output is stdout and stderr together in the order received, as `exec_run` returns them.
+
+Lost output: podman (4.3) also drops a short exec's whole output now and then — exit code 0,
+nothing on the stream (3 in 300 `exec_run`s of a 700-byte `python3 -c` beside a build, the
+SDK's own call as often as ours). A command whose answer is its output (the runner's JSON, a
+record, a version line) goes through `exec_answer`, which runs it again when the output is
+empty (`ANSWER_TRIES` in all); every command sent that way may run twice — a test run
+re-taken, a build resumed, a read repeated — and each retry is logged.
 """
 
 from __future__ import annotations
@@ -27,9 +34,13 @@ import time
 from typing import Any
 
 from cppperf.shared.errors import InfraFailure
+from cppperf.shared.logging import get_logger
+
+log = get_logger(__name__)
 
 HEADER = struct.Struct(">BxxxL")  # the engine's stream frame: stream id, 3 zero bytes, length
 DRAIN_S = 1.0  # after the exec has ended: how long to wait for output still on its way
+ANSWER_TRIES = 3  # runs of a command whose answer the engine returned empty
 
 
 def _demux(buf: bytes) -> tuple[bytes, bytes]:
@@ -111,3 +122,21 @@ def exec_bounded(
     if code is None:
         raise InfraFailure(f"the engine has no exit code for `{what}`")
     return int(code), bytes(out)
+
+
+def exec_answer(
+    container: Any,
+    argv: list[str],
+    *,
+    user: str,
+    deadline_s: float,
+    idle_check_s: float = 15.0,
+) -> tuple[int, bytes]:
+    """`exec_bounded` for a command that always prints its answer: run again while the engine
+    returns no output at all (up to `ANSWER_TRIES` runs); the last try's result otherwise."""
+    for attempt in range(1, ANSWER_TRIES + 1):
+        code, out = exec_bounded(container, argv, user=user, deadline_s=deadline_s, idle_check_s=idle_check_s)
+        if out.strip():
+            break
+        log.warning("exec_output_lost", command=" ".join(argv)[:80], exit_code=code, attempt=attempt)
+    return code, out
