@@ -22,6 +22,7 @@ from cppperf.services.builder.reproduce import reproduce_image
 from cppperf.services.builder.service import build_patch
 from cppperf.shared.engine.backends import make_backend
 from cppperf.shared.engine.cmake import TestCase as CTestCase
+from cppperf.shared.engine.docker_exec import exec_answer
 from cppperf.shared.engine.images import base_name, bootstrap_base, ensure_env_image
 from cppperf.shared.engine.sandbox import Limits
 from cppperf.shared.settings import Settings
@@ -92,7 +93,7 @@ def test_bootstrapped_base_image_has_the_toolchain(engine: Any) -> None:
     try:
         versions = {}
         for tool in ("g++", "cmake", "ninja"):
-            code, out = box.exec_run([tool, "--version"])
+            code, out = exec_answer(box, [tool, "--version"], user="0", deadline_s=120)
             assert code == 0, out
             versions[tool] = out.decode()
     finally:
@@ -159,7 +160,7 @@ def test_root_is_read_only_and_only_the_own_tree_is_writable(
         )
         for out in (step.result.output, test.output):
             assert "wrote" not in out and out.count("Read-only file system") == len(SYSTEM_PATHS), out
-        _code, raw = backend.container.exec_run(["sh", "-c", writes], user="0")  # not even root
+        _code, raw = backend._exec(["sh", "-c", writes], user="0")  # not even root
         assert b"wrote" not in raw and raw.count(b"Read-only file system") == len(SYSTEM_PATHS), raw
         changed = {d["Path"] for d in backend.container.diff() or []}
         assert not changed & {*SYSTEM_PATHS, "/home/runner", "/usr/local/bin"}, changed
@@ -205,9 +206,7 @@ def test_instance_image_carries_the_built_trees(engine: Any, demo_repo: DemoRepo
         rebuild = again.build("new")
         assert rebuild[0].ok and "no work to do" in rebuild[0].result.output, rebuild[0].result.output
         assert again.volume.name != backend.volume.name
-        _code, out = again.container.exec_run(
-            ["sh", "-c", "stat -c %U /work/new/build; touch /etc/x"], user="0"
-        )
+        _code, out = again._exec(["sh", "-c", "stat -c %U /work/new/build; touch /etc/x"], user="0")
         assert out.decode().split("\n")[0] == "runner" and b"Read-only file system" in out, out
     finally:
         backend.cleanup()

@@ -135,7 +135,7 @@ def test_docker_backend_trees_carry_submodules(family: dict[str, object], tmp_pa
     backend: Any = make_backend(s.builder, tmp_path / "w", source=(top, sha, "2024-01-01"))
     try:
         backend.prepare(top, {"old": sha, "new": sha})  # mid from the clone, leaf fetched (nested)
-        code, out = backend.container.exec_run(["cat", "/work/new/src/third_party/mid/deps/leaf/leaf.h"])
+        code, out = backend._exec(["cat", "/work/new/src/third_party/mid/deps/leaf/leaf.h"], user="1000")
         assert code == 0 and out.decode() == "int leaf = 1;\n", out
     finally:
         backend.cleanup()
