@@ -124,18 +124,11 @@ def exec_bounded(
     return int(code), bytes(out)
 
 
-def exec_answer(
-    container: Any,
-    argv: list[str],
-    *,
-    user: str,
-    deadline_s: float,
-    idle_check_s: float = 15.0,
-) -> tuple[int, bytes]:
+def exec_answer(container: Any, argv: list[str], *, user: str, deadline_s: float) -> tuple[int, bytes]:
     """`exec_bounded` for a command that always prints its answer: run again while the engine
     returns no output at all (up to `ANSWER_TRIES` runs); the last try's result otherwise."""
     for attempt in range(1, ANSWER_TRIES + 1):
-        code, out = exec_bounded(container, argv, user=user, deadline_s=deadline_s, idle_check_s=idle_check_s)
+        code, out = exec_bounded(container, argv, user=user, deadline_s=deadline_s)
         if out.strip():
             break
         log.warning("exec_output_lost", command=" ".join(argv)[:80], exit_code=code, attempt=attempt)
