@@ -10,8 +10,9 @@ Every one of CppPerf-DB's instances built and passed its tests in the paper's pi
 given, never fetched by this script) the builder proves the commit against its parent with a
 few rounds only (`--runs 3 --warmup 0`: every test three times per side, the fewest the
 settings allow, one run per sample; a build-and-test check, not a timing claim; no core
-pinning), on the local backend and, where a container engine answers, the docker backend. Prints per instance the verdict or
-the rejection category with its first error line, then the yield per backend beside the paper's.
+pinning), on the local backend and, where a container engine answers, the docker backend.
+Prints per instance the verdict or the rejection category with its first error line, then the
+yield per backend beside the paper's.
 Results go to `OUT/results.jsonl`; a re-run skips what is there (`--redo` to repeat).
 """
 
