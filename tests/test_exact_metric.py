@@ -75,7 +75,9 @@ def test_a_backend_without_valgrind_refuses_the_metric_in_one_line() -> None:
 @pytest.mark.build
 def test_the_demo_is_proven_on_exact_counts_without_a_lease(tmp_path: Path) -> None:
     demo = create_demo_repo(tmp_path / "demo", spin_iters=300_000, other_iters=200_000, extra_kinds=False)
-    settings = make_settings(tmp_path, builder={"metric": "cachegrind", "lease_dir": str(tmp_path / "leases")})
+    settings = make_settings(
+        tmp_path, builder={"metric": "cachegrind", "lease_dir": str(tmp_path / "leases")}
+    )
     records = {}
     for kind in ("perf", "noop"):
         built = build_patch(
