@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-import nkeys
+import nkeys  # type: ignore[import-untyped]  # no stubs; two functions used
 
 from cppperf.shared import messages as m
 from cppperf.shared.bus import agent_inbox
@@ -109,12 +109,25 @@ def remove_agent(conf: Path, name: str) -> None:
     write_atomic(conf, render(agents))
 
 
-def service_keys(creds_dir: Path) -> dict[str, str]:
-    """A key per service user: seeds into `creds_dir/<service>.creds`; returns the server-side
-    environment (`NKEY_<SERVICE>=<public key>`)."""
-    env: dict[str, str] = {}
+def new_service_keys(creds_dir: Path) -> dict[str, KeyPair]:
+    """A fresh key per service user, its seed written to `creds_dir/<service>.creds` (0600)."""
+    keys: dict[str, KeyPair] = {}
     for service in SERVICE_USERS:
-        key = new_key()
+        keys[service] = key = new_key()
         write_creds(creds_dir / f"{service}.creds", f"service-{service}", key.seed)
-        env[f"NKEY_{service.upper()}"] = key.public
-    return env
+    return keys
+
+
+def service_keys(creds_dir: Path) -> dict[str, str]:
+    """`new_service_keys`, returning the servers' environment (`NKEY_<SERVICE>=<public key>`)."""
+    return {f"NKEY_{s.upper()}": k.public for s, k in new_service_keys(creds_dir).items()}
+
+
+def k8s_secret(keys: dict[str, KeyPair], *, name: str = "cppperf-nats-keys") -> str:
+    """The Kubernetes Secret deploy/k8s reads: NKEY_* (public, for the NATS pods) and SEED_*
+    (each service's seed, for its pods only)."""
+    lines = [f"apiVersion: v1\nkind: Secret\nmetadata:\n  name: {name}\ntype: Opaque\nstringData:"]
+    for service, key in keys.items():
+        lines.append(f"  NKEY_{service.upper()}: {key.public}")
+        lines.append(f"  SEED_{service.upper()}: {key.seed}")
+    return "\n".join(lines) + "\n"

@@ -15,6 +15,7 @@ evaluator's reason.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -39,7 +40,9 @@ class AgentClient:
         self.timeout = timeout
 
     @classmethod
-    async def connect(cls, url: str, creds: str | None = None, *, timeout: float = 30.0) -> AgentClient:
+    async def connect(
+        cls, url: str, creds: str | None = None, *, request_timeout: float = 30.0
+    ) -> AgentClient:
         """Connect as the agent of `creds` (its name is in the file); without creds, as the agent
         `local` of an open development bus."""
         agent = m.LOCAL_AGENT
@@ -49,7 +52,7 @@ class AgentClient:
                 raise Refused(f"{creds} holds {name or 'no name'}, not an agent's credentials")
             agent = name.removeprefix("agent-")
         nc = await nats.connect(servers(url), connect_timeout=5, **credential_options(creds or ""))
-        return cls(nc, agent, timeout=timeout)
+        return cls(nc, agent, timeout=request_timeout)
 
     async def __aenter__(self) -> AgentClient:
         return self
@@ -67,7 +70,9 @@ class AgentClient:
         try:
             raw = await self.nc.request(subject, m.encode(msg), timeout=self.timeout)
         except NoRespondersError:
-            raise Refused(f"no evaluator answers {subject} (none running, or not this agent's subject)") from None
+            raise Refused(
+                f"no evaluator answers {subject} (none running, or not this agent's subject)"
+            ) from None
         except (NatsTimeout, TimeoutError):
             raise Refused(f"no answer on {subject} within {self.timeout:.0f}s") from None
         answer = m.decode(raw.data, m.AgentAnswer)
@@ -75,7 +80,9 @@ class AgentClient:
             raise Refused(answer.error)
         return answer
 
-    async def submit(self, instance: str, patch: str, *, run_id: str = "default", model: str = "manual") -> str:
+    async def submit(
+        self, instance: str, patch: str, *, run_id: str = "default", model: str = "manual"
+    ) -> str:
         """Queue one evaluation; returns its id (the same id again for the same request)."""
         req = m.AgentSubmit(run_id=run_id, model=model, instance_id=instance, patch=patch)
         return (await self._ask("submit", req)).id
@@ -88,9 +95,33 @@ class AgentClient:
         """A summary row (id, instance_id, model, verdict, opt, speed-ups) per finished evaluation."""
         return (await self._ask("results", m.AgentQuery(run_id=run_id))).results
 
-    async def wait(self, evaluation_id: str, *, poll: float = 1.0, timeout: float | None = None) -> dict[str, Any]:  # noqa: ASYNC109
+    async def wait(
+        self, evaluation_id: str, *, poll: float = 1.0, max_wait: float | None = None
+    ) -> dict[str, Any]:
         """Poll `result` until the evaluation is finished."""
-        async with asyncio.timeout(timeout):
-            while (report := await self.result(evaluation_id)) is None:
+        async with asyncio.timeout(max_wait):
+            while (report := await self.result(evaluation_id)) is None:  # noqa: ASYNC110 - a remote state
                 await asyncio.sleep(poll)
         return report
+
+
+async def evaluate_predictions(
+    client: AgentClient,
+    rows: list[dict[str, str]],
+    run_id: str,
+    *,
+    on_done: Callable[[int], None] | None = None,
+    poll: float = 1.0,
+) -> list[dict[str, Any]]:
+    """Submit SWE-bench prediction rows (instance_id, model_name_or_path, model_patch) and wait for
+    every report; `on_done(n)` after each one. A refusal of any row raises `Refused`."""
+    ids = [
+        await client.submit(r["instance_id"], r["model_patch"], run_id=run_id, model=r["model_name_or_path"])
+        for r in rows
+    ]
+    reports: list[dict[str, Any]] = []
+    for eid in ids:
+        reports.append(await client.wait(eid, poll=poll))
+        if on_done is not None:
+            on_done(len(reports))
+    return reports

@@ -102,13 +102,13 @@ def make_broker(settings: Settings, url: str) -> NatsBroker:
         reconnect_time_wait=settings.bus.reconnect_wait,  # type: ignore[arg-type]  # nats-py sleeps a float
         graceful_timeout=settings.bus.stop_grace,
         connect_timeout=5,
-        **broker_credentials(settings.bus.creds),
+        **broker_credentials(settings.bus.creds, settings.bus.nkey_seed),
     )
 
 
-def broker_credentials(creds: str) -> dict[str, Any]:
+def broker_credentials(creds: str, nkey_seed: str = "") -> dict[str, Any]:
     """FastStream's form of `credential_options` (its `security=` object for an NKey seed)."""
-    opts = credential_options(creds)
+    opts = credential_options(creds, nkey_seed)
     if "nkeys_seed_str" not in opts:
         return opts
     from faststream.nats.security import NatsNKey

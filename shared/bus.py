@@ -28,8 +28,8 @@ import contextlib
 import hashlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -133,6 +133,7 @@ class Bus:
     @classmethod
     async def connect(cls, url: str, settings: BusSettings, *, name: str = "cppperf") -> Bus:
         """Connect (with `settings.creds`, an NKey seed file, when set) and retry forever on loss."""
+
         async def disconnected() -> None:
             log.warning("nats_disconnected", connection=name)
 
@@ -155,7 +156,7 @@ class Bus:
             disconnected_cb=disconnected,
             reconnected_cb=reconnected,
             error_cb=error,
-            **credential_options(settings.creds),
+            **credential_options(settings.creds, settings.nkey_seed),
         )
         return cls(nc, nc.jetstream(timeout=10), settings)
 
@@ -481,12 +482,12 @@ def read_creds(path: str) -> tuple[str, str]:
     return fields.get("name", ""), fields["seed"]
 
 
-def credential_options(creds: str) -> dict[str, Any]:
-    """nats-py connect options for a creds file: the seed signs the server's nonce (the secret
-    never crosses the wire); an agent's replies come on `_INBOX_<name>.>`, the only inbox its
-    permissions let it read."""
+def credential_options(creds: str, nkey_seed: str = "") -> dict[str, Any]:
+    """nats-py connect options for a creds file (or a bare service seed): the seed signs the
+    server's nonce (the secret never crosses the wire); an agent's replies come on
+    `_INBOX_<name>.>`, the only inbox its permissions let it read."""
     if not creds:
-        return {}
+        return {"nkeys_seed_str": nkey_seed} if nkey_seed else {}
     name, seed = read_creds(creds)
     opts: dict[str, Any] = {"nkeys_seed_str": seed}
     if name.startswith("agent-"):

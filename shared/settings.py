@@ -67,6 +67,7 @@ class BusSettings(msgspec.Struct, kw_only=True):
     claim_lease: float = 60.0  # seconds a dead holder keeps a job's claim (renewed every third)
     dlq_inline_limit: int = 64 * 1024  # larger dead-lettered payloads go to the object store
     creds: str = ""  # NKey credentials file (`cppperf agents add|service-keys`); empty: no auth
+    nkey_seed: str = ""  # or the seed itself (k8s: from a Secret) when there is no creds file
     stream_max_bytes: int = 256 * 1024 * 1024  # per stream; a full work queue refuses publishes
     stream_max_msgs: int = 1_000_000  # per stream
     output_max_age: float = 30 * 24 * 3600.0  # patch.built / eval.completed announcements kept

@@ -14,7 +14,6 @@ from typing import Any
 import nats
 import pytest
 from nats.aio.client import Client as NatsClient
-from nats.js.errors import APIError
 
 from cppperf.agents import list_agents, remove_agent
 from cppperf.client import AgentClient, Refused
@@ -107,8 +106,8 @@ async def test_benign_agent_gets_its_verdict(secured: SecuredBus, evaluator: Any
     async with await AgentClient.connect(secured.url, secured.creds("alice")) as alice:
         fast = await alice.submit(INSTANCE, "fast patch", run_id="r1", model="m")
         plain = await alice.submit("local__demo-111111111111", "plain", run_id="r1", model="m")
-        assert (await alice.wait(fast, poll=0.1, timeout=20))["verdict"] == "opt"
-        assert (await alice.wait(plain, poll=0.1, timeout=20))["verdict"] == "correct"
+        assert (await alice.wait(fast, poll=0.1, max_wait=20))["verdict"] == "opt"
+        assert (await alice.wait(plain, poll=0.1, max_wait=20))["verdict"] == "correct"
         rows = await alice.results("r1")
     assert {r["id"] for r in rows} == {fast, plain}
     assert fast.startswith("alice.r1/")
@@ -123,7 +122,7 @@ async def test_bob_cannot_read_or_claim_alices_results(secured: SecuredBus, eval
         await AgentClient.connect(secured.url, secured.creds("bob")) as bob,
     ):
         eid = await alice.submit(INSTANCE, "fast", run_id="r1", model="m")
-        await alice.wait(eid, poll=0.1, timeout=20)
+        await alice.wait(eid, poll=0.1, max_wait=20)
         with pytest.raises(Refused, match="not an evaluation of bob"):
             await bob.result(eid)
         assert await bob.results("r1") == []  # bob's r1 is his own: empty
@@ -179,8 +178,8 @@ async def test_agent_sees_only_its_own_announcements(secured: SecuredBus, evalua
         ):
             ea = await ca.submit(INSTANCE, "fast a", run_id="r", model="m")
             eb = await cb.submit(INSTANCE, "fast b", run_id="r", model="m")
-            await ca.wait(ea, poll=0.1, timeout=20)
-            await cb.wait(eb, poll=0.1, timeout=20)
+            await ca.wait(ea, poll=0.1, max_wait=20)
+            await cb.wait(eb, poll=0.1, max_wait=20)
         await asyncio.sleep(0.2)
         assert [g.id for g in got] == [ea]
     finally:
@@ -220,8 +219,10 @@ async def test_evaluator_refuses_bad_requests_before_any_write(secured: SecuredB
     assert info.state.last_seq == 4  # only the accepted ones were ever written
 
 
-async def test_dedup_ids_are_the_evaluators_and_ids_cannot_collide(secured: SecuredBus, evaluator: Any) -> None:
-    ctx, ops = evaluator
+async def test_dedup_ids_are_the_evaluators_and_ids_cannot_collide(
+    secured: SecuredBus, evaluator: Any
+) -> None:
+    _, ops = evaluator
     assert m.evaluation_id("a/b", "c", "i") != m.evaluation_id("a", "b/c", "i")
     req = m.AgentSubmit(run_id="r", model="m", instance_id=INSTANCE, patch="fast")
     assert dedup_id("alice", req) != dedup_id("bob", req)
@@ -232,7 +233,7 @@ async def test_dedup_ids_are_the_evaluators_and_ids_cannot_collide(secured: Secu
         eb = await bob.submit(INSTANCE, "fast", run_id="r", model="m")  # bob first, same request
         ea = await alice.submit(INSTANCE, "fast", run_id="r", model="m")
         assert ea != eb
-        assert (await alice.wait(ea, poll=0.1, timeout=20))["verdict"] == "opt"
+        assert (await alice.wait(ea, poll=0.1, max_wait=20))["verdict"] == "opt"
         again = await alice.submit(INSTANCE, "fast", run_id="r", model="m")
         assert again == ea
     assert sorted(r.run_id for r in ops.ran) == ["alice.r", "bob.r"]
@@ -271,3 +272,24 @@ def test_agents_add_list_remove(tmp_path: Path) -> None:
         add_agent(conf, "a.b", tmp_path / "x.creds")
     remove_agent(conf, "carol")
     assert list_agents(conf) == {}
+
+
+def test_agents_cli_add_list_remove_and_service_keys(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from cppperf.cli.common import app
+
+    conf = tmp_path / "agents.conf"
+    conf.write_text((Path(__file__).resolve().parents[1] / "deploy" / "nats" / "agents.conf").read_text())
+    run = CliRunner().invoke
+    added = run(app, ["agents", "add", "dave", "--config", str(conf), "--creds", str(tmp_path / "d.creds")])
+    assert added.exit_code == 0, added.output
+    listed = run(app, ["agents", "list", "--config", str(conf)])
+    assert listed.output.split()[0] == "dave" and listed.output.split()[1].startswith("U")
+    again = run(app, ["agents", "add", "dave", "--config", str(conf), "--creds", str(tmp_path / "e.creds")])
+    assert again.exit_code == 2 and "exists" in again.output
+    assert run(app, ["agents", "remove", "dave", "--config", str(conf)]).exit_code == 0
+    assert run(app, ["agents", "list", "--config", str(conf)]).output == ""
+    keys = run(app, ["agents", "service-keys", "--out", str(tmp_path / "creds"), "--k8s"])
+    assert "kind: Secret" in keys.output and "SEED_EVALUATOR: SU" in keys.output
+    assert (tmp_path / "creds" / "evaluator.creds").stat().st_mode & 0o077 == 0

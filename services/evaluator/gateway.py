@@ -24,7 +24,7 @@ from cppperf.shared.bus import WORK_QUEUES
 from cppperf.shared.domain import EvaluationState, to_struct
 from cppperf.shared.errors import CppPerfError
 from cppperf.shared.logging import get_logger
-from cppperf.shared.ports import StageContext
+from cppperf.shared.service import ServiceContext
 
 log = get_logger(__name__)
 VERBS = ("submit", "result", "results")
@@ -57,14 +57,14 @@ def _check_token(what: str, value: str) -> str | None:
     return f"{what} {value[:80]!r} is not [A-Za-z0-9._-]{{1,128}} (refused, not rewritten)"
 
 
-async def pending(ctx: StageContext, agent: str) -> int:
+async def pending(ctx: ServiceContext, agent: str) -> int:
     """The agent's requests queued or being evaluated (work-queue messages not yet acked)."""
     subject = m.eval_requested_subject(agent)
     info = await ctx.bus.js.stream_info(WORK_QUEUES[m.EVAL_REQUESTED].stream, subjects_filter=subject)
     return int((info.state.subjects or {}).get(subject, 0))
 
 
-async def submit(ctx: StageContext, agent: str, data: bytes) -> m.AgentAnswer:
+async def submit(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:  # noqa: PLR0911 - one refusal per check
     ev = ctx.settings.evaluator
     if len(data) > ev.agent_max_patch_bytes + 64 * 1024:
         return refused(f"request of {len(data)} bytes: patches are capped at {ev.agent_max_patch_bytes}")
@@ -80,7 +80,9 @@ async def submit(ctx: StageContext, agent: str, data: bytes) -> m.AgentAnswer:
             return refused(error)
     queued = await pending(ctx, agent)
     if queued >= ev.agent_max_pending:
-        return refused(f"{queued} requests of {agent} pending (limit {ev.agent_max_pending}): wait for results")
+        return refused(
+            f"{queued} requests of {agent} pending (limit {ev.agent_max_pending}): wait for results"
+        )
     msg = m.EvalRequested(
         request_id=m.evaluation_id(m.agent_run(agent, req.run_id), req.model, req.instance_id),
         agent=agent,
@@ -103,7 +105,7 @@ def owns(agent: str, evaluation_id: str) -> bool:
     return evaluation_id.split("/", 1)[0].startswith(agent + ".")
 
 
-async def _report(ctx: StageContext, evaluation_id: str) -> dict[str, Any] | None:
+async def _report(ctx: ServiceContext, evaluation_id: str) -> dict[str, Any] | None:
     state = to_struct(await ctx.store.get("evaluations", evaluation_id) or {}, EvaluationState)
     if state.verdict is None:
         return None
@@ -111,7 +113,7 @@ async def _report(ctx: StageContext, evaluation_id: str) -> dict[str, Any] | Non
     return {**report, "id": evaluation_id, "verdict": state.verdict, "opt": state.opt}
 
 
-async def result(ctx: StageContext, agent: str, data: bytes) -> m.AgentAnswer:
+async def result(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:
     try:
         q = m.decode(data, m.AgentQuery)
     except CppPerfError as exc:
@@ -124,7 +126,7 @@ async def result(ctx: StageContext, agent: str, data: bytes) -> m.AgentAnswer:
     return m.AgentAnswer(ok=True, id=q.id, status="done", result=report)
 
 
-async def results(ctx: StageContext, agent: str, data: bytes) -> m.AgentAnswer:
+async def results(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:
     """Every finished evaluation of one of the agent's runs, summarized (full report: `result`)."""
     try:
         q = m.decode(data, m.AgentQuery)
@@ -144,7 +146,7 @@ async def results(ctx: StageContext, agent: str, data: bytes) -> m.AgentAnswer:
     return m.AgentAnswer(ok=True, results=rows)
 
 
-async def answer(ctx: StageContext, subject: str, data: bytes) -> m.AgentAnswer:
+async def answer(ctx: ServiceContext, subject: str, data: bytes) -> m.AgentAnswer:
     """The reply to one agent request (a refusal for anything malformed; never raises for input)."""
     who = agent_of(subject)
     if who is None:
