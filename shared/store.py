@@ -241,6 +241,11 @@ class Store:
         await self._on_blobs(lambda b: b.put(key, data))
         return key
 
+    async def blob_size(self, ref: str) -> int:
+        """The size of a stored object, read from its metadata (the object is not fetched)."""
+        info = await self._on_blobs(lambda b: b.get_info(ref))
+        return int(info.size or 0)
+
     async def get_blob(self, ref: str) -> bytes:
         res = await self._on_blobs(lambda b: b.get(ref))
         return bytes(res.data or b"")

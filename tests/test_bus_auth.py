@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -255,6 +256,33 @@ async def test_services_work_only_within_their_permissions(secured: SecuredBus) 
     assert await server_refuses(secured, "evaluator", publish="$KV.evaluations.x") == ""
 
 
+async def test_body_fields_cannot_redirect_replies_name_objects_or_claim_an_agent(
+    secured: SecuredBus, evaluator: Any
+) -> None:
+    ctx, ops = evaluator
+    await ctx.store.put_blob("patch/alice-secret", b"alice's fast patch")
+    bob = await as_user(secured, "bob")
+    try:
+        body = {
+            "run_id": "r",
+            "model": "m",
+            "instance_id": INSTANCE,
+            "patch": "bob's own",
+            "reply_to": "$KV.instances.x",  # the evaluator would publish there with its rights
+            "patch_ref": "patch/alice-secret",  # be scored on alice's patch
+            "agent": "alice",  # claim to be alice
+        }
+        raw = await bob.request(m.eval_api_subject("bob", "submit"), json.dumps(body).encode(), timeout=5)
+        answer = m.decode(raw.data, m.AgentAnswer)
+        assert answer.ok and answer.id.startswith("bob.r/")
+    finally:
+        await bob.close()
+    async with await AgentClient.connect(secured.url, secured.creds("bob")) as client:
+        assert (await client.wait(answer.id, poll=0.1, max_wait=20))["verdict"] == "correct"
+    assert [(r.run_id, r.patch) for r in ops.ran] == [("bob.r", "bob's own")]
+    assert await ctx.store.ids("instances") == []
+
+
 def test_agents_add_list_remove(tmp_path: Path) -> None:
     from cppperf.agents import add_agent
     from cppperf.shared.errors import BadInput
@@ -293,3 +321,15 @@ def test_agents_cli_add_list_remove_and_service_keys(tmp_path: Path) -> None:
     keys = run(app, ["agents", "service-keys", "--out", str(tmp_path / "creds"), "--k8s"])
     assert "kind: Secret" in keys.output and "SEED_EVALUATOR: SU" in keys.output
     assert (tmp_path / "creds" / "evaluator.creds").stat().st_mode & 0o077 == 0
+
+
+async def test_oversize_patch_ref_is_refused_on_its_metadata(evaluator: Any) -> None:
+    from cppperf.services.evaluator.handlers import on_request
+    from cppperf.shared.errors import BadInput
+
+    ctx, ops = evaluator
+    ref = await ctx.store.put_blob("patch/huge", b"x" * (ctx.settings.evaluator.max_patch_bytes + 1))
+    msg = m.EvalRequested(request_id="x", run_id="r", model="m", instance_id=INSTANCE, patch_ref=ref)
+    with pytest.raises(BadInput, match="over evaluator.max_patch_bytes"):
+        await on_request(ctx, ops, msg)
+    assert ops.ran == []

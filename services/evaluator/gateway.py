@@ -29,6 +29,7 @@ from cppperf.shared.service import ServiceContext
 log = get_logger(__name__)
 VERBS = ("submit", "result", "results")
 SUMMARY_FIELDS = ("gm_speedup_agent", "gm_speedup_expert", "reason")
+MAX_REPORT_REPLY = 512 * 1024  # a larger report is answered as its summary (`truncated: true`)
 
 
 def refused(error: str) -> m.AgentAnswer:
@@ -123,6 +124,9 @@ async def result(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:
     report = await _report(ctx, q.id)
     if report is None:
         return m.AgentAnswer(ok=True, id=q.id, status="pending")
+    if len(json.dumps(report)) > MAX_REPORT_REPLY:  # a reply must fit NATS's max payload
+        keep = ("id", "instance_id", "model", "verdict", "opt", *SUMMARY_FIELDS)
+        report = {**{k: report[k] for k in keep if k in report}, "truncated": True}
     return m.AgentAnswer(ok=True, id=q.id, status="done", result=report)
 
 

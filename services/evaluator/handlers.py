@@ -47,10 +47,14 @@ class PipelineOps:
 async def _patch(ctx: StageContext, msg: m.EvalRequested) -> str:
     if not msg.patch_ref:
         return msg.patch
+    limit = ctx.settings.evaluator.max_patch_bytes
     try:
-        return (await ctx.store.get_blob(msg.patch_ref)).decode(errors="replace")
+        size = await ctx.store.blob_size(msg.patch_ref)
+        if size <= limit:  # checked on the metadata: an oversize patch is never read or written
+            return (await ctx.store.get_blob(msg.patch_ref)).decode(errors="replace")
     except Exception as exc:  # nats' object store raises NotFoundError (and others) for a bad ref
         raise BadInput(f"patch_ref {msg.patch_ref!r} is not in the object store: {exc}") from exc
+    raise BadInput(f"patch_ref {msg.patch_ref!r} is {size} bytes, over evaluator.max_patch_bytes={limit}")
 
 
 async def _instance(ctx: StageContext, iid: str) -> EvalInstance | None:
