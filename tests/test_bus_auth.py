@@ -330,6 +330,6 @@ async def test_oversize_patch_ref_is_refused_on_its_metadata(evaluator: Any) -> 
     ctx, ops = evaluator
     ref = await ctx.store.put_blob("patch/huge", b"x" * (ctx.settings.evaluator.max_patch_bytes + 1))
     msg = m.EvalRequested(request_id="x", run_id="r", model="m", instance_id=INSTANCE, patch_ref=ref)
-    with pytest.raises(BadInput, match="over evaluator.max_patch_bytes"):
+    with pytest.raises(BadInput, match=r"over evaluator\.max_patch_bytes"):
         await on_request(ctx, ops, msg)
     assert ops.ran == []
