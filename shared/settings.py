@@ -192,7 +192,8 @@ class BuilderSettings(msgspec.Struct, kw_only=True):
     profile: Literal["default", "paper"] = "default"
     # what decides: user+sys CPU of the test's process tree (robust to a busy neighbour), wall
     # time, or user-space instructions (hardware counter). Every metric is recorded either way.
-    metric: Literal["cpu", "wall", "instructions"] = "cpu"
+    # `cachegrind`: instructions counted by Valgrind (no PMU needed; exact, so no timing core)
+    metric: Literal["cpu", "wall", "instructions", "cachegrind"] = "cpu"
     # a test whose CPU time exceeds its wall time by this factor is multi-threaded: decided on wall
     multithread_ratio: float = 1.2
     # a sample shorter than this (seconds) is the mean of repeated runs that together pass it
@@ -204,6 +205,16 @@ class BuilderSettings(msgspec.Struct, kw_only=True):
     timing_cores: list[int] = msgspec.field(default_factory=list)  # empty: the upper half
     build_cores: list[int] = msgspec.field(default_factory=list)  # empty: the other cores
     lease_timeout: float = 6 * 3600.0  # seconds to wait for a free timing core
+    # leases are granted in the order of a ticket queue on the lease dir (lower priority first,
+    # then arrival). `round`: a proof leases per interleaved round, so a waiter is behind at most
+    # one round; `whole`: one lease for the whole measurement; `poll`: the old way (every waiter
+    # tries every 0.25 s, whole measurement), kept to compare (bench/lease_fairness.py)
+    lease_policy: Literal["round", "whole", "poll"] = "round"
+    lease_priority: int = 1  # the builder's place in the queue; evaluator.lease_priority is 0
+    # --- the exact metric (builder.metric=cachegrind) ---------------------------------------
+    exact_runs: int = 3  # rounds under Valgrind (an exact count needs few; no warm-up)
+    exact_tolerance: float = 0.001  # counts of one side within this relative spread are exact
+    valgrind_slowdown: float = 50.0  # a test's timeout is multiplied by this under Valgrind
 
     def effective_build_type(self) -> str:
         return "Debug" if self.profile == "paper" else self.build_type
@@ -223,6 +234,7 @@ class EvaluatorSettings(msgspec.Struct, kw_only=True):
     opt_fraction: float = 0.95
     agent_max_pending: int = 16  # an agent's requests queued or running; the next is refused
     agent_max_patch_bytes: int = 512 * 1024  # an agent's inline patch (checked before any write)
+    lease_priority: int = 0  # evaluations go before proofs in the timing-core queue
 
 
 class Settings(msgspec.Struct, kw_only=True):

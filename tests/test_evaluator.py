@@ -111,8 +111,8 @@ def _spy_runs(monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict[str, Any]], li
     real_core, real_run = ev.timing_core, LocalBackend.run_test
 
     @contextlib.contextmanager
-    def spy_core(s: Any, phase: Any = None) -> Iterator[int | None]:
-        with real_core(s, phase) as cpu:
+    def spy_core(s: Any, phase: Any = None, **kw: Any) -> Iterator[int | None]:
+        with real_core(s, phase, **kw) as cpu:
             leases.append(cpu)
             held.append(cpu)
             try:
