@@ -6,7 +6,7 @@ records, publish; a stand-in instead of compiling, as tests/fault_worker.py) and
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from cppperf.shared import messages as m
 from cppperf.shared.bus import wait_drained
 from cppperf.shared.service import ServiceContext
 from cppperf.shared.settings import Settings
-from tests.conftest import make_settings
+from tests.conftest import Proven, make_settings
 from tests.secured_bus import SecuredBus, start_secured_bus
 from tests.test_bus_auth import FakeOps
 
@@ -100,3 +100,29 @@ async def test_pipeline_runs_with_least_privilege_users(
         async with await AgentClient.connect(secured.url, secured.creds("alice")) as alice:
             eid = await alice.submit("local__demo-0123456789ab", "fast", run_id="r", model="m")
             assert (await alice.wait(eid, poll=0.1, max_wait=20))["verdict"] == "opt"
+
+
+@pytest.mark.slow
+@pytest.mark.build
+async def test_real_evaluation_over_the_secured_bus(
+    secured: SecuredBus, tmp_path: Path, proven: Callable[[str], Proven]
+) -> None:
+    """The expert's own patch of the demo's perf commit, sent by agent alice with only her creds
+    and evaluated for real (builds, tests, timing) by the evaluator as its own user."""
+    settings = make_settings(
+        tmp_path,
+        nats_url=secured.url,
+        bus={"creds": secured.creds("evaluator")},
+        evaluator={"runs": 5, "runs_dir": str(tmp_path / "runs")},
+    )
+    perf = proven("perf")
+    perf.copy_to(Path(settings.out_dir))
+    iid, patch = perf.record["cppperf"]["instance_id"], perf.record["commit_info"]["patch"][0]
+    async with (
+        run_services(settings, secured.url, ["evaluator"]),
+        await AgentClient.connect(secured.url, secured.creds("alice")) as alice,
+    ):
+        eid = await alice.submit(iid, patch, run_id="real", model="expert")
+        report = await alice.wait(eid, poll=0.5, max_wait=600)
+    assert report["tests_pass"] and report["verdict"] in {"opt", "correct"}, report
+    assert (tmp_path / "runs" / "alice.real" / "expert" / iid / "report.json").is_file()
