@@ -115,6 +115,9 @@ async def test_real_evaluation_over_the_secured_bus(
         bus={"creds": secured.creds("evaluator")},
         evaluator={"runs": 5, "runs_dir": str(tmp_path / "runs")},
     )
+    async with connect(as_service(secured, tmp_path, "admin"), secured.url) as admin:  # a clean bus
+        for info in await admin.bus.js.streams_info():
+            await admin.bus.js.delete_stream(info.config.name)
     perf = proven("perf")
     perf.copy_to(Path(settings.out_dir))
     iid, patch = perf.record["cppperf"]["instance_id"], perf.record["commit_info"]["patch"][0]
