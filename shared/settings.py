@@ -66,6 +66,13 @@ class BusSettings(msgspec.Struct, kw_only=True):
     stop_grace: float = 20.0  # on SIGTERM/SIGINT: seconds in-flight work may finish before nak
     claim_lease: float = 60.0  # seconds a dead holder keeps a job's claim (renewed every third)
     dlq_inline_limit: int = 64 * 1024  # larger dead-lettered payloads go to the object store
+    creds: str = ""  # NKey credentials file (`cppperf agents add|service-keys`); empty: no auth
+    nkey_seed: str = ""  # or the seed itself (k8s: from a Secret) when there is no creds file
+    stream_max_bytes: int = 256 * 1024 * 1024  # per stream; a full work queue refuses publishes
+    stream_max_msgs: int = 1_000_000  # per stream
+    output_max_age: float = 30 * 24 * 3600.0  # patch.built / eval.completed announcements kept
+    kv_max_bytes: int = 256 * 1024 * 1024  # per KV bucket; a full bucket refuses writes
+    blob_max_bytes: int = 4 * 1024 * 1024 * 1024  # the `blobs` object store
 
     def effective_heartbeat(self) -> float:
         return self.heartbeat_interval or max(self.ack_wait / 3.0, 0.05)
@@ -225,6 +232,8 @@ class EvaluatorSettings(msgspec.Struct, kw_only=True):
     runs_dir: str = "runs"
     worker_name: str = ""  # recorded with each evaluation (defaults to host:pid in the service)
     opt_fraction: float = 0.95
+    agent_max_pending: int = 16  # an agent's requests queued or running; the next is refused
+    agent_max_patch_bytes: int = 512 * 1024  # an agent's inline patch (checked before any write)
     lease_priority: int = 0  # evaluations go before proofs in the timing-core queue
 
 
