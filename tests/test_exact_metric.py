@@ -75,7 +75,9 @@ def test_a_backend_without_valgrind_refuses_the_metric_in_one_line() -> None:
 @pytest.mark.build
 def test_the_demo_is_proven_on_exact_counts_without_a_lease(tmp_path: Path) -> None:
     demo = create_demo_repo(tmp_path / "demo", spin_iters=300_000, other_iters=200_000, extra_kinds=False)
-    settings = make_settings(tmp_path, builder={"metric": "cachegrind", "lease_dir": str(tmp_path / "leases")})
+    settings = make_settings(
+        tmp_path, builder={"metric": "cachegrind", "lease_dir": str(tmp_path / "leases")}
+    )
     records = {}
     for kind in ("perf", "noop"):
         built = build_patch(
@@ -102,3 +104,13 @@ def test_the_demo_is_proven_on_exact_counts_without_a_lease(tmp_path: Path) -> N
     other = next(t for t in noop["tests"] if t["name"] == "other")
     assert abs(other["median_change"]) < 0.01 and not other["improved"]
     assert not (tmp_path / "leases" / "queue").exists() or not list((tmp_path / "leases" / "queue").iterdir())
+
+
+def test_exact_settings_are_validated() -> None:
+    from cppperf.shared.settings import load_settings
+
+    assert load_settings(env={"CPPPERF_BUILDER_METRIC": "cachegrind"}).builder.metric == "cachegrind"
+    with pytest.raises(ConfigError, match=r"builder\.exact_runs"):
+        load_settings(env={"CPPPERF_BUILDER_EXACT_RUNS": "1"})
+    with pytest.raises(ConfigError, match=r"builder\.lease_policy"):
+        load_settings(env={"CPPPERF_BUILDER_LEASE_POLICY": "random"})
