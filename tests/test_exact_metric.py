@@ -114,3 +114,26 @@ def test_exact_settings_are_validated() -> None:
         load_settings(env={"CPPPERF_BUILDER_EXACT_RUNS": "1"})
     with pytest.raises(ConfigError, match=r"builder\.lease_policy"):
         load_settings(env={"CPPPERF_BUILDER_LEASE_POLICY": "random"})
+
+
+def test_the_runner_probe_says_whether_valgrind_runs(tmp_path: Path) -> None:
+    """The docker backend asks the runner inside the container (`{"op": "probe"}`): without
+    valgrind on PATH it says so, and that is the line the metric is refused with."""
+    import subprocess
+    import sys
+
+    from cppperf.shared.engine.sandbox import RUNNER_PATH
+
+    def probe(path: str) -> dict[str, str | None]:
+        out = subprocess.run(
+            [sys.executable, str(RUNNER_PATH), json.dumps({"op": "probe"})],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PATH": path},
+        ).stdout
+        answer: dict[str, str | None] = json.loads(out)
+        return answer
+
+    assert probe("/usr/bin:/bin")["valgrind_unsupported"] is None
+    assert "valgrind is not installed" in str(probe(str(tmp_path))["valgrind_unsupported"])
