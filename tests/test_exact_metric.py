@@ -137,3 +137,17 @@ def test_the_runner_probe_says_whether_valgrind_runs(tmp_path: Path) -> None:
 
     assert probe("/usr/bin:/bin")["valgrind_unsupported"] is None
     assert "valgrind is not installed" in str(probe(str(tmp_path))["valgrind_unsupported"])
+
+
+def test_counted_runs_go_on_every_core_with_a_longer_timeout() -> None:
+    from cppperf.shared.engine.cmake import TestCase
+    from cppperf.shared.engine.leases import core_plan, timing_core
+    from cppperf.shared.engine.limits import limits_for
+
+    s = BuilderSettings(metric="cachegrind", test_timeout=10)
+    t = TestCase(name="t", command=["/bin/true"], cwd="/")
+    counted = limits_for(t, s, counted=True)
+    assert counted.valgrind and counted.cpu is None and counted.cpus == core_plan(s).all
+    assert counted.timeout == 10 * s.valgrind_slowdown
+    with timing_core(s) as cpu:  # no lease taken: an exact count needs no quiet core
+        assert cpu is None
