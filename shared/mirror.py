@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from cppperf.shared.errors import BadInput, TransientError
+from cppperf.shared.logging import scrub_text
 
 
 def is_remote(url: str) -> bool:
@@ -71,10 +72,10 @@ def ensure_local(url: str, repo: str, mirror_dir: Path, *, timeout: float = 1800
             _git(f"--git-dir={target}", "fetch", "--prune", "--filter=blob:none", "origin", timeout=timeout)
         except subprocess.CalledProcessError as exc:
             raise TransientError(
-                f"git could not mirror {url}: {exc.stderr.decode(errors='replace')[-500:]}"
+                scrub_text(f"git could not mirror {url}: {exc.stderr.decode(errors='replace')[-500:]}")
             ) from exc
         except subprocess.TimeoutExpired as exc:
-            raise TransientError(f"git mirror of {url} timed out") from exc
+            raise TransientError(scrub_text(f"git mirror of {url} timed out")) from exc
     return target
 
 
