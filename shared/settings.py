@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from cppperf.shared.errors import ConfigError
+from cppperf.shared.logging import scrub_text
 
 CPP_SOURCE_EXTENSIONS = [
     ".cpp",
@@ -407,11 +408,11 @@ def check_nats_url(url: str) -> None:
     for server in [u.strip() for u in url.split(",") if u.strip()] or [url]:
         parts = urlsplit(server)
         if parts.scheme not in ("nats", "tls", "ws", "wss") or not parts.hostname:
-            raise ValueError(f"{server!r} is not a NATS URL (nats://host:port)")
+            raise ValueError(f"{scrub_text(server)!r} is not a NATS URL (nats://host:port)")
         try:
             _ = parts.port
         except ValueError:
-            raise ValueError(f"{server!r} has an invalid port") from None
+            raise ValueError(f"{scrub_text(server)!r} has an invalid port") from None
 
 
 MIN_MEASURED_ROUNDS = 3  # fewer timed rounds per side leave the statistics nothing to test
