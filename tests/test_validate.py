@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from cppperf.cli.common import app
 from cppperf.demo import core
 from cppperf.services.evaluator.gold import NULL_COMMENT, null_patch, oracle_of, validate_stored
+from cppperf.shared.domain import InstanceMeta, to_struct
 from tests.conftest import Proven, make_settings
 
 pytestmark = pytest.mark.build
@@ -48,6 +49,8 @@ def test_validate_proven_instance(tmp_path: Path, proven: Callable[[str], Proven
     assert block["oracle"] == "ctest" and block["can_grade"]
     record = json.loads((Path(settings.out_dir) / "instances" / f"{iid}.json").read_text())
     assert record["cppperf"]["oracle"] == "ctest" and record["cppperf"]["validation"] == block
+    meta = to_struct(record["cppperf"], InstanceMeta)  # the section's published schema holds
+    assert meta.validation is not None and meta.validation.can_grade
     res = CliRunner().invoke(app, ["dataset", "stats", "--json", "--out", settings.out_dir])
     assert res.exit_code == 0, res.output
     stats = json.loads(res.output)
