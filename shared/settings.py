@@ -175,6 +175,9 @@ class BuilderSettings(msgspec.Struct, kw_only=True):
     registry: str = ""  # push instance images here when set (e.g. registry.local:5000)
     cpuset: str = ""  # cores for the container; empty: the build and timing cores
     commit_images: bool = True
+    # after an instance is proven `improved`: gold-validate it (`cppperf validate`) and record its
+    # `oracle`; off by default (two evaluations per proven instance)
+    validate_gold: bool = False
     llm_deps: bool = False  # ask the classifier's OpenAI-compatible server for missing packages
     llm_deps_attempts: int = 2
     # Submodules of exported trees: the clone's own first, then these local mirrors (URL -> git
