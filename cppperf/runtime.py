@@ -217,6 +217,31 @@ class _CountingExecutor(ThreadPoolExecutor):
         return fut
 
 
+async def unless_stopped_early(
+    body: Coroutine[Any, Any, None], stop: asyncio.Event, *, started: asyncio.Event, grace: float
+) -> None:
+    """Run `body` (a service: connect, then consume until `stop`). A stop that comes before it has
+    `started` (still connecting to a bus that is not there: nats-py retries forever) cancels it at
+    once, as nothing is in flight yet; after that it gets `grace` (plus time to close) to finish
+    by itself, then it is cancelled, so a stop always ends within the grace period."""
+    task = asyncio.ensure_future(body)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            if started.is_set():
+                await asyncio.wait({task}, timeout=grace + 10.0)
+            if not task.done():
+                log.warning("stop_cancelling", connected=started.is_set())
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                return
+        await task
+    finally:
+        stopped.cancel()
+
+
 def run(
     main: Callable[[asyncio.Event], Coroutine[Any, Any, T]],
     *,
@@ -231,6 +256,7 @@ def run(
     waiting for them: their claims expire and another worker redoes the job."""
     executor = _CountingExecutor()
     signalled: list[int] = []
+    forced: list[int] = []
 
     async def wrapper() -> T:
         loop = asyncio.get_running_loop()
@@ -241,6 +267,7 @@ def run(
         def on_signal(sig: signal.Signals) -> None:
             if stop.is_set() and me is not None:
                 log.warning("stop_now", signal=sig.name)
+                forced.append(int(sig))
                 me.cancel()
                 return
             log.warning("stopping", signal=sig.name)
@@ -262,4 +289,12 @@ def run(
                 sys.stderr.flush()
                 os._exit(0 if signalled else 1)
 
-    return asyncio.run(wrapper())
+    try:
+        return asyncio.run(wrapper())
+    except asyncio.CancelledError:
+        if not forced:
+            raise
+        # a second signal: stop now, one line (no traceback), the shell's code for that signal
+        stop_all()
+        sys.stderr.flush()
+        raise SystemExit(128 + forced[-1]) from None

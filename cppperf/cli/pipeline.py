@@ -287,7 +287,15 @@ def serve(
 
     Example: CPPPERF_NATS_URL=nats://nats:4222 cppperf serve builder
     """
-    from cppperf.runtime import ALL_SERVICES, NOT_YET, connect, nats_endpoint, run, run_services
+    from cppperf.runtime import (
+        ALL_SERVICES,
+        NOT_YET,
+        connect,
+        nats_endpoint,
+        run,
+        run_services,
+        unless_stopped_early,
+    )
 
     if service not in ALL_SERVICES:
         raise typer.BadParameter(f"unknown service {service!r}; one of {', '.join(ALL_SERVICES)}")
@@ -299,10 +307,15 @@ def serve(
         raise _fail(ConfigError(why_not))
 
     async def main(url: str, stop: asyncio.Event) -> None:
+        started = asyncio.Event()  # connected: from here on a stop is graceful, not a cancel
+        await unless_stopped_early(body(url, stop, started), stop, started=started, grace=s.bus.stop_grace)
+
+    async def body(url: str, stop: asyncio.Event, started: asyncio.Event) -> None:
         if service == "crawler":
             from cppperf.services.crawler.handlers import submit
 
             async with connect(s, url) as ctx:
+                started.set()
                 report = await submit(ctx, list(s.mining.repos), validate=s.mining.validate_latest)
                 if s.mining.search:
                     from cppperf.services.crawler.handlers import crawl_search
@@ -314,6 +327,7 @@ def serve(
                 console.print(f"published {len(report.published)}, rejected {len(report.rejected)}")
             return
         async with run_services(s, url, [service]):
+            started.set()
             console.print(f"{service} running; Ctrl-C or SIGTERM stops it gracefully")
             await stop.wait()
 
