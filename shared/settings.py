@@ -465,3 +465,13 @@ def _validate_ranges(s: Settings) -> None:
             raise _bad(key, f"{f}; must be in (0, 1]")
     if s.builder.min_improvement < 0:
         raise _bad("builder.min_improvement", "must be >= 0")
+    _validate_exact(s.builder)
+
+
+def _validate_exact(b: BuilderSettings) -> None:
+    if b.exact_runs < 2:
+        raise _bad("builder.exact_runs", f"{b.exact_runs}; must be >= 2 (a re-run shows a count is exact)")
+    if b.exact_tolerance < 0:
+        raise _bad("builder.exact_tolerance", "must be >= 0")
+    if b.valgrind_slowdown < 1:
+        raise _bad("builder.valgrind_slowdown", f"{b.valgrind_slowdown}; must be >= 1")

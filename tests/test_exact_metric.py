@@ -75,7 +75,9 @@ def test_a_backend_without_valgrind_refuses_the_metric_in_one_line() -> None:
 @pytest.mark.build
 def test_the_demo_is_proven_on_exact_counts_without_a_lease(tmp_path: Path) -> None:
     demo = create_demo_repo(tmp_path / "demo", spin_iters=300_000, other_iters=200_000, extra_kinds=False)
-    settings = make_settings(tmp_path, builder={"metric": "cachegrind", "lease_dir": str(tmp_path / "leases")})
+    settings = make_settings(
+        tmp_path, builder={"metric": "cachegrind", "lease_dir": str(tmp_path / "leases")}
+    )
     records = {}
     for kind in ("perf", "noop"):
         built = build_patch(
@@ -102,3 +104,50 @@ def test_the_demo_is_proven_on_exact_counts_without_a_lease(tmp_path: Path) -> N
     other = next(t for t in noop["tests"] if t["name"] == "other")
     assert abs(other["median_change"]) < 0.01 and not other["improved"]
     assert not (tmp_path / "leases" / "queue").exists() or not list((tmp_path / "leases" / "queue").iterdir())
+
+
+def test_exact_settings_are_validated() -> None:
+    from cppperf.shared.settings import load_settings
+
+    assert load_settings(env={"CPPPERF_BUILDER_METRIC": "cachegrind"}).builder.metric == "cachegrind"
+    with pytest.raises(ConfigError, match=r"builder\.exact_runs"):
+        load_settings(env={"CPPPERF_BUILDER_EXACT_RUNS": "1"})
+    with pytest.raises(ConfigError, match=r"builder\.lease_policy"):
+        load_settings(env={"CPPPERF_BUILDER_LEASE_POLICY": "random"})
+
+
+def test_the_runner_probe_says_whether_valgrind_runs(tmp_path: Path) -> None:
+    """The docker backend asks the runner inside the container (`{"op": "probe"}`): without
+    valgrind on PATH it says so, and that is the line the metric is refused with."""
+    import subprocess
+    import sys
+
+    from cppperf.shared.engine.sandbox import RUNNER_PATH
+
+    def probe(path: str) -> dict[str, str | None]:
+        out = subprocess.run(
+            [sys.executable, str(RUNNER_PATH), json.dumps({"op": "probe"})],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PATH": path},
+        ).stdout
+        answer: dict[str, str | None] = json.loads(out)
+        return answer
+
+    assert probe("/usr/bin:/bin")["valgrind_unsupported"] is None
+    assert "valgrind is not installed" in str(probe(str(tmp_path))["valgrind_unsupported"])
+
+
+def test_counted_runs_go_on_every_core_with_a_longer_timeout() -> None:
+    from cppperf.shared.engine.cmake import TestCase
+    from cppperf.shared.engine.leases import core_plan, timing_core
+    from cppperf.shared.engine.limits import limits_for
+
+    s = BuilderSettings(metric="cachegrind", test_timeout=10)
+    t = TestCase(name="t", command=["/bin/true"], cwd="/")
+    counted = limits_for(t, s, counted=True)
+    assert counted.valgrind and counted.cpu is None and counted.cpus == core_plan(s).all
+    assert counted.timeout == 10 * s.valgrind_slowdown
+    with timing_core(s) as cpu:  # no lease taken: an exact count needs no quiet core
+        assert cpu is None

@@ -145,6 +145,8 @@ def _locked(path: Path, flags: int) -> int | None:
         return None
     except OSError as exc:
         raise InfraFailure(f"cannot open lease file {path}: {exc}") from exc
+    with contextlib.suppress(OSError):  # ours: open to every user's processes (umask aside)
+        os.fchmod(fd, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | flags)
     except BlockingIOError:
@@ -193,15 +195,11 @@ def take_ticket(directory: Path, priority: int) -> Ticket:
         queue.chmod(0o1777)
     mutex = _queue_mutex(directory)
     try:
-        counter = directory / "queue.seq"
-        try:
-            seq = int(counter.read_text().strip() or 0) + 1
-        except (FileNotFoundError, ValueError):
-            seq = 1
-        tmp = directory / f"queue.seq.{os.getpid()}"
-        tmp.write_text(str(seq))
-        tmp.replace(counter)
-        path = queue / f"{priority:03d}-{seq:012d}-{os.getpid()}"
+        # arrival order: the clock, taken under the mutex, and always after every ticket waiting
+        # (no shared counter file: the directory is shared by processes of different users)
+        waiting = [k[1] for name in os.listdir(queue) if (k := _ticket_key(name)) is not None]
+        seq = max([time.time_ns(), *(w + 1 for w in waiting)])
+        path = queue / f"{priority:03d}-{seq:020d}-{os.getpid()}"
         fd = _locked(path, fcntl.LOCK_NB)
         if fd is None:
             raise InfraFailure(f"cannot lock the new lease ticket {path}")
