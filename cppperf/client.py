@@ -67,14 +67,21 @@ class AgentClient:
 
     async def _ask(self, verb: str, msg: m.AgentSubmit | m.AgentQuery) -> m.AgentAnswer:
         subject = m.eval_api_subject(self.agent, verb)
-        try:
-            raw = await self.nc.request(subject, m.encode(msg), timeout=self.timeout)
-        except NoRespondersError:
-            raise Refused(
-                f"no evaluator answers {subject} (none running, or not this agent's subject)"
-            ) from None
-        except (NatsTimeout, TimeoutError):
-            raise Refused(f"no answer on {subject} within {self.timeout:.0f}s") from None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        while True:
+            try:
+                raw = await self.nc.request(subject, m.encode(msg), timeout=self.timeout)
+                break
+            except NoRespondersError:  # nobody got it: safe to ask again while evaluators start
+                if loop.time() > deadline:
+                    raise Refused(
+                        f"no evaluator answers {subject} within {self.timeout:.0f}s "
+                        "(none running, or not this agent's subject)"
+                    ) from None
+                await asyncio.sleep(0.5)
+            except (NatsTimeout, TimeoutError):
+                raise Refused(f"no answer on {subject} within {self.timeout:.0f}s") from None
         answer = m.decode(raw.data, m.AgentAnswer)
         if not answer.ok:
             raise Refused(answer.error)
