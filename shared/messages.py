@@ -5,7 +5,7 @@ changes, decoders ignore unknown fields. Each message carries `schema_version` (
 major version); `decode` refuses a version it does not know with `UnsupportedSchema`, so a
 message from a newer producer ends in the dead-letter queue with the reason instead of being
 half-understood downstream.
-Stable ids (DESIGN.md) double as `Nats-Msg-Id`: repo `owner/name`, commit `owner/name@sha`,
+Stable ids (docs/design.md) double as `Nats-Msg-Id`: repo `owner/name`, commit `owner/name@sha`,
 instance `owner__name-<sha12>`, evaluation `<run_id>/<model>/<instance_id>`.
 """
 
