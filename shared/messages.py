@@ -153,7 +153,7 @@ class PatchBuilt(_Msg, frozen=True, kw_only=True):
     regressed_tests: list[str] = msgspec.field(default_factory=list)
     failure_category: str | None = None
     failure_detail: str = ""
-    record_path: str = ""  # unused since schema 1.1: the record is in the `instances` bucket by id
+    record_path: str = ""  # deprecated, always empty: the record is in `instances` by id
 
     @property
     def id(self) -> str:

@@ -24,6 +24,7 @@ from cppperf.services.filter.links import LinkResolver
 from cppperf.shared import messages as m
 from cppperf.shared.domain import EvalVerdict, InstanceState, Stage, Verdict, to_struct
 from cppperf.shared.errors import BadInput, RepoRejected
+from cppperf.shared.results import finished_message
 from cppperf.shared.store import instance_record
 from tests.conftest import make_settings
 from tests.fakes import FakeContext, MemoryRecords
@@ -158,6 +159,9 @@ async def test_builder_proves_and_keeps_the_record_in_the_instances_bucket(
     # redelivered: finished earlier, nothing is redone
     assert await on_classified(fctx, ops, item) == "already-built"
     assert ops.calls.count("prove") == 1
+    # the re-publish is the first publish again: record_path empty on both (deprecated)
+    again = finished_message(built.instance_id, await fctx.store.get("instances", built.instance_id) or {})
+    assert again == built and again.record_path == ""
 
 
 async def test_builder_large_record_goes_to_the_object_store(tmp_path: Path) -> None:
