@@ -209,6 +209,8 @@ class FakeEvaluatorOps:
             "opt": self.verdict == EvalVerdict.OPT,
             "patch_sha256": patch_sha256(req.patch),
             "samples": {"t": {}},
+            "samples_wall": {"t": {}},
+            "samples_cpu": {"t": {}},
         }
 
 
@@ -242,10 +244,12 @@ async def test_evaluator_evaluates_replies_and_stores_the_report(fctx: FakeConte
     [(req, inst)] = ops.seen
     assert req.patch == DIFF and inst is not None and inst.base_sha == PARENT
     [done] = fctx.bus.on(m.EVAL_COMPLETED)
-    assert done.verdict == "opt" and done.opt and "samples" not in done.report
+    assert done.verdict == "opt" and done.opt
+    assert not {"samples", "samples_wall", "samples_cpu"} & done.report.keys()  # none ride the bus
     assert fctx.bus.replies == [("_INBOX.x", done)]
     ev = await fctx.store.get("evaluations", "r1/m/o__r-aaaaaaaaaaaa")
     assert ev is not None and ev["verdict"] == "opt" and json.loads(ev["report"])["verdict"] == "opt"
+    assert not {"samples", "samples_wall", "samples_cpu"} & json.loads(ev["report"]).keys()
 
 
 async def test_evaluator_answers_a_finished_request_from_the_store(fctx: FakeContext) -> None:
