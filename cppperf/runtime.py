@@ -27,7 +27,7 @@ from faststream.nats import NatsBroker
 from cppperf.shared.bus import Bus, credential_options, servers
 from cppperf.shared.embedded import EmbeddedNats, stop_all
 from cppperf.shared.health import Liveness, heartbeat_loop
-from cppperf.shared.logging import get_logger
+from cppperf.shared.logging import get_logger, register_url
 from cppperf.shared.service import ServiceContext
 from cppperf.shared.settings import Settings
 from cppperf.shared.store import Store
@@ -45,6 +45,7 @@ T = TypeVar("T")
 def nats_endpoint(settings: Settings) -> Iterator[str]:
     """The configured NATS URL, or an embedded nats-server for the duration of the block."""
     if settings.nats_url:
+        register_url(settings.nats_url)
         yield settings.nats_url
         return
     with EmbeddedNats(settings.nats_data_dir()) as server:

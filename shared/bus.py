@@ -43,7 +43,7 @@ from nats.js.errors import BadRequestError, NoStreamResponseError, NotFoundError
 
 from cppperf.shared import messages as m
 from cppperf.shared.errors import BadInput
-from cppperf.shared.logging import get_logger
+from cppperf.shared.logging import get_logger, register_url, safe_url
 from cppperf.shared.settings import BusSettings
 from cppperf.shared.store import open_blobs
 
@@ -141,12 +141,13 @@ class Bus:
             log.info(
                 "nats_reconnected",
                 connection=name,
-                server=str(nc.connected_url.netloc if nc.connected_url else ""),
+                server=safe_url(nc.connected_url.geturl()) if nc.connected_url else "",
             )
 
         async def error(exc: Exception) -> None:
             log.debug("nats_error", connection=name, error=str(exc) or type(exc).__name__)
 
+        register_url(url)
         nc = await nats.connect(
             servers(url),
             name=name,

@@ -19,7 +19,7 @@ decoding (msgspec schema evolution). `schemas()` gives their JSON schemas (`cppp
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import msgspec
 
@@ -235,6 +235,16 @@ class Attempt(msgspec.Struct, kw_only=True):
     build_steps: list[BuildStep] = msgspec.field(default_factory=list)
 
 
+class Validation(msgspec.Struct, kw_only=True):
+    """Gold validation (services/evaluator/gold.py): the two evaluations' verdicts, the oracle."""
+
+    gold: dict[str, Any] = msgspec.field(default_factory=dict)  # the expert patch's report, in brief
+    null: dict[str, Any] = msgspec.field(default_factory=dict)  # the comment-only patch's
+    oracle: str = "none"
+    can_grade: bool = False
+    why: str = ""  # when it cannot grade
+
+
 class InstanceMeta(msgspec.Struct, kw_only=True):
     """The instance record's `cppperf` section."""
 
@@ -279,6 +289,8 @@ class InstanceMeta(msgspec.Struct, kw_only=True):
     image: str | None = None
     installed_packages: list[str] = msgspec.field(default_factory=list)
     image_pushed: str | None = None
+    oracle: str | None = None  # `cppperf validate`: ctest | benchmark | both | none (None: not validated)
+    validation: Validation | None = None
 
 
 # ------------------------------------------------------------------- the evaluation report

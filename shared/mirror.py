@@ -2,7 +2,11 @@
 
 Local paths are read in place (never cloned). URLs are cloned once with `--filter=blob:none`
 (trees and commits only: enough for the structural walk; blobs arrive lazily for the few diffs
-we need) and fetched on later visits.
+we need) and fetched on later visits. A bare clone has no `remote.origin.fetch`, so a plain
+`git fetch` would leave its branches where they were cloned: every visit sets `MIRROR_REFSPECS`
+(branches and tags onto the mirror's own, forced, pruned) before fetching, so a later crawl sees
+upstream's new commits (mirrors made by older versions are fixed on their next visit). Every URL
+and path given to git comes after `--`, so none is read as an option.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from cppperf.shared.errors import BadInput, TransientError
+from cppperf.shared.logging import scrub_text
 
 
 def is_remote(url: str) -> bool:
@@ -31,6 +36,22 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+MIRROR_REFSPECS = ("+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*")
+
+
+def _git(*args: str, timeout: float) -> None:
+    subprocess.run(["git", *args], check=True, capture_output=True, timeout=timeout)
+
+
+def _set_refspecs(target: Path, timeout: float) -> None:
+    git_dir = f"--git-dir={target}"
+    subprocess.run(
+        ["git", git_dir, "config", "--unset-all", "remote.origin.fetch"], capture_output=True, check=False
+    )
+    for spec in MIRROR_REFSPECS:
+        _git(git_dir, "config", "--add", "remote.origin.fetch", spec, timeout=timeout)
+
+
 def mirror_path(mirror_dir: Path, repo: str) -> Path:
     return mirror_dir / (repo.replace("/", "__") + ".git")
 
@@ -45,26 +66,16 @@ def ensure_local(url: str, repo: str, mirror_dir: Path, *, timeout: float = 1800
     target = mirror_path(mirror_dir, repo)
     with _locked(target.with_suffix(".lock")):
         try:
-            if target.exists():
-                subprocess.run(
-                    ["git", "-C", str(target), "fetch", "--prune", "--filter=blob:none", "origin"],
-                    check=True,
-                    capture_output=True,
-                    timeout=timeout,
-                )
-            else:
-                subprocess.run(
-                    ["git", "clone", "--bare", "--filter=blob:none", url, str(target)],
-                    check=True,
-                    capture_output=True,
-                    timeout=timeout,
-                )
+            if not target.exists():
+                _git("clone", "--bare", "--filter=blob:none", "--", url, str(target), timeout=timeout)
+            _set_refspecs(target, timeout)
+            _git(f"--git-dir={target}", "fetch", "--prune", "--filter=blob:none", "origin", timeout=timeout)
         except subprocess.CalledProcessError as exc:
             raise TransientError(
-                f"git could not mirror {url}: {exc.stderr.decode(errors='replace')[-500:]}"
+                scrub_text(f"git could not mirror {url}: {exc.stderr.decode(errors='replace')[-500:]}")
             ) from exc
         except subprocess.TimeoutExpired as exc:
-            raise TransientError(f"git mirror of {url} timed out") from exc
+            raise TransientError(scrub_text(f"git mirror of {url} timed out")) from exc
     return target
 
 

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from cppperf.shared.errors import ConfigError
+from cppperf.shared.logging import scrub_text
 
 CPP_SOURCE_EXTENSIONS = [
     ".cpp",
@@ -174,6 +175,9 @@ class BuilderSettings(msgspec.Struct, kw_only=True):
     registry: str = ""  # push instance images here when set (e.g. registry.local:5000)
     cpuset: str = ""  # cores for the container; empty: the build and timing cores
     commit_images: bool = True
+    # after an instance is proven `improved`: gold-validate it (`cppperf validate`) and record its
+    # `oracle`; off by default (two evaluations per proven instance)
+    validate_gold: bool = False
     llm_deps: bool = False  # ask the classifier's OpenAI-compatible server for missing packages
     llm_deps_attempts: int = 2
     # Submodules of exported trees: the clone's own first, then these local mirrors (URL -> git
@@ -407,11 +411,11 @@ def check_nats_url(url: str) -> None:
     for server in [u.strip() for u in url.split(",") if u.strip()] or [url]:
         parts = urlsplit(server)
         if parts.scheme not in ("nats", "tls", "ws", "wss") or not parts.hostname:
-            raise ValueError(f"{server!r} is not a NATS URL (nats://host:port)")
+            raise ValueError(f"{scrub_text(server)!r} is not a NATS URL (nats://host:port)")
         try:
             _ = parts.port
         except ValueError:
-            raise ValueError(f"{server!r} has an invalid port") from None
+            raise ValueError(f"{scrub_text(server)!r} has an invalid port") from None
 
 
 MIN_MEASURED_ROUNDS = 3  # fewer timed rounds per side leave the statistics nothing to test

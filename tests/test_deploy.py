@@ -57,7 +57,14 @@ def test_compose_services_and_volumes(compose: dict[str, Any]) -> None:
         assert compose["secrets"][name]["file"] == f"./deploy/nats/creds/{name}.creds"
     gpu = svc["vllm-model-1"]["deploy"]["resources"]["reservations"]["devices"][0]
     assert gpu["capabilities"] == ["gpu"]
-    assert "/var/run/docker.sock:/var/run/docker.sock" in svc["builder"]["volumes"]
+    for name, service in svc.items():  # no host root from a container, nothing published
+        assert not any("docker.sock" in str(v) for v in service.get("volumes", [])), name
+        assert "DOCKER_HOST" not in (service.get("environment") or {}), name
+        assert not service.get("ports"), name
+        assert not service.get("privileged"), name
+    for name in ("builder", "evaluator"):  # the jail runs in the service image itself
+        assert svc[name]["environment"]["CPPPERF_BUILDER_BACKEND"] == "local"
+    assert "bubblewrap" in (ROOT / "deploy" / "Dockerfile").read_text()
     assert {"nats-1", "nats-2", "nats-3", "dataset"} <= set(compose["volumes"])
     assert (ROOT / "deploy" / "Dockerfile").read_text().count('ENTRYPOINT ["cppperf"]') == 1
 

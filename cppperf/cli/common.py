@@ -24,7 +24,7 @@ from rich.console import Console
 
 from cppperf.shared import files
 from cppperf.shared.errors import ConfigError
-from cppperf.shared.logging import configure_logging
+from cppperf.shared.logging import configure_logging, safe_url
 from cppperf.shared.settings import Settings, check_nats_url, load_settings, parse_date
 
 EXIT_OK = 0
@@ -197,10 +197,10 @@ def probe_nats(url: str, timeout: float = NATS_PROBE_TIMEOUT) -> None:
                 sock.settimeout(timeout)
                 if sock.recv(4).upper() == b"INFO":
                     return
-                errors.append(f"{server} is not a NATS server")
+                errors.append(f"{host}:{port} is not a NATS server")
         except OSError as exc:
-            errors.append(f"{server}: {exc.strerror or exc}")
-    raise ConnectionError(f"cannot reach NATS at {url} ({'; '.join(errors)})")
+            errors.append(f"{host}:{port}: {exc.strerror or exc}")
+    raise ConnectionError(f"cannot reach NATS at {safe_url(url)} ({'; '.join(errors)})")
 
 
 @contextlib.contextmanager

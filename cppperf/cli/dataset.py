@@ -344,6 +344,7 @@ def dataset_stats(out_dir: OutDir = None, as_json: AsJson = False, config: Confi
     verdicts: Counter[str] = Counter()
     origin: Counter[str] = Counter()
     repos: Counter[str] = Counter()
+    oracles: Counter[str] = Counter()
     n = significant = single = 0
     for r in iter_records(Path(s.out_dir)):
         ours = r.get("cppperf") or {}
@@ -353,6 +354,8 @@ def dataset_stats(out_dir: OutDir = None, as_json: AsJson = False, config: Confi
         repos[r["metadata"]["repository_name"]] += 1
         significant += is_significant(r)
         single += len(r["commit_info"].get("files_changed") or []) == 1
+        oracles[str(ours.get("oracle") or "unvalidated")] += 1
+    graders = n - oracles["none"] - oracles["unvalidated"]
     result = {
         "store": str(store),
         "instances": n,
@@ -363,12 +366,19 @@ def dataset_stats(out_dir: OutDir = None, as_json: AsJson = False, config: Confi
         "verdicts": dict(verdicts.most_common()),
         "origin": dict(origin.most_common()),
         "per_repo": dict(repos.most_common()),
+        "oracles": dict(oracles.most_common()),  # `cppperf validate`: which workload can grade agents
+        "can_grade": graders,
+        "can_grade_share": round(graders / n, 4) if n else 0.0,
     }
     if as_json:
         print_json(result)
         return
     out.print(f"{store}: {n} instance(s) from {len(repos)} repositories ({dict(origin.most_common())})")
     out.print(f"significant: {significant}; single-file {single}, multi-file {n - single}")
+    out.print(
+        f"can grade agents (gold-validated, `cppperf validate`): {graders} of {n} "
+        f"({result['can_grade_share']:.0%}); oracles {dict(oracles.most_common())}"
+    )
     t = Table(title="verdicts")
     t.add_column("verdict")
     t.add_column("instances", justify="right")

@@ -35,7 +35,7 @@ from cppperf.cli.common import (
 )
 from cppperf.cli.repos import check_name, git_repo, local_repo_id, looks_like_path
 from cppperf.funnel import Funnel, compute_funnel
-from cppperf.shared.errors import CppPerfError
+from cppperf.shared.errors import ConfigError, CppPerfError
 from cppperf.shared.logging import configure_logging
 from cppperf.shared.settings import Settings
 
@@ -253,6 +253,28 @@ def mine(
 
 
 # ------------------------------------------------------------------------------------------ serve
+def _cannot_jail(service: str, s: Settings) -> str:
+    """Why `serve SERVICE` must not start here ('' when it may): a builder or evaluator on the
+    local backend runs mined or agents' code, and does so only in the bubblewrap jail unless the
+    operator opted out (CPPPERF_BUILDER_SANDBOX=false for trusted repositories,
+    CPPPERF_EVALUATOR_TRUST_PATCHES=true for trusted patches)."""
+    if service not in ("builder", "evaluator") or s.builder.backend != "local":
+        return ""
+    opted_out = not s.builder.sandbox if service == "builder" else s.evaluator.trust_patches
+    if opted_out:
+        return ""
+    from cppperf.shared.engine.sandbox import jail_problem
+
+    if why := jail_problem():
+        opt = (
+            "CPPPERF_BUILDER_SANDBOX=false"
+            if service == "builder"
+            else "CPPPERF_EVALUATOR_TRUST_PATCHES=true"
+        )
+        return f"{service} refuses to run untrusted code without the jail: {why} (install bubblewrap; {opt} only for trusted code)"
+    return ""
+
+
 @app.command()
 def serve(
     service: Annotated[str, typer.Argument(help="crawler|filter|classifier|builder|evaluator")],
@@ -273,6 +295,8 @@ def serve(
         console.print(f"{NOT_YET[service]}")
         raise typer.Exit(EXIT_USAGE)
     s = _settings(config, nats_url=nats_url, out_dir=str(out_dir) if out_dir else None)
+    if why_not := _cannot_jail(service, s):
+        raise _fail(ConfigError(why_not))
 
     async def main(url: str, stop: asyncio.Event) -> None:
         if service == "crawler":

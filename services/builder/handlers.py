@@ -23,10 +23,11 @@ from cppperf.services.builder.service import (
     head_sha,
     llm_dependency_proposer,
     validate_latest,
+    write_instance,
 )
 from cppperf.shared import claims
 from cppperf.shared import messages as m
-from cppperf.shared.domain import InstanceState, RepoState, Stage, to_json_dict, to_struct
+from cppperf.shared.domain import InstanceState, RepoState, Stage, Verdict, to_json_dict, to_struct
 from cppperf.shared.errors import RepoRejected
 from cppperf.shared.mirror import ensure_local
 from cppperf.shared.ports import StageContext
@@ -64,7 +65,7 @@ class EngineOps:
 
     def prove(self, commit: m.CommitSelected, path: Path, diff: str) -> BuiltPatch:
         s = self.settings
-        return build_patch(
+        built = build_patch(
             commit,
             path,
             s.builder,
@@ -73,6 +74,19 @@ class EngineOps:
             diff=diff,
             llm_propose=llm_dependency_proposer(s),
         )
+        return with_oracle(built, s)
+
+
+def with_oracle(built: BuiltPatch, settings: Settings) -> BuiltPatch:
+    """`builder.validate_gold`: an improved instance is gold-validated before it is recorded (its
+    record then carries `oracle`), so what the bus stores and announces says whether it grades."""
+    if not settings.builder.validate_gold or built.message.verdict != Verdict.IMPROVED:
+        return built
+    from cppperf.services.evaluator.gold import validate_record
+
+    validate_record(built.record, settings)
+    write_instance(Path(settings.out_dir), built.record)
+    return built
 
 
 async def on_candidate(ctx: StageContext, ops: BuilderOps, cand: m.RepoCandidate) -> CandidateOutcome:

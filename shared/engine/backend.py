@@ -44,7 +44,16 @@ from cppperf.shared.engine.cmake import (
 )
 from cppperf.shared.engine.fetchcontent import archive
 from cppperf.shared.engine.runner_script import instructions_unsupported, valgrind_unsupported
-from cppperf.shared.engine.sandbox import JAIL_TMP, Jail, Limits, RunResult, hand_over, jail_env, run
+from cppperf.shared.engine.sandbox import (
+    JAIL_TMP,
+    Jail,
+    Limits,
+    RunResult,
+    hand_over,
+    host_env,
+    jail_env,
+    run,
+)
 from cppperf.shared.engine.submodules import Sources
 from cppperf.shared.errors import InfraFailure
 
@@ -250,7 +259,7 @@ class LocalBackend:
         return steps
 
     def tests(self, side: SideName) -> list[TestCase]:
-        env = jail_env() if self.jailed else None
+        env = jail_env() if self.jailed else host_env()
         return discover_tests(
             self._view(side) / "build",
             env=env,
@@ -264,7 +273,7 @@ class LocalBackend:
 
     def tests_json(self, side: SideName) -> str | None:
         """The raw `ctest --show-only=json-v1` of a side (the evaluator compares meanings)."""
-        env = jail_env() if self.jailed else None
+        env = jail_env() if self.jailed else host_env()
         return ctest_json(
             self._view(side) / "build",
             env=env,
@@ -308,7 +317,7 @@ class LocalBackend:
         if jail is not None:
             env = jail_env(self.env_overrides, test.env)
         else:
-            env = {**os.environ, **self.env_overrides, **test.env}
+            env = host_env(self.env_overrides, test.env)
         try:
             return run(
                 test.command,

@@ -23,7 +23,7 @@ from pathlib import Path
 from cppperf.shared.domain import FailureCategory
 from cppperf.shared.engine.deps import MissingDeps, diagnose
 from cppperf.shared.engine.fetchcontent import INIT_CACHE
-from cppperf.shared.engine.sandbox import Jail, Limits, RunResult, run
+from cppperf.shared.engine.sandbox import Jail, Limits, RunResult, host_env, run
 
 _TEST_OPTION = re.compile(
     r"option\s*\(\s*(\w*(?:BUILD_TESTS?|BUILD_TESTING|_TESTS?|_TESTING|_UNIT_TESTS|ENABLE_TESTS?|WITH_TESTS?))\b",
@@ -110,8 +110,7 @@ class StepResult:
 
 
 def tool_env(ccache_dir: Path | None, basedir: Path | None) -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("LC_ALL", "C")
+    env = host_env()  # the allow-list (sandbox.ENV_ALLOW), never the process's secrets
     if ccache_dir is not None:
         env["CCACHE_DIR"] = str(ccache_dir)
         env["CCACHE_NOHASHDIR"] = "1"

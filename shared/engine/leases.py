@@ -136,11 +136,11 @@ def try_lease(directory: Path, cpu: int) -> CoreLease | None:
     return CoreLease(cpu, path, fd, 0.0)
 
 
-def _locked(path: Path, flags: int) -> int | None:
+def _locked(path: Path, flags: int, *, create: bool = True) -> int | None:
     """An open descriptor of `path` holding an exclusive flock (`flags` adds LOCK_NB), or None
-    when LOCK_NB found it held or the file is gone."""
+    when LOCK_NB found it held or the file is gone (`create=False`: an existing file only)."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o666)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -200,11 +200,22 @@ def take_ticket(directory: Path, priority: int) -> Ticket:
         waiting = [k[1] for name in os.listdir(queue) if (k := _ticket_key(name)) is not None]
         seq = max([time.time_ns(), *(w + 1 for w in waiting)])
         path = queue / f"{priority:03d}-{seq:020d}-{os.getpid()}"
-        fd = _locked(path, fcntl.LOCK_NB)
+        # locked under a name no one reads as a ticket, then renamed into the queue: a waiter
+        # scanning the queue (without the mutex) never sees our ticket unlocked and takes it
+        # for a dead one
+        draft = queue / f".draft.{os.getpid()}.{seq}"
+        fd = _locked(draft, fcntl.LOCK_NB)
         if fd is None:
             raise InfraFailure(f"cannot lock the new lease ticket {path}")
         with contextlib.suppress(OSError):
             os.pwrite(fd, _holder_line(), 0)
+        try:
+            draft.rename(path)
+        except OSError as exc:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                draft.unlink()
+            raise InfraFailure(f"cannot queue the lease ticket {path}: {exc}") from exc
         return Ticket(path, fd, (priority, seq))
     finally:
         os.close(mutex)
@@ -220,7 +231,7 @@ def first_in_queue(directory: Path, ticket: Ticket) -> bool:
         if (key := _ticket_key(name)) is not None and key < ticket.key
     )
     for _key, name in ahead:
-        fd = _locked(queue / name, fcntl.LOCK_NB)
+        fd = _locked(queue / name, fcntl.LOCK_NB, create=False)
         if fd is None:
             if (queue / name).exists():
                 return False  # alive and ahead of us

@@ -144,10 +144,25 @@ class Jail:
     system: tuple[str, ...] = field(default=SYSTEM_RO)
 
 
+def _allowed() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if any(fnmatch.fnmatchcase(k, pat) for pat in ENV_ALLOW)}
+
+
 def jail_env(*layers: Mapping[str, str]) -> dict[str, str]:
     """An environment built from the allow-list of this process's variables, then `layers`."""
-    env = {k: v for k, v in os.environ.items() if any(fnmatch.fnmatchcase(k, pat) for pat in ENV_ALLOW)}
+    env = _allowed()
     env.update(PATH=JAIL_PATH, HOME=JAIL_TMP, TMPDIR=JAIL_TMP)
+    env.setdefault("LC_ALL", "C")
+    for layer in layers:
+        env.update(layer)
+    return env
+
+
+def host_env(*layers: Mapping[str, str]) -> dict[str, str]:
+    """The same allow-list for builds and tests run without the jail, with this host's PATH and
+    HOME (its tools may live there): never the process's tokens, passwords or bus URL."""
+    env = _allowed()
+    env.update({k: os.environ[k] for k in ("PATH", "HOME", "TMPDIR") if k in os.environ})
     env.setdefault("LC_ALL", "C")
     for layer in layers:
         env.update(layer)

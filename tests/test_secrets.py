@@ -1,0 +1,58 @@
+"""Secrets never printed: nested values, tracebacks, URLs (host:port only), the CLI's errors."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from typer.testing import CliRunner
+
+from cppperf.cli import app
+from cppperf.shared.logging import configure_logging, get_logger, register_url, safe_url
+
+PASSWORD = "s3cr3t-pass-word"
+TOKEN = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2"
+
+
+def _logged(**fields: object) -> str:
+    buf = io.StringIO()
+    configure_logging("debug", json=True, file=buf)
+    log = get_logger("t")
+    try:
+        raise RuntimeError(f"connect to nats://cppperf:{PASSWORD}@nats-1:4222 failed, token {TOKEN}")
+    except RuntimeError:
+        log.exception("boom", **fields)
+    configure_logging("info")
+    return buf.getvalue()
+
+
+def test_nested_values_and_tracebacks_are_scrubbed() -> None:
+    register_url(f"nats://cppperf:{PASSWORD}@nats-1:4222")
+    out = _logged(
+        config={"bus": {"password": "x" * 8, "servers": [f"nats://u:{PASSWORD}@h:1"]}},
+        items=({"auth": TOKEN},),
+        note=f"plain {PASSWORD}",
+    )
+    assert PASSWORD not in out and TOKEN not in out
+    event = json.loads(out.splitlines()[-1])
+    assert "RuntimeError" in event["exception"]  # the traceback is kept, only its secrets go
+    assert event["config"]["bus"]["password"] == "***"
+    assert "h:1" in event["config"]["bus"]["servers"][0]
+
+
+def test_safe_url_keeps_hosts_and_ports_only() -> None:
+    url = f"nats://cppperf:{PASSWORD}@nats-1:4222,nats://cppperf:{PASSWORD}@nats-2"
+    assert safe_url(url) == "nats-1:4222,nats-2:4222"
+
+
+def test_status_against_an_unreachable_bus_does_not_print_the_password() -> None:
+    res = CliRunner().invoke(app, ["status", "--nats-url", f"nats://cppperf:{PASSWORD}@127.0.0.1:1"])
+    assert res.exit_code != 0
+    assert "127.0.0.1:1" in res.output
+    assert PASSWORD not in res.output
+
+
+def test_a_malformed_url_is_refused_without_its_password() -> None:
+    res = CliRunner().invoke(app, ["status", "--nats-url", f"http://cppperf:{PASSWORD}@host:4222"])
+    assert res.exit_code != 0
+    assert PASSWORD not in res.output
