@@ -1,6 +1,6 @@
 """Streams, durable pull consumers, publishing with dedup ids, and the dead-letter queue.
 
-Topology (DESIGN.md): every input subject is a JetStream *work queue* stream consumed by one
+Topology (docs/design.md): every input subject is a JetStream *work queue* stream consumed by one
 durable pull consumer per service, so N replicas of a service share the work. Output subjects
 (`patch.built`, `eval.completed`) and `dlq.>` are limits-retention streams that anyone may read.
 Provisioning is idempotent: running it twice changes nothing. Services own their consumers'

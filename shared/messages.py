@@ -5,7 +5,7 @@ changes, decoders ignore unknown fields. Each message carries `schema_version` (
 major version); `decode` refuses a version it does not know with `UnsupportedSchema`, so a
 message from a newer producer ends in the dead-letter queue with the reason instead of being
 half-understood downstream.
-Stable ids (DESIGN.md) double as `Nats-Msg-Id`: repo `owner/name`, commit `owner/name@sha`,
+Stable ids (docs/design.md) double as `Nats-Msg-Id`: repo `owner/name`, commit `owner/name@sha`,
 instance `owner__name-<sha12>`, evaluation `<run_id>/<model>/<instance_id>` (each part with `%`
 and `/` escaped, so two different triples never share an id), and for an agent's request
 `<agent>.<run_id>/<model>/<instance_id>` (the agent name comes from the NATS subject its request
@@ -185,7 +185,7 @@ class PatchBuilt(_Msg, frozen=True, kw_only=True):
     regressed_tests: list[str] = msgspec.field(default_factory=list)
     failure_category: str | None = None
     failure_detail: str = ""
-    record_path: str = ""  # unused since schema 1.1: the record is in the `instances` bucket by id
+    record_path: str = ""  # deprecated, always empty: the record is in `instances` by id
 
     @property
     def id(self) -> str:

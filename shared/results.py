@@ -16,6 +16,8 @@ from cppperf.shared.ports import StageContext
 
 
 def finished_message(iid: str, rec: dict[str, Any]) -> m.PatchBuilt:
+    """`record_path` stays empty (deprecated): the record is read from `instances` by id, the
+    same on first publish and on re-publish."""
     return m.PatchBuilt(
         instance_id=iid,
         repo=str(rec.get("repo", "")),
@@ -26,7 +28,6 @@ def finished_message(iid: str, rec: dict[str, Any]) -> m.PatchBuilt:
         regressed_tests=list(rec.get("regressed_tests") or []),
         failure_category=rec.get("failure_category"),
         failure_detail=str(rec.get("failure_detail") or ""),
-        record_path=str(rec.get("record_path") or ""),
     )
 
 

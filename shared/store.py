@@ -1,6 +1,6 @@
 """JetStream KV buckets holding each item's stage and result, and an object store for blobs.
 
-Buckets: `repos`, `commits`, `instances`, `evaluations` (DESIGN.md), plus `progress` (resumable
+Buckets: `repos`, `commits`, `instances`, `evaluations` (docs/design.md), plus `progress` (resumable
 crawl slices) and `cache` (classifier answers). Keys are the stable ids, escaped to the KV key
 alphabet (`[-/_=.a-zA-Z0-9]`; other characters become `=XX`). Values are JSON objects.
 Blobs over `INLINE_LIMIT` bytes go to the object store bucket `blobs`; `claims` holds leases

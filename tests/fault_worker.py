@@ -57,7 +57,6 @@ def fake_build(marker_dir: Path, sleep: float) -> Any:
             sha=commit.sha,
             parent=commit.parent,
             verdict=verdict,
-            record_path=str(path),
         )
         return BuiltPatch(record, msg, path)
 

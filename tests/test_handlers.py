@@ -24,6 +24,7 @@ from cppperf.services.filter.links import LinkResolver
 from cppperf.shared import messages as m
 from cppperf.shared.domain import EvalVerdict, InstanceState, Stage, Verdict, to_struct
 from cppperf.shared.errors import BadInput, RepoRejected
+from cppperf.shared.results import finished_message
 from cppperf.shared.store import instance_record
 from tests.conftest import make_settings
 from tests.fakes import FakeContext, MemoryRecords
@@ -158,6 +159,9 @@ async def test_builder_proves_and_keeps_the_record_in_the_instances_bucket(
     # redelivered: finished earlier, nothing is redone
     assert await on_classified(fctx, ops, item) == "already-built"
     assert ops.calls.count("prove") == 1
+    # the re-publish is the first publish again: record_path empty on both (deprecated)
+    again = finished_message(built.instance_id, await fctx.store.get("instances", built.instance_id) or {})
+    assert again == built and again.record_path == ""
 
 
 async def test_builder_large_record_goes_to_the_object_store(tmp_path: Path) -> None:
@@ -205,6 +209,8 @@ class FakeEvaluatorOps:
             "opt": self.verdict == EvalVerdict.OPT,
             "patch_sha256": patch_sha256(req.patch),
             "samples": {"t": {}},
+            "samples_wall": {"t": {}},
+            "samples_cpu": {"t": {}},
         }
 
 
@@ -238,10 +244,12 @@ async def test_evaluator_evaluates_replies_and_stores_the_report(fctx: FakeConte
     [(req, inst)] = ops.seen
     assert req.patch == DIFF and inst is not None and inst.base_sha == PARENT
     [done] = fctx.bus.on(m.EVAL_COMPLETED)
-    assert done.verdict == "opt" and done.opt and "samples" not in done.report
+    assert done.verdict == "opt" and done.opt
+    assert not {"samples", "samples_wall", "samples_cpu"} & done.report.keys()  # none ride the bus
     assert fctx.bus.replies == [("_INBOX.x", done)]
     ev = await fctx.store.get("evaluations", "r1/m/o__r-aaaaaaaaaaaa")
     assert ev is not None and ev["verdict"] == "opt" and json.loads(ev["report"])["verdict"] == "opt"
+    assert not {"samples", "samples_wall", "samples_cpu"} & json.loads(ev["report"]).keys()
 
 
 async def test_evaluator_answers_a_finished_request_from_the_store(fctx: FakeContext) -> None:

@@ -1,5 +1,5 @@
 """Message contracts: every subject's type round-trips, tolerates unknown fields, rejects wrong
-types, and exposes the stable id DESIGN.md defines."""
+types, and exposes the stable id docs/design.md defines."""
 
 from __future__ import annotations
 

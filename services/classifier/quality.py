@@ -18,7 +18,7 @@ from cppperf.shared.messages import CommitSelected, LinkedText
 
 
 @dataclass
-class EvalReport:
+class QualityReport:
     total: int
     tp: int
     fp: int
@@ -74,7 +74,7 @@ async def evaluate(
     *,
     progress: Callable[[int, int], None] | None = None,
     assumed_phase2_share: float = 0.2,
-) -> EvalReport:
+) -> QualityReport:
     t0 = time.perf_counter()
     tp = fp = fn = tn = 0
     pos = pos_kept = pruned = 0
@@ -132,7 +132,7 @@ async def evaluate(
     )
     p = tp / (tp + fp) if tp + fp else 0.0
     r = tp / (tp + fn) if tp + fn else 0.0
-    return EvalReport(
+    return QualityReport(
         total=len(rows),
         tp=tp,
         fp=fp,

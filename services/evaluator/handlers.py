@@ -15,7 +15,7 @@ import json
 import os
 import socket
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
 from cppperf.services.evaluator.instances import EvalInstance, from_record
 from cppperf.services.evaluator.pipeline import EvalRequest, evaluate, patch_sha256
@@ -67,6 +67,10 @@ async def _instance(ctx: StageContext, iid: str) -> EvalInstance | None:
         raise BadInput(f"instance record {iid} in the store is unreadable: {exc}") from exc
 
 
+# Per-run samples stay in the report on disk; the bus and the `evaluations` bucket carry the rest.
+SAMPLE_KEYS: Final = frozenset({"samples", "samples_wall", "samples_cpu"})
+
+
 def completed(msg: m.EvalRequested, report: dict[str, Any]) -> m.EvalCompleted:
     return m.EvalCompleted(
         request_id=msg.request_id,
@@ -76,7 +80,7 @@ def completed(msg: m.EvalRequested, report: dict[str, Any]) -> m.EvalCompleted:
         instance_id=msg.instance_id,
         verdict=str(report["verdict"]),
         opt=bool(report.get("opt")),
-        report={k: v for k, v in report.items() if k != "samples"},
+        report={k: v for k, v in report.items() if k not in SAMPLE_KEYS},
     )
 
 
