@@ -96,6 +96,7 @@ async def _mine(
     as_json: bool,
     search: bool,
     live_view: bool,
+    force: list[str],
 ) -> dict[str, Any]:
     from cppperf.runtime import CONSUMING_SERVICES, run_services
     from cppperf.services.crawler.handlers import submit
@@ -103,6 +104,13 @@ async def _mine(
 
     async with run_services(settings, url, list(CONSUMING_SERVICES)) as running:
         ctx = running.ctx
+        if force:
+            from cppperf.redo import redo_instances
+
+            for iid, what in (await redo_instances(ctx, force)).items():
+                if what != "requeued":
+                    raise CppPerfError(f"--force {iid}: {what}")
+                console.print(f"{iid}: built again (--force)", soft_wrap=True)
         report = await submit(ctx, specs, validate=settings.mining.validate_latest, repo_ids=repo_ids)
         if search:
             from githubkit.exception import GitHubException
@@ -203,14 +211,26 @@ def mine(
     profile: Annotated[
         str | None, typer.Option("--profile", help="default | paper (Debug build, the paper's rule)")
     ] = None,
+    force: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--force",
+            metavar="INSTANCE_ID",
+            help="build this finished instance again (repeatable; `all`: every instance of --out)",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as one JSON object")] = False,
     nats_url: NatsUrl = None,
     config: Config = None,
 ) -> None:
     """Run the whole pipeline until drained, then print the funnel. Finished repositories and
-    commits are not redone. Exit 1 when messages were dead-lettered or every repository was rejected.
+    commits are not redone (--force INSTANCE_ID redoes one). Exit 1 when messages were
+    dead-lettered or every repository was rejected.
 
-    Example: cppperf mine --repo /tmp/demo --runs 11 --out results
+    \b
+    Examples:
+      cppperf mine --repo /tmp/demo --runs 11 --out results
+      cppperf mine --repo /tmp/demo --out results --force local__demo-4bda4860cd0d
     """
     if not repo and not search:
         raise typer.BadParameter("give at least one --repo, or --search", param_hint="--repo")
@@ -239,7 +259,7 @@ def mine(
     try:
         with cli_nats(s) as url:
             result = run_async(
-                _mine(s, url, specs, repo_ids, as_json, search, live_view),
+                _mine(s, url, specs, repo_ids, as_json, search, live_view, list(force or [])),
                 waiting_for="in-flight work to be handed back to the bus and NATS to stop",
             )
     except CppPerfError as exc:

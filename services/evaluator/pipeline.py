@@ -80,7 +80,11 @@ def safe_name(name: str) -> str:
 
 
 def run_dir(settings: Settings, req: EvalRequest) -> Path:
-    return settings.runs_path() / safe_name(req.run_id) / safe_name(req.model) / req.instance_id
+    return run_dir_of(settings, req.run_id, req.model, req.instance_id)
+
+
+def run_dir_of(settings: Settings, run_id: str, model: str, instance_id: str) -> Path:
+    return settings.runs_path() / safe_name(run_id) / safe_name(model) / instance_id
 
 
 def _write(path: Path, text: str) -> None:
