@@ -121,7 +121,7 @@ def test_two_mines_at_once_in_two_folders_sharing_a_work_dir_both_come_out_right
     [owned] = list((work / "attempts").glob("*/.owner.json"))
     second = start("b")
     results = [p.communicate(timeout=600) for p in (first, second)]
-    for p, (stdout, stderr) in zip((first, second), results, strict=True):
+    for p, (_, stderr) in zip((first, second), results, strict=True):
         assert p.returncode == 0, stderr[-3000:]
     perf_id = f"local__demo-{demo.shas['perf'][:12]}"
     for name, (stdout, _) in zip("ab", results, strict=True):

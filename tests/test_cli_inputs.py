@@ -708,3 +708,31 @@ def test_mine_exits_1_when_a_message_was_dead_lettered(git_repo: Path, tmp_path:
     assert res.returncode == FAILURES, res.stderr[-2000:]
     assert "dead-lettered: see `cppperf dlq list`" in res.stdout + res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_evaluate_empty_predictions_write_the_run_report_under_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SWE-bench's harness check: `--predictions empty` over OUT/instances (an unknown id among
+    them counted as an error), the run-level report under --out, nothing in the current folder."""
+    out = tmp_path / "out"
+    (out / "instances").mkdir(parents=True)
+    record = {
+        "cppperf": {"instance_id": "o__r-aaaaaaaaaaaa"},
+        "metadata": {"repository_name": "o/r"},
+        "commit_info": {"old_sha": "b" * 40, "new_sha": "a" * 40, "patch": ["diff --git a/x b/x\n"]},
+    }
+    (out / "instances" / "o__r-aaaaaaaaaaaa.json").write_text(json.dumps(record))
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    ids = "o__r-aaaaaaaaaaaa,x__y-000000000000"
+    res = CliRunner().invoke(
+        app, ["evaluate", "--predictions", "empty", "--instance-ids", ids, "--out", str(out), "--run-id", "v"]
+    )
+    assert res.exit_code == 1, res.output  # the unknown instance
+    assert "1 empty patch, 1 error" in res.output and "{" not in res.output
+    rr = json.loads((out / "runs" / "v" / "empty.v.json").read_text())
+    assert rr["submitted_ids"] == ["o__r-aaaaaaaaaaaa", "x__y-000000000000"]
+    assert rr["empty_patch_ids"] == ["o__r-aaaaaaaaaaaa"] and rr["error_ids"] == ["x__y-000000000000"]
+    assert list(cwd.iterdir()) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
@@ -205,13 +206,27 @@ def dataset_list(
 
 @dataset_app.command("inspect")
 def dataset_inspect(
-    instance: Annotated[str, typer.Argument()],
+    instance: Annotated[str, typer.Argument(help="instance id, e.g. owner__name-<sha12>")],
+    patch: Annotated[
+        bool, typer.Option("--patch", help="print only the expert's patch (a git unified diff)")
+    ] = False,
+    problem: Annotated[
+        bool,
+        typer.Option("--problem-statement", help="print only the task text an agent is given"),
+    ] = False,
     out_dir: OutDir = None,
     as_json: AsJson = False,
     config: Config = None,
 ) -> None:
-    """Commit, files, verdict, the improved/regressed tests with change and CI, build facts."""
-    from cppperf.dataset.records import RecordError, load_record
+    """Commit, files, verdict, the improved/regressed tests with change and CI, build facts.
+
+    \b
+    Examples:
+      cppperf dataset inspect local__demo-4bda4860cd0d
+      cppperf dataset inspect local__demo-4bda4860cd0d --patch > gold.diff
+      cppperf dataset inspect local__demo-4bda4860cd0d --problem-statement
+    """
+    from cppperf.dataset.records import RecordError, load_record, swebench_row
     from cppperf.dataset.report import _test_rows
 
     s = _settings(config, out_dir=str(out_dir) if out_dir else None)
@@ -219,6 +234,10 @@ def dataset_inspect(
         r = load_record(Path(s.out_dir), instance)
     except RecordError as exc:
         raise _fail(exc) from exc
+    if patch or problem:
+        row = swebench_row(r)
+        sys.stdout.write(str(row["patch"] if patch else row["problem_statement"] + "\n"))
+        return
     ci, ours = r["commit_info"], r["cppperf"]
     changed = [row for row in _test_rows(r) if row["improved"] or row["regressed"]]
     if as_json:
