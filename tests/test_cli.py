@@ -131,3 +131,16 @@ def test_two_mines_at_once_in_two_folders_sharing_a_work_dir_both_come_out_right
         assert not (tmp_path / name / "runs").exists() or (tmp_path / name / "runs").is_dir()
     assert "stale_workspace_removed" not in results[1][1]
     assert json.loads(owned.read_text())["owner"] == str((tmp_path / "a" / ".state").absolute())
+
+
+def test_status_from_a_second_shell_attaches_to_the_running_embedded_server(tmp_path: Path) -> None:
+    from cppperf.shared.embedded import URL_FILE, EmbeddedNats
+
+    store = tmp_path / "out" / ".state" / "nats"
+    with EmbeddedNats(store) as server:  # what a running `mine --out OUT` holds
+        assert (store / URL_FILE).read_text().strip() == server.url
+        res = run_cli("status", "--json", "--out", str(tmp_path / "out"))
+        assert res.returncode == 0, res.stderr
+        assert "another cppperf" not in res.stderr
+        assert {r["subject"] for r in json.loads(res.stdout)["subjects"]} >= {"commit.selected"}
+    assert not (store / URL_FILE).exists()

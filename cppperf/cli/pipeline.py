@@ -258,6 +258,12 @@ def mine(
         console.print(f"logs: {log_path}")
     try:
         with cli_nats(s) as url:
+            if not s.nats_url:
+                console.print(
+                    f"bus: embedded NATS at {url} (another shell: cppperf status --out {s.out_dir})",
+                    soft_wrap=True,
+                    highlight=False,
+                )
             result = run_async(
                 _mine(s, url, specs, repo_ids, as_json, search, live_view, list(force or [])),
                 waiting_for="in-flight work to be handed back to the bus and NATS to stop",
@@ -359,7 +365,7 @@ def status(
                 "repo_rejections": reasons,
             }
 
-    with cli_nats(s) as url:
+    with cli_nats(s, attach=True) as url:
         result = run_async(main(url))
     if as_json:
         print_json(result)
@@ -392,7 +398,7 @@ def dlq_list(
         async with connect(s, url) as ctx:
             return await ctx.bus.dead_letters(subject)
 
-    with cli_nats(s) as url:
+    with cli_nats(s, attach=True) as url:
         letters = run_async(main(url))
     if as_json:
         print_json(
