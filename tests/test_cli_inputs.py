@@ -472,6 +472,7 @@ def test_python_api_scan_and_commit(git_repo: Path) -> None:
 def test_overview_has_distributions_and_links(tmp_path: Path) -> None:
     out_dir = _store_with(tmp_path)
     dest = tmp_path / "site" / "overview.html"
+    dest.parent.mkdir()  # the report refuses a missing folder (it never creates one)
     res = cli("dataset", "report", "--all", str(dest), "--pages", "--out", str(out_dir))
     assert res.exit_code == 0, res.output
     page = dest.read_text()
@@ -736,3 +737,19 @@ def test_evaluate_empty_predictions_write_the_run_report_under_out(
     assert rr["submitted_ids"] == ["o__r-aaaaaaaaaaaa", "x__y-000000000000"]
     assert rr["empty_patch_ids"] == ["o__r-aaaaaaaaaaaa"] and rr["error_ids"] == ["x__y-000000000000"]
     assert list(cwd.iterdir()) == []
+
+
+def test_import_of_an_empty_folder_says_why(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    res = cli("dataset", "import", str(tmp_path / "empty"), "--out", str(tmp_path / "out"))
+    assert res.exit_code == 1
+    assert "nothing to import" in res.output and "*.json" in res.output
+
+
+def test_report_into_a_missing_folder_refuses_and_creates_nothing(tmp_path: Path) -> None:
+    res = cli("dataset", "report", "--all", str(tmp_path / "no" / "dir" / "x.html"), "--out", str(tmp_path))
+    assert res.exit_code == 2 and "no folder" in res.output
+    assert not (tmp_path / "no").exists()
+    ok = cli("dataset", "report", "--all", str(tmp_path / "x.html"), "--out", str(tmp_path))
+    assert ok.exit_code == 0, ok.output
+    assert (tmp_path / "x.html").stat().st_mode & 0o777 == 0o644  # readable by the people it is for

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from cppperf.cli.common import (
     EXIT_FAILURES,
+    EXIT_USAGE,
     Config,
     OutDir,
     Since,
@@ -118,6 +119,11 @@ def dataset_import(
     else:
         out.print(
             f"imported {len(rep.imported)}, unchanged {len(rep.unchanged)}, skipped {len(rep.errors)} → {store}"
+        )
+    if not (rep.imported or rep.unchanged or rep.errors):
+        console.print(
+            f"[yellow]nothing to import[/yellow]: no CppPerf-DB JSON file (*.json) in {', '.join(map(str, sources))}",
+            soft_wrap=True,
         )
     if rep.errors or not (rep.imported or rep.unchanged):
         raise typer.Exit(EXIT_FAILURES)
@@ -338,9 +344,13 @@ def dataset_report(
         except RecordError as exc:
             raise _fail(exc) from exc
         written.append((output, html_text))
+    for path, _ in written[:1]:
+        if not path.parent.is_dir():
+            raise _fail(f"cannot write {path}: no folder {path.parent}", EXIT_USAGE)
     try:
         for path, text in written:
             write_atomic(path, text)
+            path.chmod(0o644)  # a report is for people to read (and serve): not the temp file's 0600
     except OSError as exc:
         raise _fail(f"cannot write {path}: {exc.strerror or exc}") from exc
     dest, text = written[0]

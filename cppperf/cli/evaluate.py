@@ -231,7 +231,9 @@ def evaluate(  # noqa: PLR0912, PLR0915 - one verb, its input checks and its two
     elif predictions is not None:
         path = Path(predictions)
         if not path.is_file():
-            raise typer.BadParameter(f"{path}: no such file (or: gold, empty)", param_hint="--predictions")
+            raise typer.BadParameter(
+                f"{path} does not exist (a predictions file, or gold, or empty)", param_hint="--predictions"
+            )
         rows = _load_predictions(path)
         wanted_ids = _split_ids(instance_ids)
         if wanted_ids is not None:

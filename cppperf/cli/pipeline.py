@@ -148,9 +148,11 @@ async def _mine(
             for reason, n in reasons.items():
                 out.print(f"[yellow]repos rejected ({n})[/yellow]: {reason}")
             for rec in sorted(instances, key=lambda r: str(r.get("id"))):
+                improved = ", ".join(rec.get("improved_tests") or [])
                 out.print(
-                    f"{rec['id']}: {rec.get('verdict')} {rec.get('improved_tests') or ''} "
-                    f"{rec.get('failure_category') or ''} → {rec.get('record_path')}"
+                    f"{rec['id']}: {rec.get('verdict')}{f' ({improved})' if improved else ''} "
+                    f"{rec.get('failure_category') or ''} → {rec.get('record_path')}",
+                    highlight=False,
                 )
         return {
             "funnel": total.as_dict(),
@@ -493,12 +495,18 @@ def filter_cmd(
             mark = "[green]selected[/green]" if reason is None else f"[dim]{reason}[/dim]"
             out.print(
                 f"{c.sha[:12]} {c.date.date()} {mark} {len(c.paths)} file(s) "
-                f"{(c.message.splitlines() or [''])[0][:70]}"
+                f"{(c.message.splitlines() or [''])[0]}",
+                highlight=False,
             )
     summary = {"scanned": result.scanned, "selected": len(result.selected), "rejected": dict(result.rejected)}
     if as_json:
         sys.stdout.write(json.dumps({"summary": summary}) + "\n")
     else:
+        why = ", ".join(
+            f"{n} {reason}" for reason, n in sorted(result.rejected.items(), key=lambda kv: -kv[1])
+        )
         out.print(
-            f"scanned {summary['scanned']}, selected {summary['selected']}, rejected {summary['rejected']}"
+            f"scanned {summary['scanned']}, selected {summary['selected']}, "
+            f"rejected {sum(result.rejected.values())}{f' ({why})' if why else ''}",
+            highlight=False,
         )
