@@ -506,11 +506,19 @@ def test_readme_python_api_example(tmp_path: Path, capsys: pytest.CaptureFixture
     demo = create_demo_repo(tmp_path / "demo")
     code = _readme_block("### Python API").replace("/tmp/demo", str(demo.path))
     code = code.replace('"results"', repr(str(tmp_path / "results")))
-    os.environ["CPPPERF_BUILDER_WORK_DIR"] = str(tmp_path / "work")
-    os.environ["CPPPERF_EVALUATOR_RUNS_DIR"] = str(tmp_path / "runs")
-    exec(compile(code, "README.md", "exec"), {})  # noqa: S102 - the README's own example
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    here = Path.cwd()
+    os.chdir(cwd)
+    try:
+        exec(compile(code, "README.md", "exec"), {})  # noqa: S102 - the README's own example
+    finally:
+        os.chdir(here)
     printed = capsys.readouterr().out
     assert "local__demo-4bda4860cd0d improved" in printed
+    assert list(cwd.iterdir()) == []  # results only under out_dir, nothing in the current folder
+    results = tmp_path / "results"
+    assert (results / "runs" / "default" / "expert" / "local__demo-4bda4860cd0d" / "report.json").is_file()
 
 
 @pytest.mark.nats
