@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from faststream.nats import NatsBroker
 
-from cppperf.shared.bus import Bus, servers
+from cppperf.shared.bus import Bus, credential_options, servers
 from cppperf.shared.embedded import EmbeddedNats, running_url, stop_all
 from cppperf.shared.health import Liveness, heartbeat_loop
 from cppperf.shared.logging import get_logger
@@ -66,7 +66,12 @@ async def connect(
     bus = await Bus.connect(url, settings.bus)
     try:
         await bus.provision(owner=owner, services=services)
-        store = await Store.open(bus.js, replicas=settings.bus.replicas)
+        store = await Store.open(
+            bus.js,
+            replicas=settings.bus.replicas,
+            kv_max_bytes=settings.bus.kv_max_bytes,
+            blob_max_bytes=settings.bus.blob_max_bytes,
+        )
         yield ServiceContext(settings=settings, bus=bus, store=store)
     finally:
         await bus.close()
@@ -102,7 +107,18 @@ def make_broker(settings: Settings, url: str) -> NatsBroker:
         reconnect_time_wait=settings.bus.reconnect_wait,  # type: ignore[arg-type]  # nats-py sleeps a float
         graceful_timeout=settings.bus.stop_grace,
         connect_timeout=5,
+        **broker_credentials(settings.bus.creds, settings.bus.nkey_seed),
     )
+
+
+def broker_credentials(creds: str, nkey_seed: str = "") -> dict[str, Any]:
+    """FastStream's form of `credential_options` (its `security=` object for an NKey seed)."""
+    opts = credential_options(creds, nkey_seed)
+    if "nkeys_seed_str" not in opts:
+        return opts
+    from faststream.nats.security import NatsNKey
+
+    return {**opts, "nkeys_seed_str": None, "security": NatsNKey.from_seed(opts["nkeys_seed_str"])}
 
 
 Register = Callable[[NatsBroker, ServiceContext], Any]

@@ -9,6 +9,14 @@ configuration (`provision(owner=True)` applies it, logging what changed); read-o
 (`provision(owner=False)` only creates missing streams), and report a mismatch in a log line.
 A publish to a stream that has gone missing re-creates the streams once (`stream_reprovisioned`).
 
+Limits (README "Who can do what on the bus"): every stream has `max_bytes`/`max_msgs`. Work queues
+and the DLQ never age out and refuse new messages when full (`discard: new`): the publisher gets an
+error and retries (a service naks its own message), so pipeline work is never dropped silently;
+their messages cannot be purged. The announcement streams (`patch.built`, `eval.completed`) drop
+their oldest messages past `output_max_age` (the records live in the KV buckets).
+`eval.requested` and `eval.completed` carry the agent as the last subject token
+(`eval.requested.<agent>`), which is how the evaluator counts an agent's pending requests.
+
 Dead letters always fit: a payload over `dlq_inline_limit` goes to the object store and the
 letter keeps its reference, size, SHA-256 and first bytes.
 """
@@ -21,6 +29,7 @@ import hashlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -33,6 +42,7 @@ from nats.js import api as js_api
 from nats.js.errors import BadRequestError, NoStreamResponseError, NotFoundError
 
 from cppperf.shared import messages as m
+from cppperf.shared.errors import BadInput
 from cppperf.shared.logging import get_logger
 from cppperf.shared.settings import BusSettings
 from cppperf.shared.store import open_blobs
@@ -45,6 +55,11 @@ class WorkQueue:
     subject: str
     stream: str
     durable: str  # the consuming service's durable consumer name
+    per_agent: bool = False  # also carries `<subject>.<agent>`
+
+    @property
+    def subjects(self) -> list[str]:
+        return [self.subject, self.subject + ".>"] if self.per_agent else [self.subject]
 
 
 WORK_QUEUES: dict[str, WorkQueue] = {
@@ -54,10 +69,11 @@ WORK_QUEUES: dict[str, WorkQueue] = {
         WorkQueue(m.REPO_FOUND, "REPO_FOUND", "filter"),
         WorkQueue(m.COMMIT_SELECTED, "COMMIT_SELECTED", "classifier"),
         WorkQueue(m.COMMIT_CLASSIFIED, "COMMIT_CLASSIFIED", "builder"),
-        WorkQueue(m.EVAL_REQUESTED, "EVAL_REQUESTED", "evaluator"),
+        WorkQueue(m.EVAL_REQUESTED, "EVAL_REQUESTED", "evaluator", per_agent=True),
     ]
 }
 OUTPUT_STREAMS: dict[str, str] = {m.PATCH_BUILT: "PATCH_BUILT", m.EVAL_COMPLETED: "EVAL_COMPLETED"}
+PER_AGENT_OUTPUTS = frozenset({m.EVAL_COMPLETED})
 DLQ_STREAM = "DLQ"
 PIPELINE_ORDER = [m.REPO_CANDIDATE, m.REPO_FOUND, m.COMMIT_SELECTED, m.COMMIT_CLASSIFIED, m.EVAL_REQUESTED]
 
@@ -72,11 +88,20 @@ def servers(url: str) -> list[str]:
     return [u.strip() for u in url.split(",") if u.strip()]
 
 
+def output_subjects(subject: str) -> list[str]:
+    return [subject, subject + ".>"] if subject in PER_AGENT_OUTPUTS else [subject]
+
+
 def stream_for(subject: str) -> str:
     if subject in WORK_QUEUES:
         return WORK_QUEUES[subject].stream
     if subject in OUTPUT_STREAMS:
         return OUTPUT_STREAMS[subject]
+    base = subject.rsplit(".", 1)[0]
+    if base in WORK_QUEUES and WORK_QUEUES[base].per_agent:
+        return WORK_QUEUES[base].stream
+    if base in PER_AGENT_OUTPUTS:
+        return OUTPUT_STREAMS[base]
     if subject.startswith(m.DLQ_PREFIX):
         return DLQ_STREAM
     raise KeyError(f"no stream carries subject {subject!r}")
@@ -92,7 +117,7 @@ def consumer_config(q: WorkQueue, settings: BusSettings) -> js_api.ConsumerConfi
         ack_wait=settings.ack_wait,
         max_deliver=-1,
         max_ack_pending=settings.max_ack_pending,
-        filter_subject=q.subject,
+        filter_subject=None if q.per_agent else q.subject,
         deliver_policy=js_api.DeliverPolicy.ALL,
     )
 
@@ -107,6 +132,8 @@ class Bus:
 
     @classmethod
     async def connect(cls, url: str, settings: BusSettings, *, name: str = "cppperf") -> Bus:
+        """Connect (with `settings.creds`, an NKey seed file, when set) and retry forever on loss."""
+
         async def disconnected() -> None:
             log.warning("nats_disconnected", connection=name)
 
@@ -129,6 +156,7 @@ class Bus:
             disconnected_cb=disconnected,
             reconnected_cb=reconnected,
             error_cb=error,
+            **credential_options(settings.creds, settings.nkey_seed),
         )
         return cls(nc, nc.jetstream(timeout=10), settings)
 
@@ -149,11 +177,13 @@ class Bus:
             await self._ensure_stream(
                 js_api.StreamConfig(
                     name=q.stream,
-                    subjects=[q.subject],
+                    subjects=q.subjects,
                     retention=js_api.RetentionPolicy.WORK_QUEUE,
                     storage=js_api.StorageType.FILE,
                     duplicate_window=s.duplicate_window,
                     num_replicas=s.replicas,
+                    **_kept_limits(s),
+                    deny_delete=True,
                 ),
                 owner=owner,
             )
@@ -175,11 +205,16 @@ class Bus:
             await self._ensure_stream(
                 js_api.StreamConfig(
                     name=stream,
-                    subjects=[subject],
+                    subjects=output_subjects(subject),
                     retention=js_api.RetentionPolicy.LIMITS,
                     storage=js_api.StorageType.FILE,
                     duplicate_window=s.duplicate_window,
                     num_replicas=s.replicas,
+                    max_bytes=s.stream_max_bytes,
+                    max_msgs=s.stream_max_msgs,
+                    max_age=s.output_max_age,
+                    discard=js_api.DiscardPolicy.OLD,
+                    deny_purge=True,
                 ),
                 owner=owner,
             )
@@ -191,6 +226,7 @@ class Bus:
                 storage=js_api.StorageType.FILE,
                 duplicate_window=s.duplicate_window,
                 num_replicas=s.replicas,
+                **_kept_limits(s),
             ),
             owner=owner,
         )
@@ -207,6 +243,8 @@ class Bus:
             current.subjects != config.subjects
             or current.duplicate_window != config.duplicate_window
             or current.num_replicas != config.num_replicas
+            or current.max_bytes != config.max_bytes
+            or current.max_msgs != config.max_msgs
         ):
             await self.js.update_stream(config)
 
@@ -414,6 +452,51 @@ class Bus:
             if row.subject in WORK_QUEUES and (row.pending or row.in_flight):
                 return False
         return True
+
+
+def _kept_limits(s: BusSettings) -> dict[str, Any]:
+    """Limits of a stream whose messages are pipeline work: bounded, never aged out, never
+    purged, and full means the next publish is refused (the publisher sees it and retries)."""
+    return {
+        "max_bytes": s.stream_max_bytes,
+        "max_msgs": s.stream_max_msgs,
+        "discard": js_api.DiscardPolicy.NEW,
+        "deny_purge": True,
+    }
+
+
+def read_creds(path: str) -> tuple[str, str]:
+    """(name, NKey seed) from a creds file written by `cppperf agents add` / `agents service-keys`:
+    `name: <name>` and `seed: SU…` lines (comments start with #)."""
+    fields: dict[str, str] = {}
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise BadInput(f"credentials file {path}: {exc.strerror or exc}") from None
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and not key.lstrip().startswith("#"):
+            fields[key.strip()] = value.strip()
+    if not fields.get("seed", "").startswith("SU"):
+        raise BadInput(f"credentials file {path}: no `seed: SU…` line (an NKey user seed)")
+    return fields.get("name", ""), fields["seed"]
+
+
+def credential_options(creds: str, nkey_seed: str = "") -> dict[str, Any]:
+    """nats-py connect options for a creds file (or a bare service seed): the seed signs the
+    server's nonce (the secret never crosses the wire); an agent's replies come on
+    `_INBOX_<name>.>`, the only inbox its permissions let it read."""
+    if not creds:
+        return {"nkeys_seed_str": nkey_seed} if nkey_seed else {}
+    name, seed = read_creds(creds)
+    opts: dict[str, Any] = {"nkeys_seed_str": seed}
+    if name.startswith("agent-"):
+        opts["inbox_prefix"] = agent_inbox(name.removeprefix("agent-"))
+    return opts
+
+
+def agent_inbox(agent: str) -> str:
+    return f"_INBOX_{agent}"
 
 
 def _consumer_diff(live: js_api.ConsumerConfig, ours: js_api.ConsumerConfig) -> dict[str, tuple[Any, Any]]:

@@ -138,6 +138,7 @@ class EvaluationState(_Value, kw_only=True):
     run_id: str = ""
     model: str = ""
     instance_id: str = ""
+    agent: str = ""  # the NATS identity that asked (from the subject); "" for a service's request
     worker: str = ""
     report: str = ""  # the report JSON (without samples) when small enough to stay inline
     report_ref: str | None = None

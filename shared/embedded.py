@@ -92,7 +92,19 @@ def free_port() -> int:
 class EmbeddedNats:
     """A nats-server child process with JetStream, on loopback."""
 
-    def __init__(self, store_dir: Path, *, port: int | None = None, startup_timeout: float = 15.0) -> None:
+    def __init__(
+        self,
+        store_dir: Path,
+        *,
+        port: int | None = None,
+        startup_timeout: float = 15.0,
+        config: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """`config`: run with this config file instead (it must listen on `port` and keep its
+        JetStream store in `store_dir`); `env`: extra environment (the config's `$VARS`)."""
+        self.config = config
+        self.env = env
         self.store_dir = Path(store_dir)
         self.port = port or free_port()
         self.startup_timeout = startup_timeout
@@ -112,8 +124,10 @@ class EmbeddedNats:
         os.close(fd)
         self._log = Path(log)
         with self._log.open("wb") as log_file:
+            args = ["-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store_dir)]
             self.proc = subprocess.Popen(
-                [binary, "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store_dir)],
+                [binary, *(["-c", str(self.config)] if self.config else args)],
+                env={**os.environ, **self.env} if self.env else None,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C in the terminal reaches us, we stop it cleanly

@@ -6,12 +6,16 @@ major version); `decode` refuses a version it does not know with `UnsupportedSch
 message from a newer producer ends in the dead-letter queue with the reason instead of being
 half-understood downstream.
 Stable ids (DESIGN.md) double as `Nats-Msg-Id`: repo `owner/name`, commit `owner/name@sha`,
-instance `owner__name-<sha12>`, evaluation `<run_id>/<model>/<instance_id>`.
+instance `owner__name-<sha12>`, evaluation `<run_id>/<model>/<instance_id>` (each part with `%`
+and `/` escaped, so two different triples never share an id), and for an agent's request
+`<agent>.<run_id>/<model>/<instance_id>` (the agent name comes from the NATS subject its request
+arrived on, `eval.api.<agent>.submit`, never from the body).
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any, Final, TypeVar
 
 import msgspec
@@ -29,6 +33,24 @@ PATCH_BUILT: Final = "patch.built"
 EVAL_REQUESTED: Final = "eval.requested"
 EVAL_COMPLETED: Final = "eval.completed"
 DLQ_PREFIX: Final = "dlq."
+EVAL_API: Final = "eval.api"  # eval.api.<agent>.{submit,result,results}: the agents' request-reply API
+LOCAL_AGENT: Final = "local"  # the agent of requests on an open (unauthenticated) bus
+AGENT_NAME: Final = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")  # one NATS subject token, no dots
+TOKEN: Final = re.compile(r"[A-Za-z0-9._-]{1,128}")  # run_id and model from an agent
+
+
+def eval_requested_subject(agent: str) -> str:
+    """The work-queue subject of one agent's requests (its pending count is this subject's)."""
+    return f"{EVAL_REQUESTED}.{agent}"
+
+
+def eval_completed_subject(agent: str) -> str:
+    """Where an agent's results are announced (the agents account may read only its own)."""
+    return f"{EVAL_COMPLETED}.{agent}"
+
+
+def eval_api_subject(agent: str, verb: str) -> str:
+    return f"{EVAL_API}.{agent}.{verb}"
 
 
 def dlq_subject(subject: str) -> str:
@@ -44,8 +66,18 @@ def instance_id(repo: str, sha: str) -> str:
     return f"{repo.replace('/', '__')}-{sha[:12]}"
 
 
+def _id_part(part: str) -> str:
+    return part.replace("%", "%25").replace("/", "%2F")
+
+
 def evaluation_id(run_id: str, model: str, instance: str) -> str:
-    return f"{run_id}/{model}/{instance}"
+    """`run/model/instance` with `/` escaped inside each part: ("a/b","c") and ("a","b/c") differ."""
+    return "/".join(_id_part(p) for p in (run_id, model, instance))
+
+
+def agent_run(agent: str, run_id: str) -> str:
+    """An agent's run as the evaluator keys it: `<agent>.<run_id>` (agent names have no dot)."""
+    return f"{agent}.{run_id}" if agent else run_id
 
 
 class _Msg(msgspec.Struct, frozen=True, kw_only=True):
@@ -166,12 +198,13 @@ class EvalRequested(_Msg, frozen=True, kw_only=True):
     model: str
     instance_id: str
     patch: str = ""
-    patch_ref: str | None = None
-    reply_to: str | None = None
+    patch_ref: str | None = None  # set only by services (agents' patches travel inline, capped)
+    reply_to: str | None = None  # set only by services (agents get answers on their own inbox)
+    agent: str = ""  # set by the evaluator's gateway from the subject the agent's request came on
 
     @property
     def id(self) -> str:
-        return evaluation_id(self.run_id, self.model, self.instance_id)
+        return evaluation_id(agent_run(self.agent, self.run_id), self.model, self.instance_id)
 
 
 class EvalCompleted(_Msg, frozen=True, kw_only=True):
@@ -182,10 +215,39 @@ class EvalCompleted(_Msg, frozen=True, kw_only=True):
     verdict: str
     opt: bool = False
     report: dict[str, Any] = msgspec.field(default_factory=dict)
+    agent: str = ""
 
     @property
     def id(self) -> str:
-        return evaluation_id(self.run_id, self.model, self.instance_id)
+        return evaluation_id(agent_run(self.agent, self.run_id), self.model, self.instance_id)
+
+
+class AgentSubmit(_Msg, frozen=True, kw_only=True):
+    """An agent's request on `eval.api.<agent>.submit` (the agent is the subject's, not a field)."""
+
+    run_id: str
+    model: str
+    instance_id: str
+    patch: str  # inline only: agents have no object-store rights
+
+
+class AgentQuery(_Msg, frozen=True, kw_only=True):
+    """`eval.api.<agent>.result` (by `id`) or `eval.api.<agent>.results` (by `run_id`)."""
+
+    id: str = ""
+    run_id: str = ""
+
+
+class AgentAnswer(_Msg, frozen=True, kw_only=True):
+    """The evaluator's reply to an agent: `ok` with the id/result(s), or `error` (the refusal)."""
+
+    ok: bool
+    error: str = ""
+    id: str = ""
+    duplicate: bool = False  # the same request (agent, run, model, instance, patch) was queued before
+    status: str = ""  # submit: queued | result: done | pending
+    result: dict[str, Any] | None = None
+    results: list[dict[str, Any]] = msgspec.field(default_factory=list)
 
 
 class DeadLetter(_Msg, frozen=True, kw_only=True):
@@ -228,7 +290,13 @@ SUBJECT_TYPES: Final[dict[str, type[msgspec.Struct]]] = {
     EVAL_COMPLETED: EvalCompleted,
 }
 
-_ALL_TYPES: Final[list[type[msgspec.Struct]]] = [*SUBJECT_TYPES.values(), DeadLetter]
+_ALL_TYPES: Final[list[type[msgspec.Struct]]] = [
+    *SUBJECT_TYPES.values(),
+    DeadLetter,
+    AgentSubmit,
+    AgentQuery,
+    AgentAnswer,
+]
 _DECODERS: Final[dict[type[msgspec.Struct], msgspec.json.Decoder[Any]]] = {
     t: msgspec.json.Decoder(t) for t in _ALL_TYPES
 }

@@ -66,6 +66,13 @@ class BusSettings(msgspec.Struct, kw_only=True):
     stop_grace: float = 20.0  # on SIGTERM/SIGINT: seconds in-flight work may finish before nak
     claim_lease: float = 60.0  # seconds a dead holder keeps a job's claim (renewed every third)
     dlq_inline_limit: int = 64 * 1024  # larger dead-lettered payloads go to the object store
+    creds: str = ""  # NKey credentials file (`cppperf agents add|service-keys`); empty: no auth
+    nkey_seed: str = ""  # or the seed itself (k8s: from a Secret) when there is no creds file
+    stream_max_bytes: int = 256 * 1024 * 1024  # per stream; a full work queue refuses publishes
+    stream_max_msgs: int = 1_000_000  # per stream
+    output_max_age: float = 30 * 24 * 3600.0  # patch.built / eval.completed announcements kept
+    kv_max_bytes: int = 256 * 1024 * 1024  # per KV bucket; a full bucket refuses writes
+    blob_max_bytes: int = 4 * 1024 * 1024 * 1024  # the `blobs` object store
 
     def effective_heartbeat(self) -> float:
         return self.heartbeat_interval or max(self.ack_wait / 3.0, 0.05)
@@ -185,7 +192,8 @@ class BuilderSettings(msgspec.Struct, kw_only=True):
     profile: Literal["default", "paper"] = "default"
     # what decides: user+sys CPU of the test's process tree (robust to a busy neighbour), wall
     # time, or user-space instructions (hardware counter). Every metric is recorded either way.
-    metric: Literal["cpu", "wall", "instructions"] = "cpu"
+    # `cachegrind`: instructions counted by Valgrind (no PMU needed; exact, so no timing core)
+    metric: Literal["cpu", "wall", "instructions", "cachegrind"] = "cpu"
     # a test whose CPU time exceeds its wall time by this factor is multi-threaded: decided on wall
     multithread_ratio: float = 1.2
     # a sample shorter than this (seconds) is the mean of repeated runs that together pass it
@@ -197,6 +205,16 @@ class BuilderSettings(msgspec.Struct, kw_only=True):
     timing_cores: list[int] = msgspec.field(default_factory=list)  # empty: the upper half
     build_cores: list[int] = msgspec.field(default_factory=list)  # empty: the other cores
     lease_timeout: float = 6 * 3600.0  # seconds to wait for a free timing core
+    # leases are granted in the order of a ticket queue on the lease dir (lower priority first,
+    # then arrival). `round`: a proof leases per interleaved round, so a waiter is behind at most
+    # one round; `whole`: one lease for the whole measurement; `poll`: the old way (every waiter
+    # tries every 0.25 s, whole measurement), kept to compare (bench/lease_fairness.py)
+    lease_policy: Literal["round", "whole", "poll"] = "round"
+    lease_priority: int = 1  # the builder's place in the queue; evaluator.lease_priority is 0
+    # --- the exact metric (builder.metric=cachegrind) ---------------------------------------
+    exact_runs: int = 3  # rounds under Valgrind (an exact count needs few; no warm-up)
+    exact_tolerance: float = 0.001  # counts of one side within this relative spread are exact
+    valgrind_slowdown: float = 50.0  # a test's timeout is multiplied by this under Valgrind
 
     def effective_build_type(self) -> str:
         return "Debug" if self.profile == "paper" else self.build_type
@@ -214,6 +232,9 @@ class EvaluatorSettings(msgspec.Struct, kw_only=True):
     runs_dir: str = ""  # default OUT/runs
     worker_name: str = ""  # recorded with each evaluation (defaults to host:pid in the service)
     opt_fraction: float = 0.95
+    agent_max_pending: int = 16  # an agent's requests queued or running; the next is refused
+    agent_max_patch_bytes: int = 512 * 1024  # an agent's inline patch (checked before any write)
+    lease_priority: int = 0  # evaluations go before proofs in the timing-core queue
 
 
 class Settings(msgspec.Struct, kw_only=True):
@@ -456,3 +477,13 @@ def _validate_ranges(s: Settings) -> None:
             raise _bad(key, f"{f}; must be in (0, 1]")
     if s.builder.min_improvement < 0:
         raise _bad("builder.min_improvement", "must be >= 0")
+    _validate_exact(s.builder)
+
+
+def _validate_exact(b: BuilderSettings) -> None:
+    if b.exact_runs < 2:
+        raise _bad("builder.exact_runs", f"{b.exact_runs}; must be >= 2 (a re-run shows a count is exact)")
+    if b.exact_tolerance < 0:
+        raise _bad("builder.exact_tolerance", "must be >= 0")
+    if b.valgrind_slowdown < 1:
+        raise _bad("builder.valgrind_slowdown", f"{b.valgrind_slowdown}; must be >= 1")

@@ -51,6 +51,8 @@ CAS_ATTEMPTS: Final = 20
 _STREAM_NOT_FOUND: Final = 10059  # JetStream API err_code
 BLOB_BUCKET: Final = "blobs"
 INLINE_LIMIT: Final = 256 * 1024
+KV_MAX_BYTES: Final = 256 * 1024 * 1024  # BusSettings.kv_max_bytes: a full bucket refuses writes
+BLOB_MAX_BYTES: Final = 4 * 1024 * 1024 * 1024  # BusSettings.blob_max_bytes
 
 _BAD_KEY_CHAR = re.compile(r"[^-/_.a-zA-Z0-9]")
 _ESCAPE = re.compile(r"=([0-9A-F]{2})")
@@ -86,13 +88,24 @@ class Store:
         self._kv = kv
         self._blobs = blobs
         self.replicas = replicas
+        self.kv_max_bytes = KV_MAX_BYTES
+        self.blob_max_bytes = BLOB_MAX_BYTES
 
     @classmethod
-    async def open(cls, js: JetStreamContext, *, replicas: int = 1) -> Store:
+    async def open(
+        cls,
+        js: JetStreamContext,
+        *,
+        replicas: int = 1,
+        kv_max_bytes: int = KV_MAX_BYTES,
+        blob_max_bytes: int = BLOB_MAX_BYTES,
+    ) -> Store:
         kv: dict[str, KeyValue] = {}
         for name in BUCKETS:
-            kv[name] = await _open_bucket(js, name, replicas)
-        return cls(js, kv, await open_blobs(js, replicas), replicas=replicas)
+            kv[name] = await _open_bucket(js, name, replicas, kv_max_bytes)
+        store = cls(js, kv, await open_blobs(js, replicas, blob_max_bytes), replicas=replicas)
+        store.kv_max_bytes, store.blob_max_bytes = kv_max_bytes, blob_max_bytes
+        return store
 
     # ---------------------------------------------------------------- missing buckets
     async def _on_kv(self, bucket: str, op: Callable[[KeyValue], Awaitable[T]]) -> T:
@@ -103,7 +116,7 @@ class Store:
             if not _bucket_gone(exc):
                 raise
             log.warning("bucket_reprovisioned", bucket=bucket, error=str(exc) or type(exc).__name__)
-            self._kv[bucket] = await _open_bucket(self.js, bucket, self.replicas)
+            self._kv[bucket] = await _open_bucket(self.js, bucket, self.replicas, self.kv_max_bytes)
         return await op(self._kv[bucket])
 
     async def _on_blobs(self, op: Callable[[ObjectStore], Awaitable[T]]) -> T:
@@ -113,7 +126,7 @@ class Store:
             if not _bucket_gone(exc):
                 raise
             log.warning("bucket_reprovisioned", bucket=BLOB_BUCKET, error=str(exc) or type(exc).__name__)
-            self._blobs = await open_blobs(self.js, self.replicas)
+            self._blobs = await open_blobs(self.js, self.replicas, self.blob_max_bytes)
         return await op(self._blobs)
 
     # ---------------------------------------------------------------- records
@@ -228,6 +241,11 @@ class Store:
         await self._on_blobs(lambda b: b.put(key, data))
         return key
 
+    async def blob_size(self, ref: str) -> int:
+        """The size of a stored object, read from its metadata (the object is not fetched)."""
+        info = await self._on_blobs(lambda b: b.get_info(ref))
+        return int(info.size or 0)
+
     async def get_blob(self, ref: str) -> bytes:
         res = await self._on_blobs(lambda b: b.get(ref))
         return bytes(res.data or b"")
@@ -255,15 +273,19 @@ async def instance_record(records: Records, iid: str) -> dict[str, Any] | None:
     return record
 
 
-async def _open_bucket(js: JetStreamContext, name: str, replicas: int) -> KeyValue:
+async def _open_bucket(js: JetStreamContext, name: str, replicas: int, max_bytes: int) -> KeyValue:
     try:
         return await js.key_value(name)
     except BucketNotFoundError:
-        return await js.create_key_value(js_api.KeyValueConfig(bucket=name, history=1, replicas=replicas))
+        return await js.create_key_value(
+            js_api.KeyValueConfig(bucket=name, history=1, replicas=replicas, max_bytes=max_bytes)
+        )
 
 
-async def open_blobs(js: JetStreamContext, replicas: int) -> ObjectStore:
+async def open_blobs(js: JetStreamContext, replicas: int, max_bytes: int = BLOB_MAX_BYTES) -> ObjectStore:
     try:
         return await js.object_store(BLOB_BUCKET)
     except (BucketNotFoundError, NotFoundError):
-        return await js.create_object_store(BLOB_BUCKET, js_api.ObjectStoreConfig(replicas=replicas))
+        return await js.create_object_store(
+            BLOB_BUCKET, js_api.ObjectStoreConfig(replicas=replicas, max_bytes=max_bytes)
+        )

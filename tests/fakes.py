@@ -74,6 +74,9 @@ class MemoryRecords:
             raise KeyError(f"object {ref} not found")
         return self.blobs[ref]
 
+    async def blob_size(self, ref: str) -> int:
+        return len(await self.get_blob(ref))
+
     async def inline_or_ref(self, name: str, text: str) -> tuple[str, str | None]:
         data = text.encode()
         if len(data) <= self.inline_limit:

@@ -49,8 +49,12 @@ def test_compose_services_and_volumes(compose: dict[str, Any]) -> None:
         assert "healthcheck" in svc[name]
         assert any(str(v).endswith(":/data") for v in svc[name]["volumes"])
     for name in ("nats-1", "nats-2", "nats-3"):
-        conf = f"./deploy/nats/{name}.conf:/etc/nats/nats.conf:ro"
-        assert conf in svc[name]["volumes"] and "healthcheck" in svc[name]
+        assert "./deploy/nats:/etc/nats:ro" in svc[name]["volumes"] and "healthcheck" in svc[name]
+        assert svc[name]["command"] == ["-c", f"/etc/nats/{name}.conf"]  # with accounts.conf beside it
+    for name in ("crawler", "filter", "classifier", "builder", "evaluator"):  # each its own identity
+        assert svc[name]["environment"]["CPPPERF_BUS_CREDS"] == f"/run/secrets/{name}"
+        assert svc[name]["secrets"] == [name]
+        assert compose["secrets"][name]["file"] == f"./deploy/nats/creds/{name}.creds"
     gpu = svc["vllm-model-1"]["deploy"]["resources"]["reservations"]["devices"][0]
     assert gpu["capabilities"] == ["gpu"]
     assert "/var/run/docker.sock:/var/run/docker.sock" in svc["builder"]["volumes"]
@@ -93,8 +97,12 @@ def _node_config(i: int, ports: dict[int, tuple[int, int]], store: Path) -> str:
 @pytest.mark.nats
 @pytest.mark.slow
 def test_nats_configs_form_a_replicated_cluster(tmp_path: Path) -> None:
+    from cppperf.agents import service_keys
+
     ports = {i: (free_port(), free_port()) for i in (1, 2, 3)}
-    env = {**os.environ, "NATS_USER": "cppperf", "NATS_PASSWORD": "s3cret-pw"}
+    for name in ("accounts.conf", "agents.conf"):
+        (tmp_path / name).write_text((ROOT / "deploy" / "nats" / name).read_text())
+    env = {**os.environ, **service_keys(tmp_path / "creds")}
     procs = []
     try:
         for i in (1, 2, 3):
@@ -116,8 +124,10 @@ def test_nats_configs_form_a_replicated_cluster(tmp_path: Path) -> None:
                     stderr=subprocess.DEVNULL,
                 )
             )
-        url = ",".join(f"nats://cppperf:s3cret-pw@127.0.0.1:{ports[i][0]}" for i in (1, 2, 3))
-        settings = load_settings(env={"CPPPERF_BUS_REPLICAS": "3"})
+        url = ",".join(f"nats://127.0.0.1:{ports[i][0]}" for i in (1, 2, 3))
+        settings = load_settings(
+            env={"CPPPERF_BUS_REPLICAS": "3", "CPPPERF_BUS_CREDS": str(tmp_path / "creds" / "admin.creds")}
+        )
 
         async def scenario() -> tuple[int, int]:
             deadline = time.monotonic() + 60

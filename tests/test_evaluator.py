@@ -112,8 +112,8 @@ def _spy_runs(monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict[str, Any]], li
     real_core, real_run = ev.timing_core, LocalBackend.run_test
 
     @contextlib.contextmanager
-    def spy_core(s: Any, phase: Any = None) -> Iterator[int | None]:
-        with real_core(s, phase) as cpu:
+    def spy_core(s: Any, phase: Any = None, **kw: Any) -> Iterator[int | None]:
+        with real_core(s, phase, **kw) as cpu:
             leases.append(cpu)
             held.append(cpu)
             try:
@@ -355,7 +355,8 @@ def test_predictions_over_the_bus_with_two_workers(
     result = json.loads(cli.stdout)
     assert sorted(r["instance_id"] for r in result["reports"]) == sorted(i for i, _ in ids)
     assert all(r["tests_pass"] for r in result["reports"])
-    done = sorted((tmp_path / "worker-runs" / run_id / "agent-x").glob("*/report.json"))
+    # an open bus has one agent, `local`: its runs are keyed under it (README: agents on the bus)
+    done = sorted((tmp_path / "worker-runs" / f"local.{run_id}" / "agent-x").glob("*/report.json"))
     assert len(done) == 3  # each instance evaluated exactly once across the two workers
     handled = sum(log.decode().count('"event": "handled"') for log in logs)
     assert handled == 3

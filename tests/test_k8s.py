@@ -19,6 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from cppperf.agents import service_keys
 from cppperf.shared.embedded import find_nats_server
 from cppperf.shared.settings import env_names
 
@@ -129,14 +130,17 @@ def test_nats_is_a_three_pod_jetstream_cluster_with_volumes(
     routes = re.findall(r"nats-route://(nats-\d)\.nats:6222", conf)
     assert routes == ["nats-0", "nats-1", "nats-2"]
     container = pod_spec(sts)["containers"][0]
-    assert {"NATS_USER", "NATS_PASSWORD", "POD_NAME"} <= set(env_of(container))
+    assert {"NKEY_ADMIN", "NKEY_EVALUATOR", "POD_NAME"} <= set(env_of(container))
+    for name in ("accounts.conf", "agents.conf"):  # the same permissions as compose's
+        assert conf_map["data"][name] == (ROOT / "deploy" / "nats" / name).read_text()
+        (tmp_path / name).write_text(conf_map["data"][name])
     assert any(m["mountPath"] == "/data" and m["name"] == "data" for m in container["volumeMounts"])
     # the config is one a real nats-server accepts (the variables come from the pod's env)
     path = tmp_path / "nats.conf"
     path.write_text(conf.replace("/data/jetstream", str(tmp_path / "js")))
     check = subprocess.run(
         [find_nats_server(), "-t", "-c", str(path)],
-        env={**os.environ, "POD_NAME": "nats-0", "NATS_USER": "u", "NATS_PASSWORD": "p"},
+        env={**os.environ, "POD_NAME": "nats-0", **service_keys(tmp_path / "creds")},
         capture_output=True,
         text=True,
         check=False,
@@ -153,7 +157,11 @@ def test_services_probe_their_health_and_reach_every_nats_pod(rendered: list[dic
             assert c[probe]["exec"]["command"] == ["cppperf", "health", name]
         url = env_of(c)["CPPPERF_NATS_URL"]["value"]
         assert [f"nats-{i}.nats:4222" in url for i in range(3)] == [True] * 3
-        assert "$(NATS_PASSWORD)" in url  # the password comes from the Secret, never from a literal
+        seed = env_of(c)["CPPPERF_BUS_NKEY_SEED"]["valueFrom"]["secretKeyRef"]
+        assert seed == {
+            "name": "cppperf-nats-keys",
+            "key": f"SEED_{name.upper()}",
+        }  # its own key, from a Secret
     crawler = find(rendered, "CronJob", "crawler")
     assert pod_spec(crawler)["containers"][0]["args"] == ["serve", "crawler"]
 
@@ -192,8 +200,10 @@ def test_dev_overlay_runs_without_gpus_and_has_every_secret_key() -> None:
     clf = env_of(pod_spec(find(docs, "Deployment", "classifier"))["containers"][0])
     assert clf["CPPPERF_CLASSIFIER_BACKEND"]["value"] == "heuristic"
     assert "nodeSelector" not in pod_spec(find(docs, "Deployment", "builder"))
-    secret = find(docs, "Secret", "cppperf-secrets")
-    keys = set(secret.get("data", {})) | set(secret.get("stringData", {}))
+    keys: set[str] = set()
+    for name in ("cppperf-secrets", "cppperf-nats-keys"):
+        secret = find(docs, "Secret", name)
+        keys |= set(secret.get("data", {})) | set(secret.get("stringData", {}))
     used = {
         e["valueFrom"]["secretKeyRef"]["key"]
         for d in docs

@@ -12,7 +12,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -163,3 +165,108 @@ def test_a_plan_made_on_the_build_cores_still_has_its_timing_cores(tmp_path: Pat
     assert sorted(os.sched_getaffinity(0)) == cores
     with on_build_cores(BuilderSettings(lease_dir=str(tmp_path), pin_cpu=False)):
         assert sorted(os.sched_getaffinity(0)) == cores  # pin_cpu off: nothing narrowed
+
+
+WAITER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from cppperf.shared.engine.leases import acquire
+    lease = acquire(Path(sys.argv[1]), [0], timeout=60, priority=int(sys.argv[3]))
+    with open(sys.argv[2], "a") as fh:
+        fh.write(sys.argv[4] + "\\n")
+    time.sleep(0.05)
+    lease.release()
+    """
+)
+
+
+def _queued(directory: Path) -> int:
+    queue = directory / "queue"
+    return len(os.listdir(queue)) if queue.is_dir() else 0
+
+
+def _wait_for(check: Any, what: str, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_leases_are_granted_in_arrival_order_and_a_killed_waiter_frees_its_place(tmp_path: Path) -> None:
+    """Six waiters queue behind a holder in a known order (one of them, the evaluation, with a
+    better priority; one killed while waiting): they get the core in ticket order, the killed
+    one's place is skipped, and the holder's kill -9 starts it all."""
+    leases, log = tmp_path / "leases", tmp_path / "order"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER.replace("[0, 1]", "[0]"), str(leases), "600"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    waiters: list[subprocess.Popen[str]] = []
+    try:
+        assert holder.stdout is not None
+        assert int(holder.stdout.readline()) == 0
+        for i, prio in enumerate([1, 1, 1, 1, 0, 1]):
+            waiters.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", WAITER, str(leases), str(log), str(prio), str(i)], text=True
+                )
+            )
+            _wait_for(lambda n=i + 1: _queued(leases) == n, f"waiter {i} never queued")
+        waiters[2].kill()  # kill -9 while waiting
+        waiters[2].wait(timeout=10)
+        os.kill(holder.pid, signal.SIGKILL)
+        for i, w in enumerate(waiters):
+            if i != 2:
+                assert w.wait(timeout=60) == 0
+        assert log.read_text().split() == ["4", "0", "1", "3", "5"]  # priority 0 first, then arrival
+        assert _queued(leases) == 0  # every ticket gone, the dead one's too
+        assert (leases / "core-0.lock").read_text() == ""  # a free core's file names nobody
+    finally:
+        for p in [holder, *waiters]:
+            p.kill()
+            p.communicate()
+
+
+def test_the_holder_line_says_host_pid_and_since(tmp_path: Path) -> None:
+    lease = acquire(tmp_path, [2], timeout=5)
+    try:
+        host, pid_word, pid, since_word, since = (tmp_path / "core-2.lock").read_text().split()
+        assert (pid_word, int(pid), since_word) == ("pid", os.getpid(), "since")
+        assert abs(int(since) - time.time()) < 5 and host
+    finally:
+        lease.release()
+
+
+def test_per_round_turns_let_a_waiter_in_between_rounds(tmp_path: Path) -> None:
+    """`lease_policy=round`: a proof's lease is given back after each round, so a process that
+    queued during a round gets the core before the proof's next round."""
+    from cppperf.shared.engine.leases import timing_turns
+
+    cores = sorted(os.sched_getaffinity(0))
+    s = BuilderSettings(
+        lease_dir=str(tmp_path), timing_cores=[cores[-1]], build_cores=[cores[0]] if len(cores) > 1 else []
+    )
+    log = tmp_path / "order"
+    with timing_turns(s) as turns:
+        with turns.turn() as cpu:
+            assert cpu == cores[-1] and turns.cpu == cpu
+            other = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    WAITER.replace("[0]", f"[{cpu}]"),
+                    str(tmp_path),
+                    str(log),
+                    "1",
+                    "eval",
+                ]
+            )
+            _wait_for(lambda: _queued(tmp_path) == 1, "the other process never queued")
+        assert turns.cpu is None
+        with turns.turn(), log.open("a") as fh:
+            fh.write("round2\n")
+        assert other.wait(timeout=30) == 0
+    assert log.read_text().split() == ["eval", "round2"]
+    assert turns.facts()["lease_waits"] == 2 and turns.facts()["lease_policy"] == "round"

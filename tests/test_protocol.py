@@ -93,7 +93,8 @@ def test_instructions_metric_is_a_clear_error_where_not_allowed(tmp_path: Path) 
         assert res.instructions is not None and res.instructions > 1_000_000
     else:
         with pytest.raises(
-            ConfigError, match=r"builder.metric=instructions is not possible here: .+; use cpu"
+            ConfigError,
+            match=r"builder.metric=instructions is not possible here: .+; use cachegrind \(Valgrind\), cpu",
         ):
             check_metric(backend, settings)
         assert check_metric(backend, BuilderSettings()) is False  # the default just does not count

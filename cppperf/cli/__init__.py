@@ -2,7 +2,7 @@
 
 import sys
 
-from cppperf.cli import build, classify, dataset, demo, evaluate, health, pipeline, schema  # noqa: F401 - registers commands
+from cppperf.cli import agents, build, classify, dataset, demo, evaluate, health, pipeline, schema  # noqa: F401 - registers commands
 from cppperf.cli.common import EXIT_FAILURES, EXIT_USAGE, app, console
 from cppperf.shared.errors import BadInput, ConfigError, CppPerfError
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -31,7 +30,6 @@ from cppperf.cli.common import (
 )
 from cppperf.cli.predictions import PSEUDO, pseudo_predictions
 from cppperf.shared.errors import CppPerfError
-from cppperf.shared.settings import Settings
 
 FIELDS = ("instance_id", "model_name_or_path", "model_patch")
 
@@ -90,44 +88,16 @@ def _load_predictions(path: Path) -> list[dict[str, str]]:
 
 
 async def _evaluate_over_bus(
-    settings: Settings, url: str, rows: list[dict[str, str]], run_id: str, progress: Progress
+    url: str, creds: str | None, rows: list[dict[str, str]], run_id: str, progress: Progress
 ) -> list[dict[str, Any]]:
-    """Publish one request per prediction and wait for every answer on a private inbox."""
-    from cppperf.runtime import connect
-    from cppperf.shared import messages as msgs
+    """Submit every prediction as an agent (`cppperf.client`: agent rights only) and wait."""
+    from cppperf.client import AgentClient, evaluate_predictions
 
-    async with connect(settings, url) as ctx:
-        inbox = ctx.bus.nc.new_inbox()
-        answers: asyncio.Queue[msgs.EvalCompleted] = asyncio.Queue()
-
-        async def on_answer(raw: Any) -> None:
-            await answers.put(msgs.decode(raw.data, msgs.EvalCompleted))
-
-        sub = await ctx.bus.nc.subscribe(inbox, cb=on_answer)
-        wanted = {msgs.evaluation_id(run_id, r["model_name_or_path"], r["instance_id"]) for r in rows}
-        for r in rows:
-            eid = msgs.evaluation_id(run_id, r["model_name_or_path"], r["instance_id"])
-            # a large patch travels by reference (object store), not inline past NATS's max payload
-            patch, patch_ref = await ctx.store.inline_or_ref(f"patch/{eid}", r["model_patch"])
-            req = msgs.EvalRequested(
-                request_id=eid,
-                run_id=run_id,
-                model=r["model_name_or_path"],
-                instance_id=r["instance_id"],
-                patch=patch,
-                patch_ref=patch_ref,
-                reply_to=inbox,
-            )
-            await ctx.bus.publish(msgs.EVAL_REQUESTED, req, msg_id=f"{req.id}#{inbox}")
-        task = progress.add_task("evaluate", total=len(wanted))
-        results: dict[str, dict[str, Any]] = {}
-        while wanted - set(results):
-            done = await answers.get()
-            if done.id in wanted:
-                results[done.id] = {**done.report, "verdict": done.verdict, "opt": done.opt}
-                progress.update(task, completed=len(results))
-        await sub.unsubscribe()
-        return list(results.values())
+    task = progress.add_task("evaluate", total=len(rows))
+    async with await AgentClient.connect(url, creds) as client:
+        return await evaluate_predictions(
+            client, rows, run_id, on_done=lambda n: progress.update(task, completed=n)
+        )
 
 
 def _split_ids(value: str | None) -> set[str] | None:
@@ -187,6 +157,10 @@ def evaluate(  # noqa: PLR0912, PLR0915 - one verb, its input checks and its two
             callback=_check_nats_url,
         ),
     ] = None,
+    creds: Annotated[
+        Path | None,
+        typer.Option("--creds", help="with --nats-url: this agent's credentials (`cppperf agents add`)"),
+    ] = None,
     config: Config = None,
 ) -> None:
     """Score agents' patches: applied, builds, tests pass, speed-up vs original and vs the expert, `opt`.
@@ -197,7 +171,7 @@ def evaluate(  # noqa: PLR0912, PLR0915 - one verb, its input checks and its two
     Examples:
       cppperf evaluate --instance local__demo-4bda4860cd0d --patch fix.diff --model my-agent
       cppperf evaluate --predictions preds.jsonl --run-id demo --instance-ids a__b-123456789abc
-      cppperf evaluate --predictions preds.jsonl --run-id demo --nats-url nats://bus:4222
+      cppperf evaluate --predictions preds.jsonl --run-id demo --nats-url nats://bus:4222 --creds alice.creds
       cppperf evaluate --predictions gold --run-id validate   # the harness on the experts' patches
 
     Writes OUT/runs/<run_id>/<model>.<run_id>.json, SWE-bench's run report shape plus `opt`
@@ -290,7 +264,7 @@ def evaluate(  # noqa: PLR0912, PLR0915 - one verb, its input checks and its two
             if s.nats_url:
                 with cli_nats(s) as url:
                     reports = run_async(
-                        _evaluate_over_bus(s, url, rows, run_id, progress),
+                        _evaluate_over_bus(url, str(creds) if creds else None, rows, run_id, progress),
                         waiting_for="the connection to close (evaluators finish what they started)",
                     )
                 for r in reports:

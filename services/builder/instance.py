@@ -40,7 +40,7 @@ from cppperf.shared.engine.cmake import (
     werror_only,
 )
 from cppperf.shared.engine.errorlines import first_error_lines
-from cppperf.shared.engine.leases import core_plan, timing_core
+from cppperf.shared.engine.leases import Turns, core_plan, exact_metric, timing_turns
 from cppperf.shared.engine.limits import limits_for
 from cppperf.shared.engine.protocol import Measurement, RunFailure, check_metric, measure
 from cppperf.shared.engine.sandbox import Limits, RunResult
@@ -346,33 +346,38 @@ def _prove_once(once: _Once, settings: BuilderSettings) -> InstanceResult:
         result.compared_tests = common
 
     run_seed = settings.seed if seed is None else seed
-    with timing_core(settings, phase) as cpu:
-        result.environment["leased_core"] = cpu
+    exact = exact_metric(settings)
+    with timing_turns(settings, phase) as turns:
 
         def run_one(side: SideName, name: str) -> RunResult:
             t = tests_by_side[side][name]
-            limits = limits_for(t, settings, cpu=cpu, instructions=count)
+            limits = limits_for(t, settings, cpu=turns.cpu, instructions=count, counted=exact)
             return normalise(t, backend.run_test(side, t, limits))
 
         meas = measure(
             common,
             run_one,
-            rounds=settings.runs,
-            warmup=settings.warmup,
+            # an exact count needs no warm-up, no repeats, no early stop: a few identical runs
+            rounds=settings.exact_runs if exact else settings.runs,
+            warmup=0 if exact else settings.warmup,
             seed=run_seed,
-            early_stop=settings.early_stop,
+            early_stop=settings.early_stop and not exact,
             min_rounds=settings.early_stop_min_rounds,
             min_improvement=settings.min_improvement,
             progress=lambda d, t: phase("measure", d, t),
             metric=settings.metric,
             multithread_ratio=settings.multithread_ratio,
-            floor=settings.sample_floor,
+            floor=0.0 if exact else settings.sample_floor,
             max_repeats=settings.max_repeats,
+            turn=turns.turn,
         )
         result.measurement = meas
-        if meas.failure is not None:  # re-runs that say whose fault it is: still on the leased core
-            return _reject_failure(meas.failure, run_one, settings, result, reject, phase)
-        _decide(meas, run_one, settings, run_seed, result, phase)
+        try:
+            if meas.failure is not None:  # re-runs that say whose fault it is: on a leased core too
+                return _reject_failure(meas.failure, run_one, settings, result, reject, phase, turns)
+            _decide(meas, run_one, settings, run_seed, result, phase, turns)
+        finally:
+            result.environment.update(turns.facts())
         result.environment["load_average_end"] = _loadavg()
     return result
 
@@ -384,6 +389,7 @@ def _decide(
     run_seed: int,
     result: InstanceResult,
     phase: PhaseCallback,
+    turns: Turns,
 ) -> None:
     """Statistics on each test's deciding metric, confirmation runs, verdicts under every rule."""
     decided = compare_all(
@@ -392,9 +398,11 @@ def _decide(
         min_improvement=settings.min_improvement,
         resamples=settings.bootstrap_resamples,
         seed=run_seed,
+        exact=[n for n in meas.samples if meas.metric_of(n) == "cachegrind"],
+        tolerance=settings.exact_tolerance,
     )
     if settings.confirm:
-        decided = _confirm(decided, meas, run_one, settings, run_seed, result, phase)
+        decided = _confirm(decided, meas, run_one, settings, run_seed, result, phase, turns)
     result.tests = decided
     rule = settings.effective_rule()
     result.decision_rule = rule
@@ -413,6 +421,7 @@ def _reject_failure(
     result: InstanceResult,
     reject: Callable[[FailureCategory, str], InstanceResult],
     phase: PhaseCallback,
+    turns: Turns,
 ) -> InstanceResult:
     """The rejection for a failed run, saying whose fault a failing test is."""
     result.failure_step = "test"
@@ -426,9 +435,10 @@ def _reject_failure(
         )
     other: SideName = "old" if f.side == "new" else "new"
     phase("recheck", 0, 2)
-    same = run_one(f.side, f.test)
-    phase("recheck", 1, 2)
-    there = run_one(other, f.test)
+    with turns.turn():
+        same = run_one(f.side, f.test)
+        phase("recheck", 1, 2)
+        there = run_one(other, f.test)
     phase("recheck", 2, 2)
 
     def said(r: RunResult) -> str:
@@ -494,9 +504,15 @@ def _confirm(
     seed: int,
     result: InstanceResult,
     phase: PhaseCallback,
+    turns: Turns,
 ) -> list[TestStats]:
     """Re-run each flagged test alone with a fresh order; a change must hold there to count."""
-    flagged = [t for t in decided if t.improved or t.regressed or t.strict_improved or t.strict_regressed]
+    # an exact count is its own confirmation: its re-runs agreed within builder.exact_tolerance
+    flagged = [
+        t
+        for t in decided
+        if (t.improved or t.regressed or t.strict_improved or t.strict_regressed) and not t.exact
+    ]
     if not flagged:
         return decided
     rounds = max(settings.early_stop_min_rounds, settings.runs // 2) + settings.warmup
@@ -512,6 +528,7 @@ def _confirm(
             early_stop=False,
             metric=main.metric_of(t.name),
             repeats={t.name: main.repeats.get(t.name, 1)},
+            turn=turns.turn,
         )
         if meas.failure is not None:
             result.confirmations[t.name] = {"held": False, "failure": meas.failure.output_tail[-500:]}

@@ -74,6 +74,7 @@ def build_record(
                 "relative_improvement": t.mean_change,
                 "relative_improvement_median": t.median_change,
                 "decided_on": meas.metric_of(t.name) if meas else None,
+                "exact": t.exact,
                 "absolute_improvement_ms": (t.mean_old - t.mean_new) * 1000.0,
                 "old_mean_ms": t.mean_old * 1000.0,
                 "new_mean_ms": t.mean_new * 1000.0,
@@ -226,6 +227,8 @@ def build_record(
                     "new_cpu_s": s.new_cpu,
                     "old_instructions": s.instructions.get("old", []),
                     "new_instructions": s.instructions.get("new", []),
+                    "old_ir": s.ir.get("old", []),
+                    "new_ir": s.ir.get("new", []),
                 }
                 for n, s in (meas.samples.items() if meas else [])
             },

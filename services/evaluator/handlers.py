@@ -47,10 +47,14 @@ class PipelineOps:
 async def _patch(ctx: StageContext, msg: m.EvalRequested) -> str:
     if not msg.patch_ref:
         return msg.patch
+    limit = ctx.settings.evaluator.max_patch_bytes
     try:
-        return (await ctx.store.get_blob(msg.patch_ref)).decode(errors="replace")
+        size = await ctx.store.blob_size(msg.patch_ref)
+        if size <= limit:  # checked on the metadata: an oversize patch is never read or written
+            return (await ctx.store.get_blob(msg.patch_ref)).decode(errors="replace")
     except Exception as exc:  # nats' object store raises NotFoundError (and others) for a bad ref
         raise BadInput(f"patch_ref {msg.patch_ref!r} is not in the object store: {exc}") from exc
+    raise BadInput(f"patch_ref {msg.patch_ref!r} is {size} bytes, over evaluator.max_patch_bytes={limit}")
 
 
 async def _instance(ctx: StageContext, iid: str) -> EvalInstance | None:
@@ -66,6 +70,7 @@ async def _instance(ctx: StageContext, iid: str) -> EvalInstance | None:
 def completed(msg: m.EvalRequested, report: dict[str, Any]) -> m.EvalCompleted:
     return m.EvalCompleted(
         request_id=msg.request_id,
+        agent=msg.agent,
         run_id=msg.run_id,
         model=msg.model,
         instance_id=msg.instance_id,
@@ -75,6 +80,11 @@ def completed(msg: m.EvalRequested, report: dict[str, Any]) -> m.EvalCompleted:
     )
 
 
+def completed_subject(msg: m.EvalRequested) -> str:
+    """`eval.completed.<agent>` for an agent's request (its only readable announcement)."""
+    return m.eval_completed_subject(msg.agent) if msg.agent else m.EVAL_COMPLETED
+
+
 async def on_request(ctx: StageContext, ops: EvaluatorOps, msg: m.EvalRequested) -> Outcome:
     patch = await _patch(ctx, msg)
     prior = to_struct(await ctx.store.get("evaluations", msg.id) or {}, EvaluationState)
@@ -82,12 +92,14 @@ async def on_request(ctx: StageContext, ops: EvaluatorOps, msg: m.EvalRequested)
         report: dict[str, Any] = json.loads(await ctx.store.resolve_text(prior.report, prior.report_ref))
         if report.get("patch_sha256") == patch_sha256(patch):  # the same patch, not just the same id
             done = completed(msg, report)
-            await ctx.bus.publish(m.EVAL_COMPLETED, done)  # deduplicated by its id if already there
+            await ctx.bus.publish(completed_subject(msg), done)  # deduplicated by its id if already there
             if msg.reply_to:
                 await ctx.bus.reply(msg.reply_to, done)
             return "answered-from-store"
     instance = await _instance(ctx, msg.instance_id)
-    req = EvalRequest(run_id=msg.run_id, model=msg.model, instance_id=msg.instance_id, patch=patch)
+    # an agent's run is keyed under the agent: its run dir and record are `<agent>.<run_id>`
+    run_id = m.agent_run(msg.agent, msg.run_id)
+    req = EvalRequest(run_id=run_id, model=msg.model, instance_id=msg.instance_id, patch=patch)
     report = await asyncio.to_thread(ops.evaluate, req, instance)
     done = completed(msg, report)
     text, ref = await ctx.store.inline_or_ref(f"report/{req.id}", json.dumps(done.report))
@@ -98,6 +110,7 @@ async def on_request(ctx: StageContext, ops: EvaluatorOps, msg: m.EvalRequested)
             "run_id": msg.run_id,
             "model": msg.model,
             "instance_id": msg.instance_id,
+            "agent": msg.agent,
             "worker": ctx.settings.evaluator.worker_name or WORKER,
             "report": text,
             "report_ref": ref,
@@ -105,7 +118,7 @@ async def on_request(ctx: StageContext, ops: EvaluatorOps, msg: m.EvalRequested)
         EvaluationState,
     )
     await ctx.store.put("evaluations", req.id, to_json_dict(state))
-    await ctx.bus.publish(m.EVAL_COMPLETED, done)  # after the record: a crash re-publishes from it
+    await ctx.bus.publish(completed_subject(msg), done)  # after the record: a crash re-publishes from it
     if msg.reply_to:
         await ctx.bus.reply(msg.reply_to, done)
     return "evaluated"

@@ -44,7 +44,7 @@ from cppperf.shared.domain import EvalVerdict
 from cppperf.shared.engine.backend import Backend, LocalBackend, SideName, build_sides, export_tree
 from cppperf.shared.engine.backends import make_backend
 from cppperf.shared.engine.cmake import StepResult, TestCase, normalise, test_description
-from cppperf.shared.engine.leases import on_build_cores, timing_core
+from cppperf.shared.engine.leases import exact_metric, on_build_cores, timing_core
 from cppperf.shared.engine.limits import limits_for
 from cppperf.shared.engine.protocol import check_metric, measure
 from cppperf.shared.engine.sandbox import Limits, RunResult, jail_problem
@@ -377,6 +377,7 @@ def _run(
     info = {"applied": True, "applied_with": applied_with, "builds": True, "tests": common}
     timed = [n for n in common if n in set(inst.improved_tests)] or common
     count = check_metric(backend, s.builder)
+    exact = exact_metric(s.builder)
     # correctness runs are untimed: on the build cores, before the timing core is leased, so a
     # second evaluation worker can time while this one checks. A timed test cannot behave only
     # while it is checked: every timed run on the leased core must pass too (measure).
@@ -390,9 +391,11 @@ def _run(
             "tests_pass": False,
             "failing_tests": failures,
         }
-    with timing_core(s.builder, phase) as pin:
+    with timing_core(s.builder, phase, priority=s.evaluator.lease_priority) as pin:
 
         def pinned(t: TestCase) -> Limits:
+            if exact:  # counted under Valgrind, on any core
+                return limits_for(t, s.builder, timeout=ev.test_timeout, counted=True)
             return limits(t, pin, count)
 
         def run_one(side: str, name: str) -> RunResult:
@@ -409,7 +412,7 @@ def _run(
             progress=lambda d, t: phase("measure", d, t),
             metric=s.builder.metric,
             multithread_ratio=s.builder.multithread_ratio,
-            floor=s.builder.sample_floor,
+            floor=0.0 if exact else s.builder.sample_floor,
             max_repeats=s.builder.max_repeats,
         )
     if meas.failure is not None:

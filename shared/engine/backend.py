@@ -43,7 +43,7 @@ from cppperf.shared.engine.cmake import (
     tool_env,
 )
 from cppperf.shared.engine.fetchcontent import archive
-from cppperf.shared.engine.runner_script import instructions_unsupported
+from cppperf.shared.engine.runner_script import instructions_unsupported, valgrind_unsupported
 from cppperf.shared.engine.sandbox import JAIL_TMP, Jail, Limits, RunResult, hand_over, jail_env, run
 from cppperf.shared.engine.submodules import Sources
 from cppperf.shared.errors import InfraFailure
@@ -84,6 +84,7 @@ class Backend(Protocol):
     def push(self, image: str, registry: str) -> str: ...
     def read_record(self) -> dict[str, Any]: ...
     def instructions_unsupported(self) -> str | None: ...
+    def valgrind_unsupported(self) -> str | None: ...
     def toolchain(self) -> dict[str, str]: ...
 
 
@@ -337,6 +338,9 @@ class LocalBackend:
 
     def instructions_unsupported(self) -> str | None:
         return instructions_unsupported()
+
+    def valgrind_unsupported(self) -> str | None:
+        return valgrind_unsupported()
 
     def toolchain(self) -> dict[str, str]:
         """Compiler and CMake versions on this host (first line of `--version`)."""

@@ -260,6 +260,7 @@ class DockerBackend:
         output_limit: int | None = None,
         uid: int = UID,
         reap: bool = False,
+        valgrind: bool = False,
     ) -> RunResult:
         req = {
             "op": "run",
@@ -274,6 +275,7 @@ class DockerBackend:
             "uid": uid,
             "fresh_tmp": self.hardened,
             "reap": reap,  # the runner as subreaper: what the test left is killed, orphans' CPU counted
+            "valgrind": valgrind,
         }
         code, out = self._exec(
             ["python3", RUNNER, json.dumps(req)], user="0", deadline_s=timeout + RUN_MARGIN_S
@@ -291,6 +293,7 @@ class DockerBackend:
             truncated=bool(ans["truncated"]),
             max_rss_kb=int(ans.get("max_rss_kb", 0)),
             instructions=None if ans.get("instructions") is None else int(ans["instructions"]),
+            ir=None if ans.get("ir") is None else int(ans["ir"]),
         )
 
     @property
@@ -458,18 +461,27 @@ class DockerBackend:
             cpu=limits.cpu,
             cpus=limits.cpus,
             instructions=limits.instructions,
+            valgrind=limits.valgrind,
             uid=self.uid(side),
             reap=True,
         )
 
-    def instructions_unsupported(self) -> str | None:
-        """Why the container cannot count instructions (seccomp, no PMU), or None."""
+    def _probe(self, key: str) -> str | None:
         code, out = self._exec(["python3", RUNNER, json.dumps({"op": "probe"})], user=str(UID))
         try:
-            why: str | None = json.loads(out)["instructions_unsupported"]
+            why: str | None = json.loads(out)[key]
         except (ValueError, KeyError):
             return f"probe failed in the container (exit {code})"
         return why
+
+    def instructions_unsupported(self) -> str | None:
+        """Why the container cannot count instructions (seccomp, no PMU), or None."""
+        return self._probe("instructions_unsupported")
+
+    def valgrind_unsupported(self) -> str | None:
+        """Why the container cannot run tests under Valgrind (the env images do not ship it)."""
+        why = self._probe("valgrind_unsupported")
+        return f"{why} in the env image {self.image} (docker backend)" if why else None
 
     def toolchain(self) -> dict[str, str]:
         """Compiler and CMake versions inside the container (first line of `--version`)."""

@@ -17,11 +17,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import fcntl
+import math
 import os
 import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cppperf.shared.errors import ConfigError, InfraFailure
@@ -97,7 +98,8 @@ class CoreLease:
 
     def release(self) -> None:
         if self.fd >= 0:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError):  # a free core's file says nobody
+                os.ftruncate(self.fd, 0)
                 fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = -1
@@ -112,6 +114,10 @@ def _open_dir(path: Path) -> None:
         raise InfraFailure(f"lease directory {path} unusable (builder.lease_dir): {exc}") from exc
 
 
+def _holder_line() -> bytes:
+    return f"{socket.gethostname()} pid {os.getpid()} since {time.time():.0f}\n".encode()
+
+
 def try_lease(directory: Path, cpu: int) -> CoreLease | None:
     """The lease on `cpu` if nobody holds it, without waiting."""
     path = directory / f"core-{cpu}.lock"
@@ -124,10 +130,105 @@ def try_lease(directory: Path, cpu: int) -> CoreLease | None:
     except BlockingIOError:
         os.close(fd)
         return None
-    with contextlib.suppress(OSError):  # who holds it, for people looking at the directory
+    with contextlib.suppress(OSError):  # who holds it, for people (and `status`) looking at it
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{socket.gethostname()} pid {os.getpid()} since {time.time():.0f}\n".encode(), 0)
+        os.pwrite(fd, _holder_line(), 0)
     return CoreLease(cpu, path, fd, 0.0)
+
+
+def _locked(path: Path, flags: int) -> int | None:
+    """An open descriptor of `path` holding an exclusive flock (`flags` adds LOCK_NB), or None
+    when LOCK_NB found it held or the file is gone."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise InfraFailure(f"cannot open lease file {path}: {exc}") from exc
+    with contextlib.suppress(OSError):  # ours: open to every user's processes (umask aside)
+        os.fchmod(fd, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | flags)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+@dataclass
+class Ticket:
+    """A place in the host's lease queue: `<lease_dir>/queue/<priority>-<seq>-<pid>`, flocked by
+    its owner for as long as it waits, so a `kill -9`'d waiter's ticket is found unlocked (dead)
+    and removed by whoever sees it next."""
+
+    path: Path
+    fd: int
+    key: tuple[int, int]
+
+    def drop(self) -> None:
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+        if self.fd >= 0:
+            os.close(self.fd)  # the flock goes with it
+            self.fd = -1
+
+
+def _queue_mutex(directory: Path) -> int:
+    fd = _locked(directory / "queue.lock", 0)
+    assert fd is not None  # blocking, and the file is created
+    return fd
+
+
+def _ticket_key(name: str) -> tuple[int, int] | None:
+    parts = name.split("-")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        return None
+    return int(parts[0]), int(parts[1])
+
+
+def take_ticket(directory: Path, priority: int) -> Ticket:
+    """Join the queue: a new ticket, numbered under the queue's mutex and locked before the mutex
+    is let go (so a listed ticket that is not locked belongs to a process that is gone)."""
+    queue = directory / "queue"
+    queue.mkdir(exist_ok=True)
+    with contextlib.suppress(PermissionError):
+        queue.chmod(0o1777)
+    mutex = _queue_mutex(directory)
+    try:
+        # arrival order: the clock, taken under the mutex, and always after every ticket waiting
+        # (no shared counter file: the directory is shared by processes of different users)
+        waiting = [k[1] for name in os.listdir(queue) if (k := _ticket_key(name)) is not None]
+        seq = max([time.time_ns(), *(w + 1 for w in waiting)])
+        path = queue / f"{priority:03d}-{seq:020d}-{os.getpid()}"
+        fd = _locked(path, fcntl.LOCK_NB)
+        if fd is None:
+            raise InfraFailure(f"cannot lock the new lease ticket {path}")
+        with contextlib.suppress(OSError):
+            os.pwrite(fd, _holder_line(), 0)
+        return Ticket(path, fd, (priority, seq))
+    finally:
+        os.close(mutex)
+
+
+def first_in_queue(directory: Path, ticket: Ticket) -> bool:
+    """Whether no live ticket comes before `ticket` (priority, then arrival); dead ones ahead of
+    it (their owner gone: their flock is free) are removed on the way."""
+    queue = directory / "queue"
+    ahead = sorted(
+        (key, name)
+        for name in os.listdir(queue)
+        if (key := _ticket_key(name)) is not None and key < ticket.key
+    )
+    for _key, name in ahead:
+        fd = _locked(queue / name, fcntl.LOCK_NB)
+        if fd is None:
+            if (queue / name).exists():
+                return False  # alive and ahead of us
+            continue
+        with contextlib.suppress(OSError):  # its owner is gone (or just left): not in the way
+            (queue / name).unlink()
+        os.close(fd)
+    return True
 
 
 def acquire(
@@ -135,10 +236,15 @@ def acquire(
     cores: Sequence[int],
     *,
     timeout: float,
-    poll: float = 0.25,
+    poll: float = 0.02,
     on_wait: Callable[[float], None] | None = None,
+    priority: int = 1,
+    policy: str = "fifo",
 ) -> CoreLease:
-    """Lease the first free core of `cores`, waiting (polling) up to `timeout` seconds."""
+    """Lease a free core of `cores`, waiting up to `timeout` seconds. `fifo` (the default): in
+    the order of the host's ticket queue (lower `priority` first, then arrival); only the first
+    ticket tries the cores, so a late comer never overtakes a waiter. `poll`: the old way, every
+    waiter trying every 0.25 s (whoever tries first when a core frees wins)."""
     if not cores:
         raise ConfigError("no timing cores to lease (builder.timing_cores)")
     _open_dir(directory)
@@ -146,29 +252,55 @@ def acquire(
     # start at a per-process offset so replicas spread over the cores instead of racing for one
     offset = os.getpid() % len(cores)
     order = [*cores[offset:], *cores[:offset]]
-    while True:
-        for cpu in order:
-            lease = try_lease(directory, cpu)
-            if lease is not None:
-                lease.waited_s = time.monotonic() - start
-                return lease
-        waited = time.monotonic() - start
-        if waited >= timeout:
-            raise InfraFailure(
-                f"no timing core free after {waited:.0f} s (cores {list(cores)} leased in {directory})"
-            )
-        if on_wait is not None:
-            on_wait(waited)
-        time.sleep(poll)
+    ticket = take_ticket(directory, priority) if policy == "fifo" else None
+    poll = poll if ticket is not None else max(poll, 0.25)
+    last_report = -math.inf
+    try:
+        while True:
+            if ticket is None or first_in_queue(directory, ticket):
+                for cpu in order:
+                    lease = try_lease(directory, cpu)
+                    if lease is not None:
+                        lease.waited_s = time.monotonic() - start
+                        return lease
+            waited = time.monotonic() - start
+            if waited >= timeout:
+                raise InfraFailure(
+                    f"no timing core free after {waited:.0f} s (cores {list(cores)} leased in {directory})"
+                )
+            if on_wait is not None and waited - last_report >= 1.0:
+                last_report = waited
+                on_wait(waited)
+            time.sleep(poll)
+    finally:
+        if ticket is not None:
+            ticket.drop()
+
+
+def exact_metric(settings: BuilderSettings) -> bool:
+    """Whether timed runs count instructions under Valgrind: exact whatever else runs on the
+    core, so they need no timing core and run on every core at once."""
+    return settings.metric in EXACT_METRICS
+
+
+EXACT_METRICS = ("cachegrind",)
 
 
 @contextlib.contextmanager
 def leased_core(
-    settings: BuilderSettings, *, on_wait: Callable[[float], None] | None = None
+    settings: BuilderSettings,
+    *,
+    on_wait: Callable[[float], None] | None = None,
+    priority: int | None = None,
 ) -> Iterator[CoreLease]:
     """Hold a lease on one of this host's timing cores for the duration of the block."""
     lease = acquire(
-        lease_dir(settings), core_plan(settings).timing, timeout=settings.lease_timeout, on_wait=on_wait
+        lease_dir(settings),
+        core_plan(settings).timing,
+        timeout=settings.lease_timeout,
+        on_wait=on_wait,
+        priority=settings.lease_priority if priority is None else priority,
+        policy="poll" if settings.lease_policy == "poll" else "fifo",
     )
     try:
         yield lease
@@ -178,19 +310,101 @@ def leased_core(
 
 @contextlib.contextmanager
 def timing_core(
-    settings: BuilderSettings, phase: Callable[[str, int, int], None] | None = None
+    settings: BuilderSettings,
+    phase: Callable[[str, int, int], None] | None = None,
+    *,
+    priority: int | None = None,
 ) -> Iterator[int | None]:
-    """The leased timing core for the block (None when `builder.pin_cpu` is off); while waiting
-    for one, `phase("wait for a core", seconds, 0)` reports progress."""
-    if not settings.pin_cpu:
+    """The leased timing core for the block (None when `builder.pin_cpu` is off or the metric is
+    exact); while waiting for one, `phase("wait for a core", seconds, 0)` reports progress."""
+    if not settings.pin_cpu or exact_metric(settings):
         yield None
         return
     report = phase or (lambda _p, _d, _t: None)
     with (
-        leased_core(settings, on_wait=lambda s: report("wait for a core", int(s), 0)) as lease,
+        leased_core(
+            settings, on_wait=lambda s: report("wait for a core", int(s), 0), priority=priority
+        ) as lease,
         on_build_cores(settings),
     ):
         yield lease.cpu
+
+
+@dataclass
+class Turns:
+    """Timing-core leases for one measurement. `builder.lease_policy=round`: each `turn()` (one
+    interleaved round) takes a lease and gives it back, so a waiter queued meanwhile gets the core
+    after at most one round; `whole` (FIFO) and `poll` (the old way) lease once for the whole
+    block and `turn()` does nothing. `cpu`: the core of the turn under way (None: not pinned)."""
+
+    settings: BuilderSettings
+    report: Callable[[str, int, int], None]
+    priority: int | None = None
+    cpu: int | None = None
+    cores_used: list[int] = field(default_factory=list)
+    waits_s: list[float] = field(default_factory=list)
+    per_round: bool = False
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[int | None]:
+        if not self.per_round:
+            yield self.cpu
+            return
+        with leased_core(
+            self.settings,
+            on_wait=lambda s: self.report("wait for a core", int(s), 0),
+            priority=self.priority,
+        ) as lease:
+            self._note(lease)
+            try:
+                yield lease.cpu
+            finally:
+                self.cpu = None
+
+    def _note(self, lease: CoreLease) -> None:
+        self.cpu = lease.cpu
+        self.waits_s.append(round(lease.waited_s, 3))
+        if lease.cpu not in self.cores_used:
+            self.cores_used.append(lease.cpu)
+
+    def facts(self) -> dict[str, object]:
+        """What the record says about the leases: cores, waits, policy."""
+        return {
+            "leased_core": self.cores_used[0] if self.cores_used else None,
+            "leased_cores": list(self.cores_used),
+            "lease_policy": "none"
+            if not self.settings.pin_cpu or exact_metric(self.settings)
+            else self.settings.lease_policy,
+            "lease_waits": len(self.waits_s),
+            "lease_wait_max_s": max(self.waits_s, default=0.0),
+            "lease_wait_total_s": round(sum(self.waits_s), 3),
+        }
+
+
+@contextlib.contextmanager
+def timing_turns(
+    settings: BuilderSettings,
+    phase: Callable[[str, int, int], None] | None = None,
+    *,
+    priority: int | None = None,
+) -> Iterator[Turns]:
+    """The leases of one measurement (`Turns`); the calling thread on the build cores throughout."""
+    report = phase or (lambda _p, _d, _t: None)
+    turns = Turns(settings, report, priority)
+    if not settings.pin_cpu or exact_metric(settings):
+        yield turns
+        return
+    if settings.lease_policy == "round":
+        turns.per_round = True
+        with on_build_cores(settings):
+            yield turns
+        return
+    with leased_core(
+        settings, on_wait=lambda s: report("wait for a core", int(s), 0), priority=priority
+    ) as lease:
+        turns._note(lease)
+        with on_build_cores(settings):
+            yield turns
 
 
 @contextlib.contextmanager

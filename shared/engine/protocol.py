@@ -17,10 +17,12 @@ process start-up does not dominate it.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import statistics
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 
 from cppperf.shared.engine.backend import Backend, SideName
@@ -31,17 +33,27 @@ from cppperf.shared.settings import BuilderSettings
 
 RunOne = Callable[[SideName, str], RunResult]
 Progress = Callable[[int, int], None]
+Turn = Callable[[], AbstractContextManager[object]]  # one round's timing-core lease (leases.Turns)
 
 
-METRICS = ("cpu", "wall", "instructions")
+METRICS = ("cpu", "wall", "instructions", "cachegrind")
 
 
 def check_metric(backend: Backend, settings: BuilderSettings) -> bool:
-    """Whether instructions can be counted (then every run counts them); a clear error when
-    `builder.metric=instructions` must decide and the kernel or CPU does not allow it."""
+    """Whether instructions can be counted by the hardware (then every run counts them); a clear
+    error when `builder.metric=instructions` must decide and the kernel or CPU does not allow it,
+    or `cachegrind` and the backend cannot run Valgrind. Under Valgrind the hardware count would
+    be Valgrind's own: not counted then."""
+    if settings.metric == "cachegrind":
+        why = backend.valgrind_unsupported()
+        if why is not None:
+            raise ConfigError(f"builder.metric=cachegrind is not possible here: {why}; use cpu or wall")
+        return False
     why = backend.instructions_unsupported()
     if why is not None and settings.metric == "instructions":
-        raise ConfigError(f"builder.metric=instructions is not possible here: {why}; use cpu or wall")
+        raise ConfigError(
+            f"builder.metric=instructions is not possible here: {why}; use cachegrind (Valgrind), cpu or wall"
+        )
     return why is None
 
 
@@ -53,15 +65,20 @@ class Samples:
     wall: dict[str, list[float]] = field(default_factory=dict)
     cpu: dict[str, list[float]] = field(default_factory=dict)
     instructions: dict[str, list[float]] = field(default_factory=dict)
+    ir: dict[str, list[float]] = field(default_factory=dict)  # Cachegrind's counts (`cachegrind`)
 
     def add(self, side: SideName, res: RunResult) -> None:
         self.wall.setdefault(side, []).append(res.wall_s)
         self.cpu.setdefault(side, []).append(res.cpu_s)
         if res.instructions is not None:
             self.instructions.setdefault(side, []).append(float(res.instructions))
+        if res.ir is not None:
+            self.ir.setdefault(side, []).append(float(res.ir))
 
     def by_metric(self, metric: str) -> dict[str, list[float]]:
-        return {"wall": self.wall, "cpu": self.cpu, "instructions": self.instructions}[metric]
+        return {"wall": self.wall, "cpu": self.cpu, "instructions": self.instructions, "cachegrind": self.ir}[
+            metric
+        ]
 
     def pair(self, metric: str) -> tuple[list[float], list[float]]:
         m = self.by_metric(metric)
@@ -99,7 +116,7 @@ def decision_metric(s: Samples, metric: str, multithread_ratio: float) -> str:
     (CPU time markedly above wall time) is decided on wall time; `instructions` needs counts."""
     if metric == "cpu" and cpu_wall_ratio(s) > multithread_ratio:
         return "wall"
-    if metric == "instructions" and not all(s.instructions.get(side) for side in s.wall):
+    if metric in ("instructions", "cachegrind") and not all(s.by_metric(metric).get(side) for side in s.wall):
         return "cpu"
     return metric
 
@@ -158,11 +175,13 @@ def repeated(run_one: RunOne, side: SideName, name: str, times: int) -> RunResul
             return res
         results.append(res)
     counts = [r.instructions for r in results]
+    irs = [r.ir for r in results]
     return replace(
         results[-1],
         wall_s=sum(r.wall_s for r in results) / times,
         cpu_s=sum(r.cpu_s for r in results) / times,
         instructions=None if None in counts else sum(c or 0 for c in counts) // times,
+        ir=None if None in irs else sum(c or 0 for c in irs) // times,
     )
 
 
@@ -241,9 +260,12 @@ def measure(
     floor: float = 0.0,
     max_repeats: int = 200,
     repeats: dict[str, int] | None = None,
+    turn: Turn | None = None,
 ) -> Measurement:
     """Run the rounds. `repeats` fixes the runs per sample (confirmation runs reuse the main
-    protocol's); else tests shorter than `floor` get theirs from the warm-up runs."""
+    protocol's); else tests shorter than `floor` get theirs from the warm-up runs. `turn`: the
+    timing-core lease each round (and the calibration) runs under."""
+    turn = turn or contextlib.nullcontext
     rng = random.Random(seed)
     samples = {t: Samples() for t in tests}
     rounds_run = dict.fromkeys(tests, 0)
@@ -259,7 +281,8 @@ def measure(
     )
     shortest: dict[str, float] = {}  # test -> shortest warm-up (or calibration) run, seconds
     if floor > 0 and repeats is None and warmup == 0:  # no warm-up to learn from: one calibration run
-        meas.failure = _calibrate(tests, sides, run_one, shortest)
+        with turn():
+            meas.failure = _calibrate(tests, sides, run_one, shortest)
         if meas.failure is not None:
             return meas
         meas.repeats = {n: repeats_for(shortest[n], floor, max_repeats) for n in tests}
@@ -269,16 +292,17 @@ def measure(
     for r in range(rounds):
         order = active[:]
         rng.shuffle(order)
-        for name in order:
-            order_sides = list(sides)
-            rng.shuffle(order_sides)
-            meas.failure = _run_sides(meas, run_one, name, order_sides, r, shortest)
-            if meas.failure is not None:
-                return meas
-            rounds_run[name] += 1
-            done += 1
-            if progress:
-                progress(done, total)
+        with turn():
+            for name in order:
+                order_sides = list(sides)
+                rng.shuffle(order_sides)
+                meas.failure = _run_sides(meas, run_one, name, order_sides, r, shortest)
+                if meas.failure is not None:
+                    return meas
+                rounds_run[name] += 1
+                done += 1
+                if progress:
+                    progress(done, total)
         if r == warmup - 1 and floor > 0 and repeats is None:
             meas.repeats = {n: repeats_for(shortest.get(n, floor), floor, max_repeats) for n in tests}
         kept = r + 1 - warmup

@@ -12,7 +12,10 @@ Takes one JSON request as its argument, writes one JSON answer on stdout:
      `reap`: afterwards the runner kills whatever the command left and reaps every process, so CPU
      time spent in children the command never waited for — orphans, reparented to the runner as
      pid 1 of the jail's pid namespace or, in a container, as their subreaper — is in `cpu_s` too)
-    {"op": "probe"} → {"instructions_unsupported": null | "why"}
+    (`valgrind`: run the command under Valgrind's Cachegrind, `--cache-sim=no`, children traced,
+     its output files in a private temporary directory; `"ir"` in the answer is the instructions
+     it counted, summed over every process — exact, whatever else runs on the machine)
+    {"op": "probe"} → {"instructions_unsupported": null | "why", "valgrind_unsupported": null | "why"}
     {"op": "hash", "root": "/work/old/build", "replace": ["/work/old", "/work/new"]}
         → {"files": {"test_x": "<sha256>", "lib/libcore.so": "..."}}   (executables and .so files;
            embedded occurrences of the first path are replaced by the second before hashing)
@@ -97,6 +100,60 @@ def instructions_unsupported() -> str | None:
         }.get(exc.errno or 0, "refused by the kernel")
         return f"{exc.strerror or exc}: {hint}"
     return None
+
+
+def valgrind_unsupported() -> str | None:
+    """Why commands cannot run under Valgrind here, or None when they can."""
+    import shutil
+
+    if shutil.which("valgrind") is None:
+        return "valgrind is not installed (apt-get install valgrind)"
+    return None
+
+
+def valgrind_argv(argv: list[str], out_dir: str) -> list[str]:
+    """`argv` under Cachegrind counting instructions only (`--cache-sim=no`, the cheapest tool
+    that counts), every exec'd child traced, its output and messages into `out_dir` (never the
+    test's own output, which CTest's pass/fail expressions read)."""
+    return [
+        "valgrind",
+        "--tool=cachegrind",
+        "--cache-sim=no",
+        "--trace-children=yes",
+        f"--cachegrind-out-file={out_dir}/cachegrind.out.%p",
+        f"--log-file={out_dir}/valgrind.%p.log",
+        *argv,
+    ]
+
+
+def cachegrind_ir(out_dir: str) -> int | None:
+    """The `Ir` of every `cachegrind.out.<pid>` in `out_dir` (its `events:` names the columns of
+    its `summary:` line), summed; None when no process wrote one."""
+    total, found = 0, False
+    for name in sorted(os.listdir(out_dir)):
+        if not name.startswith("cachegrind.out."):
+            continue
+        events = ["Ir"]
+        with open(os.path.join(out_dir, name), errors="replace") as fh:
+            for line in fh:
+                if line.startswith("events:"):
+                    events = line.split()[1:]
+                elif line.startswith("summary:"):
+                    counts = dict(zip(events, line.split()[1:], strict=False))
+                    if counts.get("Ir", "").isdigit():
+                        total += int(counts["Ir"])
+                        found = True
+    return total if found else None
+
+
+def valgrind_dir(uid: int | None) -> str:
+    """A fresh directory for Cachegrind's files, writable by the uid the command runs as."""
+    import tempfile
+
+    out = tempfile.mkdtemp(prefix="cppperf-cg-")
+    if uid is not None and os.geteuid() == 0:
+        os.chown(out, uid, uid)
+    return out
 
 
 class InstructionCounter:
@@ -299,10 +356,12 @@ def _run(req: dict[str, Any]) -> dict[str, Any]:
     cpus = {int(c) for c in req.get("cpus") or []}
     counter = InstructionCounter() if req.get("instructions") else None
     reap = bool(req.get("reap")) and (os.getpid() == 1 or _become_subreaper())
+    cg_dir = valgrind_dir(uid) if req.get("valgrind") else None
+    argv = valgrind_argv(list(req["argv"]), cg_dir) if cg_dir else req["argv"]
     start = time.perf_counter_ns()
     try:
         proc = subprocess.Popen(
-            req["argv"],
+            argv,
             cwd=req.get("cwd") or None,
             env=req.get("env") or None,
             stdin=subprocess.DEVNULL,
@@ -335,7 +394,14 @@ def _run(req: dict[str, Any]) -> dict[str, Any]:
         cpu_s = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     assert proc.stdout is not None
     proc.stdout.close()
+    ir = None
+    if cg_dir is not None:
+        import shutil
+
+        ir = cachegrind_ir(cg_dir)
+        shutil.rmtree(cg_dir, ignore_errors=True)
     return {
+        "ir": ir,
         "instructions": counter.read() if counter is not None else None,
         "returncode": os.waitstatus_to_exitcode(status),
         "wall_s": wall,
@@ -377,7 +443,11 @@ def main() -> None:
     _not_dumpable()
     req = json.loads(sys.argv[1])
     if req["op"] == "probe":
-        sys.stdout.write(json.dumps({"instructions_unsupported": instructions_unsupported()}))
+        probe = {
+            "instructions_unsupported": instructions_unsupported(),
+            "valgrind_unsupported": valgrind_unsupported(),
+        }
+        sys.stdout.write(json.dumps(probe))
         return
     sys.stdout.write(json.dumps(_run(req) if req["op"] == "run" else _hash(req)))
 

@@ -45,11 +45,19 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cppperf.shared.engine.cgroups import RunCgroup
-from cppperf.shared.engine.runner_script import InstructionCounter, OutputKeeper, set_affinity, supervise
+from cppperf.shared.engine.runner_script import (
+    InstructionCounter,
+    OutputKeeper,
+    cachegrind_ir,
+    set_affinity,
+    supervise,
+    valgrind_argv,
+    valgrind_dir,
+)
 from cppperf.shared.engine.seccomp import filter_fd
 
 
@@ -65,6 +73,7 @@ class Limits:
     cpu: int | None = None  # pin to this CPU (a timed run: the leased core)
     cpus: tuple[int, ...] = ()  # else run on these CPUs (builds: the build cores)
     instructions: bool = False  # count user-space instructions (perf_event_open)
+    valgrind: bool = False  # run under Cachegrind and count its instructions (`RunResult.ir`)
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,7 @@ class RunResult:
     max_rss_kb: int = 0
     instructions: int | None = None  # user-space instructions when counted and allowed
     memory_exceeded: bool = False  # the kernel killed a process of the run at its memory cgroup cap
+    ir: int | None = None  # instructions Cachegrind counted (`Limits.valgrind`), every process
 
     @property
     def ok(self) -> bool:
@@ -396,6 +406,7 @@ def run(
         req.update(env=dict(env or {}), timeout=limits.timeout, output_limit=output_limit)
         req.update(instructions=limits.instructions)  # counted inside: bwrap's never enter it
         req.update(reap=True)  # it is pid 1 (bwrap --as-pid-1): orphans' CPU time is counted too
+        req.update(valgrind=limits.valgrind)  # Cachegrind's files stay in the jail's own /tmp
         jail = Jail(
             rw=jail.rw,
             ro=(*jail.ro, (RUNNER_PATH, Path(INNER_RUNNER))),
@@ -405,7 +416,9 @@ def run(
         )
         argv = [INNER_PYTHON, "-I", "-S", INNER_RUNNER, json.dumps(req)]
         # the outer timeout is a backstop: the runner kills its command at `timeout` itself
-        limits = Limits(**{**limits.__dict__, "timeout": limits.timeout + 30, "instructions": False})
+        limits = Limits(
+            **{**limits.__dict__, "timeout": limits.timeout + 30, "instructions": False, "valgrind": False}
+        )
         output_limit = 8 * output_limit + 65536  # the JSON answer, escapes included
     if jail is not None:
         if os.geteuid() == 0:
@@ -436,11 +449,20 @@ def run(
     else:
         prefix = network_prefix(sandbox) if not limits.network else []
         full = [*prefix, *argv]
+    cg_dir = None
+    if limits.valgrind and jail is None:  # no jail's runner: on this host, in a directory of our own
+        cg_dir = valgrind_dir(None)
+        at = full.index(argv[0], len(full) - len(argv))
+        full = [*full[:at], *valgrind_argv(list(argv), cg_dir)]
     try:
         fds = (seccomp_fd,) if seccomp_fd is not None else ()
         res = _start_and_supervise(full, argv, cwd, env, limits, output_limit, log_file, jail, stage, fds)
+        if cg_dir is not None:
+            return replace(res, ir=cachegrind_ir(cg_dir))
         return _inner_result(res, limits.memory_mb) if inner else res
     finally:
+        if cg_dir is not None:
+            shutil.rmtree(cg_dir, ignore_errors=True)
         if seccomp_fd is not None:
             os.close(seccomp_fd)
         if stage is not None:  # mounted only in the (finished) child's namespace: empty here
@@ -470,6 +492,7 @@ def _inner_result(outer: RunResult, memory_mb: int | None) -> RunResult:
             max_rss_kb=int(ans.get("max_rss_kb", 0)),
             instructions=None if ans.get("instructions") is None else int(ans["instructions"]),
             memory_exceeded=oom,
+            ir=None if ans.get("ir") is None else int(ans["ir"]),
         )
     except (ValueError, KeyError, TypeError):
         return outer

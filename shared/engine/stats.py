@@ -16,7 +16,7 @@ the improvement is *confidently* ≥ 5 %) for users who prefer fewer false posit
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -53,6 +53,7 @@ class TestStats:
     paper_regressed: bool = False
     strict_improved: bool = False
     strict_regressed: bool = False
+    exact: bool = False  # decided on exact counts (`compare_exact`), not on a distribution
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -190,6 +191,26 @@ def compare_batch(samples: Mapping[str, tuple[Sequence[float], Sequence[float]]]
     return [t for t in out if t is not None]
 
 
+def compare_exact(
+    name: str, old: Sequence[float], new: Sequence[float], *, tolerance: float
+) -> TestStats | None:
+    """Statistics for exact counts (Cachegrind's instructions): when each side's counts agree
+    within `tolerance` (relative spread; a deterministic test's re-runs are identical), the change
+    is certain and only its size decides — p is 0 in the direction the counts moved (1 the other
+    way and when they did not move), and the "CI" is the range of new/old over all pairs. None
+    when a side's counts spread wider: they are not exact, and the usual statistics decide."""
+    o = np.maximum(np.asarray(old, dtype=np.float64), 1e-9)
+    n = np.maximum(np.asarray(new, dtype=np.float64), 1e-9)
+    if len(o) < 2 or len(n) < 2:
+        raise ValueError(f"{name}: need at least 2 samples per side, got {len(o)} and {len(n)}")
+    if max(o.max() / o.min(), n.max() / n.min()) - 1 > tolerance:
+        return None
+    low, high = float(n.min() / o.max()), float(n.max() / o.min())
+    p_improve = 0.0 if high < 1.0 else 1.0
+    p_regress = 0.0 if low > 1.0 else 1.0
+    return replace(_test_stats(name, o, n, low, high, p_improve, p_regress), exact=True)
+
+
 def benjamini_hochberg(pvalues: Sequence[float]) -> list[float]:
     if not pvalues:
         return []
@@ -257,17 +278,25 @@ def compare_all(
     resamples: int,
     seed: int,
     all_cis: bool = True,
+    exact: Collection[str] = (),
+    tolerance: float = 0.001,
 ) -> list[TestStats]:
     """Decide every test. With `all_cis=False` the (costly) bootstrap CI is computed only for
     tests whose adjusted p and magnitude already qualify: the others' decisions cannot depend on
-    it (their CI fields are then 0 and inf)."""
+    it (their CI fields are then 0 and inf). Tests in `exact` (counted, not timed) are decided
+    by `compare_exact` when their counts are exact within `tolerance`."""
     items = sorted(samples.items())
-    raw = [compare_test(name, old, new, resamples=0) for name, (old, new) in items]
+    counted = {
+        name: c
+        for name, (old, new) in items
+        if name in exact and (c := compare_exact(name, old, new, tolerance=tolerance)) is not None
+    }
+    raw = [counted.get(name) or compare_test(name, old, new, resamples=0) for name, (old, new) in items]
     prelim = decide(raw, alpha=alpha, min_improvement=min_improvement)
     out = []
     for i, (t, p) in enumerate(zip(raw, prelim, strict=True)):
         qualifies = p.p_improve_adj < alpha or p.p_regress_adj < alpha  # only then can a CI matter
-        if (qualifies or all_cis) and resamples > 0:
+        if (qualifies or all_cis) and resamples > 0 and not t.exact:
             old, new = items[i][1]
             out.append(compare_test(t.name, old, new, resamples=resamples, seed=seed + i))
         else:

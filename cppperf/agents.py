@@ -1,0 +1,133 @@
+"""NKey identities for the bus: `cppperf agents add|remove|list` and the services' keys.
+
+An agent is a line in `deploy/nats/agents.conf` (the AGENTS account, public key only, with the
+permissions of `agent_permissions`) and a creds file the agent keeps (`name: agent-<n>` and
+`seed: SU…`). Services get one key each (`service_keys`): the public keys go to the servers'
+environment (`NKEY_<SERVICE>`), the seeds to each service's creds file (a Secret).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import nkeys  # type: ignore[import-untyped]  # no stubs; two functions used
+
+from cppperf.shared import messages as m
+from cppperf.shared.bus import agent_inbox
+from cppperf.shared.errors import BadInput
+from cppperf.shared.files import write_atomic
+
+SERVICE_USERS: Final = ("admin", "crawler", "filter", "classifier", "builder", "evaluator")
+_ENTRY = re.compile(r"^\s*# agent (?P<name>\S+)\n\s*\{nkey: \"(?P<key>U[A-Z2-7]+)\"", re.MULTILINE)
+_HEADER: Final = (
+    "# The external agents (AGENTS account), one entry per agent: written by `cppperf agents add|remove`\n"
+    "# (public keys only: the seed is in the agent's creds file). Reload the servers after a change\n"
+    "# (`nats-server --signal reload`, or restart the pods/containers).\n"
+)
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    seed: str
+    public: str
+
+
+def new_key() -> KeyPair:
+    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER).decode()
+    public = nkeys.from_seed(seed.encode()).public_key.decode()
+    return KeyPair(seed=seed, public=public)
+
+
+def creds_text(name: str, seed: str) -> str:
+    return (
+        "# cppperf NATS credentials: an NKey seed. Keep it secret (chmod 600); never commit it.\n"
+        f"name: {name}\nseed: {seed}\n"
+    )
+
+
+def write_creds(path: Path, name: str, seed: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(creds_text(name, seed))
+
+
+def agent_permissions(name: str) -> str:
+    """What an agent may do: call the evaluator's API on its own name, read its own inbox and
+    its own announcements. Nothing else (no JetStream, no KV, no other agent's subjects)."""
+    api = m.eval_api_subject(name, "*")
+    return (
+        f'{{publish: {{allow: ["{api}"]}}, '
+        f'subscribe: {{allow: ["{agent_inbox(name)}.>", "{m.eval_completed_subject(name)}"]}}}}'
+    )
+
+
+def agent_entry(name: str, public: str) -> str:
+    return f'  # agent {name}\n  {{nkey: "{public}", permissions: {agent_permissions(name)}}}\n'
+
+
+def list_agents(conf: Path) -> dict[str, str]:
+    """name → public key of every agent in `conf` (empty when the file does not exist)."""
+    if not conf.is_file():
+        return {}
+    return {mt["name"]: mt["key"] for mt in _ENTRY.finditer(conf.read_text())}
+
+
+def render(agents: dict[str, str]) -> str:
+    body = "".join(agent_entry(n, k) for n, k in sorted(agents.items()))
+    return f"{_HEADER}users: [\n{body}]\n"
+
+
+def check_name(name: str) -> str:
+    if not m.AGENT_NAME.fullmatch(name):
+        raise BadInput(f"agent name {name!r}: use 1-32 of [a-z0-9_-], starting with a letter or digit")
+    return name
+
+
+def add_agent(conf: Path, name: str, creds: Path, *, rotate: bool = False) -> KeyPair:
+    """A new key for `name`: its entry in `conf`, its seed in `creds`. An existing agent is
+    refused unless `rotate` (then its old key stops working at the next server reload)."""
+    agents = list_agents(conf)
+    if check_name(name) in agents and not rotate:
+        raise BadInput(f"agent {name} exists in {conf} (--rotate gives it a new key)")
+    key = new_key()
+    write_creds(creds, f"agent-{name}", key.seed)
+    agents[name] = key.public
+    write_atomic(conf, render(agents))
+    return key
+
+
+def remove_agent(conf: Path, name: str) -> None:
+    agents = list_agents(conf)
+    if name not in agents:
+        raise BadInput(f"no agent {name} in {conf}")
+    del agents[name]
+    write_atomic(conf, render(agents))
+
+
+def new_service_keys(creds_dir: Path) -> dict[str, KeyPair]:
+    """A fresh key per service user, its seed written to `creds_dir/<service>.creds` (0600)."""
+    keys: dict[str, KeyPair] = {}
+    for service in SERVICE_USERS:
+        keys[service] = key = new_key()
+        write_creds(creds_dir / f"{service}.creds", f"service-{service}", key.seed)
+    return keys
+
+
+def service_keys(creds_dir: Path) -> dict[str, str]:
+    """`new_service_keys`, returning the servers' environment (`NKEY_<SERVICE>=<public key>`)."""
+    return {f"NKEY_{s.upper()}": k.public for s, k in new_service_keys(creds_dir).items()}
+
+
+def k8s_secret(keys: dict[str, KeyPair], *, name: str = "cppperf-nats-keys") -> str:
+    """The Kubernetes Secret deploy/k8s reads: NKEY_* (public, for the NATS pods) and SEED_*
+    (each service's seed, for its pods only)."""
+    lines = [f"apiVersion: v1\nkind: Secret\nmetadata:\n  name: {name}\ntype: Opaque\nstringData:"]
+    for service, key in keys.items():
+        lines.append(f"  NKEY_{service.upper()}: {key.public}")
+        lines.append(f"  SEED_{service.upper()}: {key.seed}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,90 @@
+"""`agents`: the bus identities. `add|remove|list` for external agents (deploy/nats/agents.conf
+plus a creds file per agent), `service-keys` for the services (compose .env lines or a k8s Secret)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cppperf.cli.common import app, console, out
+from cppperf.shared.errors import CppPerfError
+
+agents_app = typer.Typer(
+    help="Bus identities: external agents and the services' NKeys.", no_args_is_help=True
+)
+app.add_typer(agents_app, name="agents")
+
+Conf = Annotated[
+    Path, typer.Option("--config", help="the AGENTS account's user list (included by accounts.conf)")
+]
+DEFAULT_CONF = Path("deploy/nats/agents.conf")
+RELOAD = "reload the servers to apply: `nats-server --signal reload` (compose: docker compose restart nats-1 nats-2 nats-3)"
+
+
+@agents_app.command("add")
+def add(
+    name: Annotated[str, typer.Argument(help="the agent's name: 1-32 of [a-z0-9_-]")],
+    creds: Annotated[Path | None, typer.Option("--creds", help="where to write its creds file")] = None,
+    rotate: Annotated[bool, typer.Option("--rotate", help="replace an existing agent's key")] = False,
+    config: Conf = DEFAULT_CONF,
+) -> None:
+    """Give an agent an NKey: its public key and permissions into --config, its seed into --creds
+    (default NAME.creds, mode 0600: hand it to the agent, never commit it).
+
+    Example: cppperf agents add alice && cppperf evaluate --nats-url nats://bus:4222 --creds alice.creds …
+    """
+    from cppperf.agents import add_agent
+
+    path = creds or Path(f"{name}.creds")
+    try:
+        key = add_agent(config, name, path, rotate=rotate)
+    except CppPerfError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    out.print(f"agent {name}: {key.public} in {config}; credentials in {path}", soft_wrap=True)
+    console.print(RELOAD, soft_wrap=True)
+
+
+@agents_app.command("remove")
+def remove(name: Annotated[str, typer.Argument()], config: Conf = DEFAULT_CONF) -> None:
+    """Revoke an agent: its entry leaves --config; its key stops working at the next reload."""
+    from cppperf.agents import remove_agent
+
+    try:
+        remove_agent(config, name)
+    except CppPerfError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    out.print(f"agent {name} removed from {config}", soft_wrap=True)
+    console.print(RELOAD, soft_wrap=True)
+
+
+@agents_app.command("list")
+def list_(config: Conf = DEFAULT_CONF) -> None:
+    """Every agent in --config with its public key."""
+    from cppperf.agents import list_agents
+
+    for name, key in sorted(list_agents(config).items()):
+        out.print(f"{name} {key}", markup=False, highlight=False)
+
+
+@agents_app.command("service-keys")
+def service_keys_cmd(
+    out_dir: Annotated[Path, typer.Option("--out", help="where each service's creds file goes")] = Path(
+        "deploy/nats/creds"
+    ),
+    k8s: Annotated[
+        bool, typer.Option("--k8s", help="print a Kubernetes Secret instead of .env lines")
+    ] = False,
+) -> None:
+    """New NKeys for the service users (admin, crawler, filter, classifier, builder, evaluator):
+    seeds into --out/<service>.creds; prints the servers' NKEY_* lines for compose's .env, or with
+    --k8s the `cppperf-nats-keys` Secret (public keys and seeds). Running it again rotates them all."""
+    from cppperf.agents import k8s_secret, new_service_keys
+
+    keys = new_service_keys(out_dir)
+    if k8s:
+        out.print(k8s_secret(keys), end="", markup=False, highlight=False, soft_wrap=True)
+        return
+    for service, key in keys.items():
+        out.print(f"NKEY_{service.upper()}={key.public}", markup=False, highlight=False)

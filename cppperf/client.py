@@ -1,0 +1,127 @@
+"""The agent-side client: submit patches to the evaluators on a cppperf bus and read the results.
+
+Needs only an agent's rights (`cppperf agents add NAME` writes its creds file): it never touches
+JetStream, streams or buckets, only the evaluator's request-reply API `eval.api.<agent>.*`.
+
+    async with await AgentClient.connect("nats://bus:4222", creds="alice.creds") as c:
+        eid = await c.submit("owner__repo-0123456789ab", patch_text, run_id="r1", model="my-model")
+        report = await c.wait(eid)          # or: await c.result(eid) -> None while pending
+        rows = await c.results("r1")        # every finished evaluation of run r1 (summaries)
+
+A refusal (patch too large, bad run_id, too many pending, not your id) raises `Refused` with the
+evaluator's reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+
+from cppperf.shared import messages as m
+from cppperf.shared.bus import credential_options, read_creds, servers
+from cppperf.shared.errors import CppPerfError
+
+
+class Refused(CppPerfError):
+    """The evaluator (or the bus) refused a request; the message says why."""
+
+
+class AgentClient:
+    def __init__(self, nc: NatsClient, agent: str, *, timeout: float = 30.0) -> None:
+        self.nc = nc
+        self.agent = agent
+        self.timeout = timeout
+
+    @classmethod
+    async def connect(
+        cls, url: str, creds: str | None = None, *, request_timeout: float = 30.0
+    ) -> AgentClient:
+        """Connect as the agent of `creds` (its name is in the file); without creds, as the agent
+        `local` of an open development bus."""
+        agent = m.LOCAL_AGENT
+        if creds:
+            name, _ = read_creds(creds)
+            if not name.startswith("agent-"):
+                raise Refused(f"{creds} holds {name or 'no name'}, not an agent's credentials")
+            agent = name.removeprefix("agent-")
+        nc = await nats.connect(servers(url), connect_timeout=5, **credential_options(creds or ""))
+        return cls(nc, agent, timeout=request_timeout)
+
+    async def __aenter__(self) -> AgentClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self.nc.close()
+
+    async def _ask(self, verb: str, msg: m.AgentSubmit | m.AgentQuery) -> m.AgentAnswer:
+        subject = m.eval_api_subject(self.agent, verb)
+        try:
+            raw = await self.nc.request(subject, m.encode(msg), timeout=self.timeout)
+        except NoRespondersError:
+            raise Refused(
+                f"no evaluator answers {subject} (none running, or not this agent's subject)"
+            ) from None
+        except (NatsTimeout, TimeoutError):
+            raise Refused(f"no answer on {subject} within {self.timeout:.0f}s") from None
+        answer = m.decode(raw.data, m.AgentAnswer)
+        if not answer.ok:
+            raise Refused(answer.error)
+        return answer
+
+    async def submit(
+        self, instance: str, patch: str, *, run_id: str = "default", model: str = "manual"
+    ) -> str:
+        """Queue one evaluation; returns its id (the same id again for the same request)."""
+        req = m.AgentSubmit(run_id=run_id, model=model, instance_id=instance, patch=patch)
+        return (await self._ask("submit", req)).id
+
+    async def result(self, evaluation_id: str) -> dict[str, Any] | None:
+        """The report of a finished evaluation (verdict, opt, speed-ups), None while pending."""
+        return (await self._ask("result", m.AgentQuery(id=evaluation_id))).result
+
+    async def results(self, run_id: str) -> list[dict[str, Any]]:
+        """A summary row (id, instance_id, model, verdict, opt, speed-ups) per finished evaluation."""
+        return (await self._ask("results", m.AgentQuery(run_id=run_id))).results
+
+    async def wait(
+        self, evaluation_id: str, *, poll: float = 1.0, max_wait: float | None = None
+    ) -> dict[str, Any]:
+        """Poll `result` until the evaluation is finished."""
+        async with asyncio.timeout(max_wait):
+            while (report := await self.result(evaluation_id)) is None:  # noqa: ASYNC110 - a remote state
+                await asyncio.sleep(poll)
+        return report
+
+
+async def evaluate_predictions(
+    client: AgentClient,
+    rows: list[dict[str, str]],
+    run_id: str,
+    *,
+    on_done: Callable[[int], None] | None = None,
+    poll: float = 1.0,
+) -> list[dict[str, Any]]:
+    """Submit SWE-bench prediction rows (instance_id, model_name_or_path, model_patch) and wait for
+    every report; `on_done(n)` after each one. A refusal of any row raises `Refused`."""
+    ids = [
+        await client.submit(r["instance_id"], r["model_patch"], run_id=run_id, model=r["model_name_or_path"])
+        for r in rows
+    ]
+    reports: list[dict[str, Any]] = []
+    for eid in ids:
+        reports.append(await client.wait(eid, poll=poll))
+        if on_done is not None:
+            on_done(len(reports))
+    return reports

@@ -1,0 +1,167 @@
+"""The agents' door: `eval.api.<agent>.{submit,result,results}`, answered by the evaluator.
+
+The agent's name is the subject's second token. On the secured bus (deploy/nats) an agent may
+publish only to its own `eval.api.<name>.*` (AGENTS account, imported from SERVICES), so NATS
+vouches for the name; nothing in the body says who is asking. The answer goes to the request's
+reply subject, which NATS maps back to the asker's own inbox (service import), never to a subject
+the body names. Every check runs before anything is read or written: the patch size, the
+`run_id`/`model`/`instance_id` alphabet (refused, never rewritten) and the agent's pending count.
+The dedup id (`Nats-Msg-Id`) is derived here from agent + run + model + instance + patch hash, so
+an agent cannot choose it (nor block another's), and the evaluation is keyed under the agent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from nats.js.errors import APIError, NotFoundError
+
+from cppperf.services.evaluator.pipeline import patch_sha256
+from cppperf.shared import messages as m
+from cppperf.shared.bus import WORK_QUEUES
+from cppperf.shared.domain import EvaluationState, to_struct
+from cppperf.shared.errors import CppPerfError
+from cppperf.shared.logging import get_logger
+from cppperf.shared.service import ServiceContext
+
+log = get_logger(__name__)
+VERBS = ("submit", "result", "results")
+SUMMARY_FIELDS = ("gm_speedup_agent", "gm_speedup_expert", "reason")
+MAX_REPORT_REPLY = 512 * 1024  # a larger report is answered as its summary (`truncated: true`)
+
+
+def refused(error: str) -> m.AgentAnswer:
+    return m.AgentAnswer(ok=False, error=error)
+
+
+def agent_of(subject: str) -> tuple[str, str] | None:
+    """(agent, verb) of `eval.api.<agent>.<verb>`, or None for anything else."""
+    parts = subject.split(".")
+    if len(parts) != 4 or ".".join(parts[:2]) != m.EVAL_API or parts[3] not in VERBS:
+        return None
+    if not m.AGENT_NAME.fullmatch(parts[2]):
+        return None
+    return parts[2], parts[3]
+
+
+def dedup_id(agent: str, req: m.AgentSubmit) -> str:
+    """The `Nats-Msg-Id` of an agent's request: only the evaluator computes it."""
+    key = "\0".join([agent, req.run_id, req.model, req.instance_id, patch_sha256(req.patch)])
+    return "agent:" + hashlib.sha256(key.encode()).hexdigest()[:40]
+
+
+def _check_token(what: str, value: str) -> str | None:
+    if m.TOKEN.fullmatch(value):
+        return None
+    return f"{what} {value[:80]!r} is not [A-Za-z0-9._-]{{1,128}} (refused, not rewritten)"
+
+
+async def pending(ctx: ServiceContext, agent: str) -> int:
+    """The agent's requests queued or being evaluated (work-queue messages not yet acked)."""
+    subject = m.eval_requested_subject(agent)
+    info = await ctx.bus.js.stream_info(WORK_QUEUES[m.EVAL_REQUESTED].stream, subjects_filter=subject)
+    return int((info.state.subjects or {}).get(subject, 0))
+
+
+async def submit(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:  # noqa: PLR0911 - one refusal per check
+    ev = ctx.settings.evaluator
+    if len(data) > ev.agent_max_patch_bytes + 64 * 1024:
+        return refused(f"request of {len(data)} bytes: patches are capped at {ev.agent_max_patch_bytes}")
+    try:
+        req = m.decode(data, m.AgentSubmit)
+    except CppPerfError as exc:
+        return refused(str(exc))
+    size = len(req.patch.encode())
+    if size > ev.agent_max_patch_bytes:
+        return refused(f"patch of {size} bytes is over the {ev.agent_max_patch_bytes}-byte limit")
+    for what, value in (("run_id", req.run_id), ("model", req.model), ("instance_id", req.instance_id)):
+        if error := _check_token(what, value):
+            return refused(error)
+    queued = await pending(ctx, agent)
+    if queued >= ev.agent_max_pending:
+        return refused(
+            f"{queued} requests of {agent} pending (limit {ev.agent_max_pending}): wait for results"
+        )
+    msg = m.EvalRequested(
+        request_id=m.evaluation_id(m.agent_run(agent, req.run_id), req.model, req.instance_id),
+        agent=agent,
+        run_id=req.run_id,
+        model=req.model,
+        instance_id=req.instance_id,
+        patch=req.patch,
+    )
+    try:
+        fresh = await ctx.bus.publish(m.eval_requested_subject(agent), msg, msg_id=dedup_id(agent, req))
+    except APIError as exc:  # the stream is full (discard: new) or JetStream is unavailable
+        log.warning("agent_request_refused", agent=agent, error=str(exc))
+        return refused(f"the evaluation queue refused the request: {exc.description or exc}")
+    log.info("agent_request_queued", agent=agent, item=msg.id, duplicate=not fresh)
+    return m.AgentAnswer(ok=True, id=msg.id, duplicate=not fresh, status="queued")
+
+
+def owns(agent: str, evaluation_id: str) -> bool:
+    """An agent's evaluation ids start `<agent>.` (agent names have no dot, ids escape `/`)."""
+    return evaluation_id.split("/", 1)[0].startswith(agent + ".")
+
+
+async def _report(ctx: ServiceContext, evaluation_id: str) -> dict[str, Any] | None:
+    state = to_struct(await ctx.store.get("evaluations", evaluation_id) or {}, EvaluationState)
+    if state.verdict is None:
+        return None
+    report: dict[str, Any] = json.loads(await ctx.store.resolve_text(state.report, state.report_ref))
+    return {**report, "id": evaluation_id, "verdict": state.verdict, "opt": state.opt}
+
+
+async def result(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:
+    try:
+        q = m.decode(data, m.AgentQuery)
+    except CppPerfError as exc:
+        return refused(str(exc))
+    if not owns(agent, q.id):
+        return refused(f"{q.id[:200]!r} is not an evaluation of {agent}")
+    report = await _report(ctx, q.id)
+    if report is None:
+        return m.AgentAnswer(ok=True, id=q.id, status="pending")
+    if len(json.dumps(report)) > MAX_REPORT_REPLY:  # a reply must fit NATS's max payload
+        keep = ("id", "instance_id", "model", "verdict", "opt", *SUMMARY_FIELDS)
+        report = {**{k: report[k] for k in keep if k in report}, "truncated": True}
+    return m.AgentAnswer(ok=True, id=q.id, status="done", result=report)
+
+
+async def results(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:
+    """Every finished evaluation of one of the agent's runs, summarized (full report: `result`)."""
+    try:
+        q = m.decode(data, m.AgentQuery)
+    except CppPerfError as exc:
+        return refused(str(exc))
+    if error := _check_token("run_id", q.run_id):
+        return refused(error)
+    prefix = m.evaluation_id(m.agent_run(agent, q.run_id), "x", "x").rsplit("/", 2)[0] + "/"
+    rows: list[dict[str, Any]] = []
+    for eid in sorted(await ctx.store.ids("evaluations")):
+        if not eid.startswith(prefix):
+            continue
+        report = await _report(ctx, eid)
+        if report is not None:
+            keep = ("id", "instance_id", "model", "verdict", "opt", *SUMMARY_FIELDS)
+            rows.append({k: report[k] for k in keep if k in report})
+    return m.AgentAnswer(ok=True, results=rows)
+
+
+async def answer(ctx: ServiceContext, subject: str, data: bytes) -> m.AgentAnswer:
+    """The reply to one agent request (a refusal for anything malformed; never raises for input)."""
+    who = agent_of(subject)
+    if who is None:
+        return refused(f"{subject[:200]!r} is not eval.api.<agent>.<submit|result|results>")
+    agent, verb = who
+    try:
+        if verb == "submit":
+            return await submit(ctx, agent, data)
+        if verb == "result":
+            return await result(ctx, agent, data)
+        return await results(ctx, agent, data)
+    except (NotFoundError, APIError) as exc:  # a stream or bucket missing: the service is not ready
+        log.warning("agent_request_failed", agent=agent, verb=verb, error=str(exc))
+        return refused(f"the evaluator cannot serve {verb} now: {exc}")

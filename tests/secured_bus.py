@@ -1,0 +1,60 @@
+"""A real nats-server running the shipped deploy/nats configuration (accounts.conf, agents.conf and
+nats-1.conf with its cluster block removed, its port and store dir replaced), with fresh service
+keys and agents made by `cppperf.agents` (the code `cppperf agents add` runs)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from cppperf.agents import SERVICE_USERS, add_agent, service_keys
+from cppperf.shared.embedded import EmbeddedNats, free_port
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "nats"
+
+
+def single_node_config(conf_text: str, *, port: int, store_dir: Path) -> str:
+    """nats-1.conf as one loopback node: only the port, the store dir, the monitoring port and
+    the cluster block change; accounts and permissions are the shipped ones."""
+    text = re.sub(r"(?m)^listen: .*$", f"listen: 127.0.0.1:{port}", conf_text)
+    text = re.sub(r"(?m)^http: .*$", "", text)
+    text = re.sub(r"(?m)^  store_dir: .*$", f"  store_dir: {store_dir}", text)
+    text = re.sub(r"(?m)^  max_file_store: .*$", "  max_file_store: 20G", text)
+    start = text.index("cluster {")
+    end = text.index("\n}\n", start) + 3
+    assert "store_dir" in text and "include" in text
+    return text[:start] + text[end:]
+
+
+@dataclass
+class SecuredBus:
+    server: EmbeddedNats
+    dir: Path  # the config dir: accounts.conf, agents.conf, nats.conf, *.creds
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def creds(self, who: str) -> str:
+        """The creds file of a service user (`evaluator`, `admin`, …) or an agent."""
+        return str(self.dir / f"{who}.creds")
+
+
+def start_secured_bus(root: Path, agents: list[str]) -> SecuredBus:
+    conf_dir = root / "conf"
+    conf_dir.mkdir(parents=True)
+    shutil.copyfile(DEPLOY / "accounts.conf", conf_dir / "accounts.conf")
+    shutil.copyfile(DEPLOY / "agents.conf", conf_dir / "agents.conf")
+    for name in agents:
+        add_agent(conf_dir / "agents.conf", name, conf_dir / f"{name}.creds")
+    env = service_keys(conf_dir)
+    assert set(env) == {f"NKEY_{u.upper()}" for u in SERVICE_USERS}
+    port = free_port()
+    store = root / "store"
+    (conf_dir / "nats.conf").write_text(
+        single_node_config((DEPLOY / "nats-1.conf").read_text(), port=port, store_dir=store)
+    )
+    server = EmbeddedNats(store, port=port, config=conf_dir / "nats.conf", env=env).start()
+    return SecuredBus(server=server, dir=conf_dir)

@@ -1,0 +1,153 @@
+"""`builder.metric=cachegrind`: instructions counted by Valgrind's Cachegrind in the same jail and
+limits, exact (a re-run gives the same count), decided on the count's relative change, with no
+timing-core lease; the demo's perf commit is proven by it and its no-op commit is not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cppperf.demo import create_demo_repo
+from cppperf.services.builder.service import build_patch
+from cppperf.shared.engine.protocol import check_metric
+from cppperf.shared.engine.runner_script import cachegrind_ir, valgrind_unsupported
+from cppperf.shared.engine.stats import compare_all, compare_exact
+from cppperf.shared.errors import ConfigError
+from cppperf.shared.settings import BuilderSettings
+from tests.conftest import make_settings
+from tests.test_builder import commit_for
+
+pytestmark = pytest.mark.skipif(valgrind_unsupported() is not None, reason="valgrind not installed")
+
+
+def test_cachegrind_files_are_summed_over_processes(tmp_path: Path) -> None:
+    (tmp_path / "cachegrind.out.11").write_text("desc: x\ncmd: a\nevents: Ir\nfl=a.c\n1 5\nsummary: 1000\n")
+    (tmp_path / "cachegrind.out.12").write_text("events: Ir I1mr ILmr\nsummary: 234 5 6\n")
+    (tmp_path / "valgrind.11.log").write_text("summary: 99999\n")  # not a cachegrind file
+    assert cachegrind_ir(str(tmp_path)) == 1234
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cachegrind_ir(str(empty)) is None
+
+
+def test_exact_counts_are_decided_on_their_change() -> None:
+    faster = compare_exact("t", [1000.0, 1000.0, 1000.0], [600.0, 600.0, 600.0], tolerance=0.001)
+    assert faster is not None and faster.exact and faster.p_improve == 0.0 and faster.ci_high == 0.6
+    assert compare_exact("t", [1000.0, 1100.0], [600.0, 600.0], tolerance=0.001) is None  # not exact
+    decided = {
+        t.name: t
+        for t in compare_all(
+            {
+                "spin": ([1000.0] * 3, [600.0] * 3),  # 40 % fewer instructions
+                "other": ([1000.0] * 3, [999.0] * 3),  # moved, but by 0.1 %: below the threshold
+                "same": ([1000.0] * 3, [1000.0] * 3),
+            },
+            alpha=0.05,
+            min_improvement=0.05,
+            resamples=100,
+            seed=1,
+            exact=["spin", "other", "same"],
+        )
+    }
+    assert decided["spin"].improved and decided["spin"].strict_improved and decided["spin"].paper_improved
+    assert not decided["other"].improved and not decided["same"].improved
+    assert not any(t.regressed for t in decided.values())
+
+
+class _NoValgrind:
+    def valgrind_unsupported(self) -> str:
+        return "valgrind is not installed (apt-get install valgrind) in the env image x (docker backend)"
+
+    def instructions_unsupported(self) -> str:
+        return "no PMU"
+
+
+def test_a_backend_without_valgrind_refuses_the_metric_in_one_line() -> None:
+    with pytest.raises(ConfigError) as err:
+        check_metric(_NoValgrind(), BuilderSettings(metric="cachegrind"))  # type: ignore[arg-type]
+    assert "\n" not in str(err.value) and "env image" in str(err.value)
+    with pytest.raises(ConfigError, match="use cachegrind"):
+        check_metric(_NoValgrind(), BuilderSettings(metric="instructions"))  # type: ignore[arg-type]
+
+
+@pytest.mark.build
+def test_the_demo_is_proven_on_exact_counts_without_a_lease(tmp_path: Path) -> None:
+    demo = create_demo_repo(tmp_path / "demo", spin_iters=300_000, other_iters=200_000, extra_kinds=False)
+    settings = make_settings(
+        tmp_path, builder={"metric": "cachegrind", "lease_dir": str(tmp_path / "leases")}
+    )
+    records = {}
+    for kind in ("perf", "noop"):
+        built = build_patch(
+            commit_for(demo.path, demo.shas[kind]),
+            demo.path,
+            settings.builder,
+            work_dir=tmp_path / "work",
+            out_dir=tmp_path / "out",
+        )
+        records[kind] = json.loads(built.path.read_text())
+    perf, noop = records["perf"]["cppperf"], records["noop"]["cppperf"]
+    assert perf["verdict"] == "improved", perf["failure_detail"]
+    assert noop["verdict"] == "not-improved", noop["failure_detail"]
+    for rec in (perf, noop):
+        assert rec["decided_on"] == {"spin": "cachegrind", "other": "cachegrind"}
+        assert rec["rounds"] == 3 and rec["environment"]["leased_core"] is None
+        assert rec["environment"]["lease_policy"] == "none"
+        for s in rec["samples"].values():  # exact: every re-run of a side counted the same
+            assert len(s["old_ir"]) == 3 and len(set(s["old_ir"])) == 1 and len(set(s["new_ir"])) == 1
+            assert len(s["old_cpu_s"]) == 3  # cpu and wall recorded beside the count
+        assert all(t["exact"] for t in rec["tests"])
+    spin = next(t for t in perf["tests"] if t["name"] == "spin")
+    assert 0.5 < spin["median_change"] < 0.75  # three passes down to one: about 2/3 fewer
+    other = next(t for t in noop["tests"] if t["name"] == "other")
+    assert abs(other["median_change"]) < 0.01 and not other["improved"]
+    assert not (tmp_path / "leases" / "queue").exists() or not list((tmp_path / "leases" / "queue").iterdir())
+
+
+def test_exact_settings_are_validated() -> None:
+    from cppperf.shared.settings import load_settings
+
+    assert load_settings(env={"CPPPERF_BUILDER_METRIC": "cachegrind"}).builder.metric == "cachegrind"
+    with pytest.raises(ConfigError, match=r"builder\.exact_runs"):
+        load_settings(env={"CPPPERF_BUILDER_EXACT_RUNS": "1"})
+    with pytest.raises(ConfigError, match=r"builder\.lease_policy"):
+        load_settings(env={"CPPPERF_BUILDER_LEASE_POLICY": "random"})
+
+
+def test_the_runner_probe_says_whether_valgrind_runs(tmp_path: Path) -> None:
+    """The docker backend asks the runner inside the container (`{"op": "probe"}`): without
+    valgrind on PATH it says so, and that is the line the metric is refused with."""
+    import subprocess
+    import sys
+
+    from cppperf.shared.engine.sandbox import RUNNER_PATH
+
+    def probe(path: str) -> dict[str, str | None]:
+        out = subprocess.run(
+            [sys.executable, str(RUNNER_PATH), json.dumps({"op": "probe"})],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PATH": path},
+        ).stdout
+        answer: dict[str, str | None] = json.loads(out)
+        return answer
+
+    assert probe("/usr/bin:/bin")["valgrind_unsupported"] is None
+    assert "valgrind is not installed" in str(probe(str(tmp_path))["valgrind_unsupported"])
+
+
+def test_counted_runs_go_on_every_core_with_a_longer_timeout() -> None:
+    from cppperf.shared.engine.cmake import TestCase
+    from cppperf.shared.engine.leases import core_plan, timing_core
+    from cppperf.shared.engine.limits import limits_for
+
+    s = BuilderSettings(metric="cachegrind", test_timeout=10)
+    t = TestCase(name="t", command=["/bin/true"], cwd="/")
+    counted = limits_for(t, s, counted=True)
+    assert counted.valgrind and counted.cpu is None and counted.cpus == core_plan(s).all
+    assert counted.timeout == 10 * s.valgrind_slowdown
+    with timing_core(s) as cpu:  # no lease taken: an exact count needs no quiet core
+        assert cpu is None
