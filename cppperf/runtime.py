@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from faststream.nats import NatsBroker
 
 from cppperf.shared.bus import Bus, credential_options, servers
-from cppperf.shared.embedded import EmbeddedNats, stop_all
+from cppperf.shared.embedded import EmbeddedNats, running_url, stop_all
 from cppperf.shared.health import Liveness, heartbeat_loop
 from cppperf.shared.logging import get_logger, register_url
 from cppperf.shared.service import ServiceContext
@@ -42,11 +42,16 @@ T = TypeVar("T")
 
 
 @contextlib.contextmanager
-def nats_endpoint(settings: Settings) -> Iterator[str]:
-    """The configured NATS URL, or an embedded nats-server for the duration of the block."""
+def nats_endpoint(settings: Settings, *, attach: bool = False) -> Iterator[str]:
+    """The configured NATS URL, or an embedded nats-server for the duration of the block. With
+    `attach` (read-only verbs), the embedded server another process already runs on this
+    output folder's store, found by the address it wrote beside the store."""
     if settings.nats_url:
         register_url(settings.nats_url)
         yield settings.nats_url
+        return
+    if attach and (url := running_url(settings.nats_data_dir())) is not None:
+        yield url
         return
     with EmbeddedNats(settings.nats_data_dir()) as server:
         yield server.url

@@ -8,14 +8,21 @@ takes it over (with a `claim_taken_over` log line). Time is wall-clock seconds: 
 must agree to well within a lease (NTP), which leases of a minute or more tolerate.
 
 Each process has one token (`host-pid-random`) and a worker lease `worker/<token>` renewed the
-same way; its attempts' workspaces live under `<work>/attempts/<token>/`, so on start a
-service removes the workspaces of tokens whose worker lease has expired (dead processes).
+same way; its attempts' workspaces live under `<work>/attempts/<token>/`. A process owns its
+workspace (`own_workspace`): an exclusive flock on `<ws>/.lock` held for its lifetime and
+`<ws>/.owner.json` naming the state folder (the run) it belongs to, its pid and since when. On
+start a service removes another token's workspace only when it provably belongs to the same run
+and is dead: its owner file names our state folder, nobody holds its lock, and its worker lease
+(in our store) has expired. A work dir shared by runs with different output folders (or a
+workspace without an owner file) is therefore never cleaned by a stranger.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import json
 import os
 import shutil
 import socket
@@ -171,19 +178,78 @@ async def worker_lease(store: Store, *, lease: float, token: str = TOKEN) -> asy
     return task
 
 
-async def clean_stale_workspaces(store: Store, work_dir: Path, *, token: str = TOKEN) -> list[str]:
-    """Remove `<work>/attempts/<t>` of every other token `t` whose worker lease has expired."""
+OWNER_FILE: Final = ".owner.json"
+LOCK_FILE: Final = ".lock"
+_OWNED: dict[Path, int] = {}  # workspace -> the fd holding its flock (for this process's life)
+
+
+def own_workspace(work_dir: Path, *, owner: str, token: str = TOKEN) -> Path:
+    """Create (once) and lock this process's workspace for the run `owner` (its state folder)."""
+    ws = workspace_for(work_dir, token)
+    if ws in _OWNED:
+        return ws
+    ws.mkdir(parents=True, exist_ok=True)
+    fd = os.open(ws / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise RuntimeError(f"workspace {ws} is locked by another process") from None
+    _OWNED[ws] = fd
+    info = {"owner": owner, "pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+    (ws / OWNER_FILE).write_text(json.dumps(info))
+    return ws
+
+
+def release_workspace(ws: Path) -> None:
+    """Drop the lock on a workspace this process owns (the folder stays until cleaned)."""
+    fd = _OWNED.pop(ws, None)
+    if fd is not None:
+        os.close(fd)
+
+
+def workspace_owner(ws: Path) -> dict[str, Any] | None:
+    """The owner file of a workspace, or None when it has none (or an unreadable one)."""
+    try:
+        info = json.loads((ws / OWNER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def _locked_by_someone(ws: Path) -> bool:
+    try:
+        fd = os.open(ws / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return False  # no lock file: nobody holds it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+async def clean_stale_workspaces(
+    store: Store, work_dir: Path, *, owner: str, token: str = TOKEN
+) -> list[str]:
+    """Remove `<work>/attempts/<t>` of every other token `t` whose workspace provably belongs to
+    the run `owner`, is not locked by a live process and whose worker lease has expired."""
     root = attempts_root(work_dir)
     if not root.is_dir():
         return []
     removed: list[str] = []
     now = time.time()
     for d in sorted(root.iterdir()):
-        if d.name == token or not d.is_dir():
+        if d.name == token or not d.is_dir() or d in _OWNED:
             continue
-        if _live(await store.get(BUCKET, f"worker/{d.name}"), now):
+        info = workspace_owner(d)
+        if info is None or info.get("owner") != owner:
+            continue  # another run's (or nobody's provably): never ours to remove
+        if _locked_by_someone(d) or _live(await store.get(BUCKET, f"worker/{d.name}"), now):
             continue
         await asyncio.to_thread(shutil.rmtree, d, True)
-        log.info("stale_workspace_removed", path=str(d))
+        log.info("stale_workspace_removed", path=str(d), pid=info.get("pid"))
         removed.append(d.name)
     return removed

@@ -46,6 +46,28 @@ def find_nats_server() -> str:
 
 
 _RUNNING: set[EmbeddedNats] = set()
+URL_FILE = ".cppperf.url"  # the running embedded server's address, beside its store
+
+
+def running_url(store_dir: Path) -> str | None:
+    """The address of the embedded server another process runs on `store_dir` (its lock held
+    and its address written), else None: read-only verbs attach to it instead of refusing."""
+    try:
+        fd = os.open(store_dir / ".cppperf.lock", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        try:
+            return (store_dir / URL_FILE).read_text().strip() or None
+        except OSError:
+            return None
+    finally:
+        os.close(fd)
+    return None  # nobody runs it
+
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -119,6 +141,7 @@ class EmbeddedNats:
                 raise ToolMissing(f"nats-server exited at start: {self._log.read_text()[-2000:]}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    (self.store_dir / URL_FILE).write_text(self.url + "\n")  # `status` from a second shell
                     return self
             except OSError:
                 time.sleep(0.05)
@@ -147,6 +170,8 @@ class EmbeddedNats:
 
     def stop(self) -> None:
         _RUNNING.discard(self)
+        if self._lock is not None:
+            (self.store_dir / URL_FILE).unlink(missing_ok=True)
         self._release_lock()
         if self.proc is None:
             return

@@ -144,7 +144,7 @@ class BuilderSettings(msgspec.Struct, kw_only=True):
     min_improvement: float = 0.05
     alpha: float = 0.05
     build_type: str = "Release"
-    work_dir: str = ""  # default $XDG_DATA_HOME/cppperf/work
+    work_dir: str = ""  # default OUT/.state/work (env CPPPERF_BUILDER_WORK_DIR)
     keep: bool = False
     early_stop: bool = True
     early_stop_min_rounds: int = 10
@@ -233,7 +233,7 @@ class EvaluatorSettings(msgspec.Struct, kw_only=True):
     test_timeout: float = 300.0
     trust_patches: bool = False  # run agents' code without the bubblewrap jail (unsafe; README)
     allow_build_changes: bool = False  # trusted mode: patches may change build files and scripts
-    runs_dir: str = "runs"
+    runs_dir: str = ""  # default OUT/runs
     worker_name: str = ""  # recorded with each evaluation (defaults to host:pid in the service)
     opt_fraction: float = 0.95
     agent_max_pending: int = 16  # an agent's requests queued or running; the next is refused
@@ -272,7 +272,19 @@ class Settings(msgspec.Struct, kw_only=True):
         return Path(self.health_dir or "/tmp/cppperf-health")  # noqa: S108 - per-container state
 
     def work_dir(self) -> Path:
-        return Path(self.builder.work_dir) if self.builder.work_dir else _xdg_data_home() / "cppperf" / "work"
+        """Build workspaces: OUT/.state/work unless `builder.work_dir` says otherwise (a shared
+        one is safe: each process owns and locks its own folder in it, `shared/claims.py`)."""
+        return (
+            Path(self.builder.work_dir) if self.builder.work_dir else self.state_dir() / "work"
+        ).absolute()
+
+    def run_owner(self) -> str:
+        """Who this run is, for the workspaces it owns: its state folder's absolute path."""
+        return str(self.state_dir().absolute())
+
+    def runs_path(self) -> Path:
+        """Evaluation runs: OUT/runs unless `evaluator.runs_dir` says otherwise."""
+        return Path(self.evaluator.runs_dir) if self.evaluator.runs_dir else Path(self.out_dir) / "runs"
 
 
 _SECTION_TYPES: dict[str, type[msgspec.Struct]] = {

@@ -74,7 +74,11 @@ async def main(
             s = self.settings
             out = Path(s.out_dir)
             built: BuiltPatch = build(
-                commit, path, s.builder, work_dir=claims.workspace_for(s.work_dir()), out_dir=out
+                commit,
+                path,
+                s.builder,
+                work_dir=claims.own_workspace(s.work_dir(), owner=s.run_owner()),
+                out_dir=out,
             )
             return built
 

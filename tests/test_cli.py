@@ -92,3 +92,55 @@ def test_mine_end_to_end_on_the_demo_repo(demo_repo: DemoRepo, tmp_path: Path) -
     status = run_cli("status", "--json", env=env)
     rows = {r["subject"]: r for r in json.loads(status.stdout)["subjects"]}
     assert rows["commit.selected"]["done"] == 8 and rows["commit.selected"]["pending"] == 0
+
+
+@pytest.mark.build
+@pytest.mark.slow
+def test_two_mines_at_once_in_two_folders_sharing_a_work_dir_both_come_out_right(tmp_path: Path) -> None:
+    """The work dir shared on purpose (CPPPERF_BUILDER_WORK_DIR): the second run starts while the
+    first one's workspace is live, and must not remove it (it belongs to another run)."""
+    import time
+
+    from cppperf.demo import create_demo_repo
+
+    demo = create_demo_repo(tmp_path / "demo", extra_kinds=False)
+    work = tmp_path / "work"
+    env = {**os.environ, "CPPPERF_BUILDER_WORK_DIR": str(work)}
+
+    def start(name: str) -> subprocess.Popen[str]:
+        args = ["mine", "--repo", str(demo.path), "--since", "2024-01-09", "--until", "2024-01-11"]
+        args += ["--no-validate", "--runs", "11", "--out", str(tmp_path / name), "--json"]
+        return subprocess.Popen(
+            [*CLI, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+
+    first = start("a")
+    deadline = time.monotonic() + 120
+    while not list((work / "attempts").glob("*/.owner.json")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    [owned] = list((work / "attempts").glob("*/.owner.json"))
+    second = start("b")
+    results = [p.communicate(timeout=600) for p in (first, second)]
+    for p, (_, stderr) in zip((first, second), results, strict=True):
+        assert p.returncode == 0, stderr[-3000:]
+    perf_id = f"local__demo-{demo.shas['perf'][:12]}"
+    for name, (stdout, _) in zip("ab", results, strict=True):
+        assert json.loads(stdout)["funnel"]["improved"] == 1
+        record = json.loads((tmp_path / name / "instances" / f"{perf_id}.json").read_text())
+        assert record["cppperf"]["verdict"] == "improved", record["cppperf"].get("failure_detail")
+        assert not (tmp_path / name / "runs").exists() or (tmp_path / name / "runs").is_dir()
+    assert "stale_workspace_removed" not in results[1][1]
+    assert json.loads(owned.read_text())["owner"] == str((tmp_path / "a" / ".state").absolute())
+
+
+def test_status_from_a_second_shell_attaches_to_the_running_embedded_server(tmp_path: Path) -> None:
+    from cppperf.shared.embedded import URL_FILE, EmbeddedNats
+
+    store = tmp_path / "out" / ".state" / "nats"
+    with EmbeddedNats(store) as server:  # what a running `mine --out OUT` holds
+        assert (store / URL_FILE).read_text().strip() == server.url
+        res = run_cli("status", "--json", "--out", str(tmp_path / "out"))
+        assert res.returncode == 0, res.stderr
+        assert "another cppperf" not in res.stderr
+        assert {r["subject"] for r in json.loads(res.stdout)["subjects"]} >= {"commit.selected"}
+    assert not (store / URL_FILE).exists()

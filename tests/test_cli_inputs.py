@@ -473,6 +473,7 @@ def test_python_api_scan_and_commit(git_repo: Path) -> None:
 def test_overview_has_distributions_and_links(tmp_path: Path) -> None:
     out_dir = _store_with(tmp_path)
     dest = tmp_path / "site" / "overview.html"
+    dest.parent.mkdir()  # the report refuses a missing folder (it never creates one)
     res = cli("dataset", "report", "--all", str(dest), "--pages", "--out", str(out_dir))
     assert res.exit_code == 0, res.output
     page = dest.read_text()
@@ -506,11 +507,19 @@ def test_readme_python_api_example(tmp_path: Path, capsys: pytest.CaptureFixture
     demo = create_demo_repo(tmp_path / "demo")
     code = _readme_block("### Python API").replace("/tmp/demo", str(demo.path))
     code = code.replace('"results"', repr(str(tmp_path / "results")))
-    os.environ["CPPPERF_BUILDER_WORK_DIR"] = str(tmp_path / "work")
-    os.environ["CPPPERF_EVALUATOR_RUNS_DIR"] = str(tmp_path / "runs")
-    exec(compile(code, "README.md", "exec"), {})  # noqa: S102 - the README's own example
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    here = Path.cwd()
+    os.chdir(cwd)
+    try:
+        exec(compile(code, "README.md", "exec"), {})  # noqa: S102 - the README's own example
+    finally:
+        os.chdir(here)
     printed = capsys.readouterr().out
     assert "local__demo-4bda4860cd0d improved" in printed
+    assert list(cwd.iterdir()) == []  # results only under out_dir, nothing in the current folder
+    results = tmp_path / "results"
+    assert (results / "runs" / "default" / "expert" / "local__demo-4bda4860cd0d" / "report.json").is_file()
 
 
 @pytest.mark.nats
@@ -709,3 +718,47 @@ def test_mine_exits_1_when_a_message_was_dead_lettered(git_repo: Path, tmp_path:
     assert res.returncode == FAILURES, res.stderr[-2000:]
     assert "dead-lettered: see `cppperf dlq list`" in res.stdout + res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_evaluate_empty_predictions_write_the_run_report_under_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SWE-bench's harness check: `--predictions empty` over OUT/instances (an unknown id among
+    them counted as an error), the run-level report under --out, nothing in the current folder."""
+    out = tmp_path / "out"
+    (out / "instances").mkdir(parents=True)
+    record = {
+        "cppperf": {"instance_id": "o__r-aaaaaaaaaaaa"},
+        "metadata": {"repository_name": "o/r"},
+        "commit_info": {"old_sha": "b" * 40, "new_sha": "a" * 40, "patch": ["diff --git a/x b/x\n"]},
+    }
+    (out / "instances" / "o__r-aaaaaaaaaaaa.json").write_text(json.dumps(record))
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    ids = "o__r-aaaaaaaaaaaa,x__y-000000000000"
+    res = CliRunner().invoke(
+        app, ["evaluate", "--predictions", "empty", "--instance-ids", ids, "--out", str(out), "--run-id", "v"]
+    )
+    assert res.exit_code == 1, res.output  # the unknown instance
+    assert "1 empty patch, 1 error" in res.output and "{" not in res.output
+    rr = json.loads((out / "runs" / "v" / "empty.v.json").read_text())
+    assert rr["submitted_ids"] == ["o__r-aaaaaaaaaaaa", "x__y-000000000000"]
+    assert rr["empty_patch_ids"] == ["o__r-aaaaaaaaaaaa"] and rr["error_ids"] == ["x__y-000000000000"]
+    assert list(cwd.iterdir()) == []
+
+
+def test_import_of_an_empty_folder_says_why(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    res = cli("dataset", "import", str(tmp_path / "empty"), "--out", str(tmp_path / "out"))
+    assert res.exit_code == 1
+    assert "nothing to import" in res.output and "*.json" in res.output
+
+
+def test_report_into_a_missing_folder_refuses_and_creates_nothing(tmp_path: Path) -> None:
+    res = cli("dataset", "report", "--all", str(tmp_path / "no" / "dir" / "x.html"), "--out", str(tmp_path))
+    assert res.exit_code == 2 and "no folder" in res.output
+    assert not (tmp_path / "no").exists()
+    ok = cli("dataset", "report", "--all", str(tmp_path / "x.html"), "--out", str(tmp_path))
+    assert ok.exit_code == 0, ok.output
+    assert (tmp_path / "x.html").stat().st_mode & 0o777 == 0o644  # readable by the people it is for

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from cppperf.demo import core
@@ -360,3 +361,56 @@ def test_predictions_over_the_bus_with_two_workers(
     handled = sum(log.decode().count('"event": "handled"') for log in logs)
     assert handled == 3
     assert (tmp_path / "cli-runs" / run_id / "agent-x.summary.json").is_file()
+
+
+def test_run_report_is_swebench_shaped_with_id_lists_and_opt(tmp_path: Path) -> None:
+    from cppperf.services.evaluator.runreport import SCHEMA_VERSION, RunReport, build_run_report, report_path
+
+    settings = make_settings(tmp_path)
+    root = settings.runs_path() / "t" / "m"
+    assert root == tmp_path / "out" / "runs" / "t" / "m"  # under --out, not the current folder
+    reports = {
+        "a": {"verdict": "opt", "opt": True, "gm_speedup_agent": 2.0, "gm_speedup_expert": 2.0},
+        "b": {"verdict": "correct", "multi_file": True, "gm_speedup_agent": 1.0, "gm_speedup_expert": 2.0},
+        "c": {"verdict": "build-failed"},
+        "d": {"verdict": "empty-patch"},
+        "e": {"verdict": "instance-broken"},
+    }
+    for iid, rep in reports.items():
+        (root / iid).mkdir(parents=True)
+        (root / iid / "report.json").write_text(json.dumps(rep))
+    rr = build_run_report(settings, "t", "m", submitted=[*reports, "f"], unknown=["g"])
+    assert rr.schema_version == SCHEMA_VERSION
+    assert (rr.submitted_instances, rr.completed_instances, rr.resolved_instances) == (7, 3, 1)
+    assert (rr.unresolved_instances, rr.empty_patch_instances, rr.error_instances) == (2, 1, 2)
+    assert rr.resolved_ids == ["a"] and rr.unresolved_ids == ["b", "c"] and rr.empty_patch_ids == ["d"]
+    assert rr.error_ids == ["e", "g"] and rr.incomplete_ids == ["f"]  # an unknown id is counted
+    assert (rr.opt.opt, rr.opt.instances, rr.opt_multi_file.instances) == (1, 3, 1)
+    assert rr.speedups.instances == 2 and rr.speedups.gm_speedup_agent == pytest.approx(1.4142, abs=1e-3)
+    path = report_path(settings, "t", "m")
+    assert path == tmp_path / "out" / "runs" / "t" / "m.t.json"
+    assert msgspec.json.decode(path.read_bytes(), type=RunReport) == rr  # the file matches its schema
+
+
+def test_gold_and_empty_predictions_cover_every_instance(tmp_path: Path) -> None:
+    from cppperf.cli.predictions import pseudo_predictions
+
+    out = tmp_path / "out"
+    (out / "instances").mkdir(parents=True)
+    record = {
+        "cppperf": {"instance_id": "o__r-aaaaaaaaaaaa"},
+        "metadata": {"repository_name": "o/r"},
+        "commit_info": {"old_sha": "b" * 40, "new_sha": "a" * 40, "patch": ["diff --git a/x b/x\n"]},
+    }
+    (out / "instances" / "o__r-aaaaaaaaaaaa.json").write_text(json.dumps(record))
+    [gold] = pseudo_predictions(out, "gold", None)
+    assert gold == {
+        "instance_id": "o__r-aaaaaaaaaaaa",
+        "model_name_or_path": "gold",
+        "model_patch": "diff --git a/x b/x\n",
+    }
+    empty = pseudo_predictions(out, "empty", {"o__r-aaaaaaaaaaaa", "x__y-000000000000"})
+    assert [(r["instance_id"], r["model_patch"]) for r in empty] == [
+        ("o__r-aaaaaaaaaaaa", ""),
+        ("x__y-000000000000", ""),
+    ]

@@ -266,16 +266,58 @@ async def test_claim_has_one_holder_and_expires_with_a_dead_holder(ctx: ServiceC
 async def test_stale_workspaces_of_dead_workers_are_removed(ctx: ServiceContext, tmp_path: Path) -> None:
     work = tmp_path / "work"
     for token in ("dead-1", "alive-2"):
-        (claims.workspace_for(work, token) / "inst").mkdir(parents=True)
+        ws = claims.own_workspace(work, owner="run-a", token=token)
+        (ws / "inst").mkdir()
+        claims.release_workspace(ws)  # as if another process had owned it
     task = await claims.worker_lease(ctx.store, lease=30.0, token="alive-2")
     try:
         with capture_logs() as logs:
-            removed = await claims.clean_stale_workspaces(ctx.store, work, token="me")
+            removed = await claims.clean_stale_workspaces(ctx.store, work, owner="run-a", token="me")
     finally:
         task.cancel()
     assert removed == ["dead-1"]
     assert (claims.workspace_for(work, "alive-2") / "inst").is_dir()
     assert any(e["event"] == "stale_workspace_removed" for e in logs)
+
+
+async def test_cleanup_never_removes_another_runs_or_a_live_processs_workspace(
+    ctx: ServiceContext, tmp_path: Path
+) -> None:
+    """A work dir shared by two runs (two output folders, two stores): a run judges only its own
+    workspaces, and never one whose lock a live process holds, whatever its store says."""
+    work = tmp_path / "work"
+    other_run = claims.own_workspace(work, owner="run-b", token="b-1")
+    (other_run / "inst").mkdir()
+    claims.release_workspace(other_run)
+    unowned = claims.workspace_for(work, "legacy-1")
+    (unowned / "inst").mkdir(parents=True)  # no owner file: nobody's provably
+    held = claims.own_workspace(work, owner="run-a", token="a-live")
+    claims.release_workspace(held)
+    holder = subprocess.Popen(  # another process holds the live workspace's lock
+        [sys.executable, "-c", HOLD_LOCK, str(held / claims.LOCK_FILE)], stdout=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == b"locked"
+        removed = await claims.clean_stale_workspaces(ctx.store, work, owner="run-a", token="me")
+        assert removed == []
+        assert (other_run / "inst").is_dir() and (unowned / "inst").is_dir() and held.is_dir()
+    finally:
+        holder.kill()
+        holder.communicate()
+    # the holder died: now its workspace is provably stale, and still only that one goes
+    assert await claims.clean_stale_workspaces(ctx.store, work, owner="run-a", token="me") == ["a-live"]
+    assert (other_run / "inst").is_dir() and (unowned / "inst").is_dir()
+    info = claims.workspace_owner(other_run)
+    assert info is not None and info["owner"] == "run-b" and info["pid"] == os.getpid()
+
+
+HOLD_LOCK = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+time.sleep(60)
+"""
 
 
 # ------------------------------------------------------------------------------------ outage

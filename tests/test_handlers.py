@@ -25,6 +25,7 @@ from cppperf.shared import messages as m
 from cppperf.shared.domain import EvalVerdict, InstanceState, Stage, Verdict, to_struct
 from cppperf.shared.errors import BadInput, RepoRejected
 from cppperf.shared.results import finished_message
+from cppperf.shared.service import ServiceContext
 from cppperf.shared.store import instance_record
 from tests.conftest import make_settings
 from tests.fakes import FakeContext, MemoryRecords
@@ -365,3 +366,37 @@ async def test_crawler_submits_a_good_repo_and_records_bad_ones(
     fresh = FakeContext(fctx.settings)
     await submit(fresh, [str(demo_repo.path)], validate=False)
     assert [f.validated for f in fresh.bus.on(m.REPO_FOUND)] == [False]
+
+
+# ------------------------------------------------------------------------------------ mine --force
+async def test_force_requeues_a_finished_instance_and_the_builder_proves_it_again(
+    ctx: ServiceContext, demo_repo: DemoRepo, tmp_path: Path
+) -> None:
+    from cppperf.redo import redo_instances
+    from cppperf.shared.bus import stream_for
+
+    sha = demo_repo.shas["perf"]
+    first = m.CommitSelected(
+        repo="local/demo",
+        url=str(demo_repo.path),
+        sha=sha,
+        parent=demo_repo.git("rev-parse", f"{sha}^"),
+        date="2024-01-01",
+        message="perf",
+        diff=DIFF,
+    )
+    ops = FakeBuilderOps(tmp_path)
+    item = m.CommitClassified(commit=first, label=True, backend="heuristic")
+    assert await on_classified(ctx, ops, item) == "built"
+    iid = m.instance_id("local/demo", sha)
+    await ctx.store.put("repos", "local/demo", {"url": str(demo_repo.path)})
+    assert await on_classified(ctx, ops, item) == "already-built"  # without --force: not redone
+    outcome = await redo_instances(ctx, [iid, "nope__x-000000000000"])
+    assert outcome[iid] == "requeued" and "unknown instance" in outcome["nope__x-000000000000"]
+    assert await ctx.store.get("instances", iid) is None
+    raw = await ctx.bus.js.get_last_msg(stream_for(m.COMMIT_CLASSIFIED), m.COMMIT_CLASSIFIED)
+    again = m.decode(raw.data, m.CommitClassified)
+    assert again.label and again.backend == "force" and again.commit.sha == sha
+    assert again.commit.diff.startswith("diff --git")  # read from the repository, not the old message
+    assert await on_classified(ctx, ops, again) == "built"
+    assert ops.calls.count("prove") == 2

@@ -204,9 +204,10 @@ def probe_nats(url: str, timeout: float = NATS_PROBE_TIMEOUT) -> None:
 
 
 @contextlib.contextmanager
-def cli_nats(s: Settings) -> Iterator[str]:
+def cli_nats(s: Settings, *, attach: bool = False) -> Iterator[str]:
     """The bus URL for a CLI verb: the configured server (checked within a few seconds: one error
-    line and exit 1 when it does not answer) or an embedded nats-server with its store in OUT/.state."""
+    line and exit 1 when it does not answer) or an embedded nats-server with its store in OUT/.state
+    (`attach`, for read-only verbs: the one a running `mine` started there, when there is one)."""
     from cppperf.runtime import nats_endpoint
     from cppperf.shared.errors import CppPerfError
 
@@ -217,7 +218,7 @@ def cli_nats(s: Settings) -> Iterator[str]:
             raise _fail(exc) from None
     with contextlib.ExitStack() as stack:
         try:
-            url = stack.enter_context(nats_endpoint(s))
+            url = stack.enter_context(nats_endpoint(s, attach=attach))
         except CppPerfError as exc:
             raise _fail(exc) from exc
         yield url

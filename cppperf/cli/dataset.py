@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
@@ -13,6 +14,7 @@ from rich.table import Table
 
 from cppperf.cli.common import (
     EXIT_FAILURES,
+    EXIT_USAGE,
     Config,
     OutDir,
     Since,
@@ -118,6 +120,11 @@ def dataset_import(
         out.print(
             f"imported {len(rep.imported)}, unchanged {len(rep.unchanged)}, skipped {len(rep.errors)} → {store}"
         )
+    if not (rep.imported or rep.unchanged or rep.errors):
+        console.print(
+            f"[yellow]nothing to import[/yellow]: no CppPerf-DB JSON file (*.json) in {', '.join(map(str, sources))}",
+            soft_wrap=True,
+        )
     if rep.errors or not (rep.imported or rep.unchanged):
         raise typer.Exit(EXIT_FAILURES)
 
@@ -205,13 +212,27 @@ def dataset_list(
 
 @dataset_app.command("inspect")
 def dataset_inspect(
-    instance: Annotated[str, typer.Argument()],
+    instance: Annotated[str, typer.Argument(help="instance id, e.g. owner__name-<sha12>")],
+    patch: Annotated[
+        bool, typer.Option("--patch", help="print only the expert's patch (a git unified diff)")
+    ] = False,
+    problem: Annotated[
+        bool,
+        typer.Option("--problem-statement", help="print only the task text an agent is given"),
+    ] = False,
     out_dir: OutDir = None,
     as_json: AsJson = False,
     config: Config = None,
 ) -> None:
-    """Commit, files, verdict, the improved/regressed tests with change and CI, build facts."""
-    from cppperf.dataset.records import RecordError, load_record
+    """Commit, files, verdict, the improved/regressed tests with change and CI, build facts.
+
+    \b
+    Examples:
+      cppperf dataset inspect local__demo-4bda4860cd0d
+      cppperf dataset inspect local__demo-4bda4860cd0d --patch > gold.diff
+      cppperf dataset inspect local__demo-4bda4860cd0d --problem-statement
+    """
+    from cppperf.dataset.records import RecordError, load_record, swebench_row
     from cppperf.dataset.report import _test_rows
 
     s = _settings(config, out_dir=str(out_dir) if out_dir else None)
@@ -219,6 +240,10 @@ def dataset_inspect(
         r = load_record(Path(s.out_dir), instance)
     except RecordError as exc:
         raise _fail(exc) from exc
+    if patch or problem:
+        row = swebench_row(r)
+        sys.stdout.write(str(row["patch"] if patch else row["problem_statement"] + "\n"))
+        return
     ci, ours = r["commit_info"], r["cppperf"]
     changed = [row for row in _test_rows(r) if row["improved"] or row["regressed"]]
     if as_json:
@@ -319,9 +344,13 @@ def dataset_report(
         except RecordError as exc:
             raise _fail(exc) from exc
         written.append((output, html_text))
+    for path, _ in written[:1]:
+        if not path.parent.is_dir():
+            raise _fail(f"cannot write {path}: no folder {path.parent}", EXIT_USAGE)
     try:
         for path, text in written:
             write_atomic(path, text)
+            path.chmod(0o644)  # a report is for people to read (and serve): not the temp file's 0600
     except OSError as exc:
         raise _fail(f"cannot write {path}: {exc.strerror or exc}") from exc
     dest, text = written[0]

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any
 
+import msgspec
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -27,6 +28,7 @@ from cppperf.cli.common import (
     run_async,
     write_atomic,
 )
+from cppperf.cli.predictions import PSEUDO, pseudo_predictions
 from cppperf.shared.errors import CppPerfError
 
 FIELDS = ("instance_id", "model_name_or_path", "model_patch")
@@ -112,13 +114,11 @@ def evaluate(  # noqa: PLR0912, PLR0915 - one verb, its input checks and its two
         typer.Option("--patch", help="the agent's unified diff", exists=True, dir_okay=False, readable=True),
     ] = None,
     predictions: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
             "--predictions",
-            help="SWE-bench predictions: JSONL or a JSON array",
-            exists=True,
-            dir_okay=False,
-            readable=True,
+            help="SWE-bench predictions (JSONL or a JSON array), or `gold` (the expert's patch) or "
+            "`empty` (an empty patch) for every instance of --out (or of --instance-ids)",
         ),
     ] = None,
     instance_ids: Annotated[
@@ -127,8 +127,10 @@ def evaluate(  # noqa: PLR0912, PLR0915 - one verb, its input checks and its two
             "--instance-ids", help="only these instances of --predictions (comma or space separated)"
         ),
     ] = None,
-    model: Annotated[str, typer.Option("--model")] = "manual",
-    run_id: Annotated[str, typer.Option("--run-id")] = "default",
+    model: Annotated[str, typer.Option("--model", help="the model's name for --instance/--patch")] = "manual",
+    run_id: Annotated[
+        str, typer.Option("--run-id", help="the run's name: OUT/runs/<run_id>/ holds its reports")
+    ] = "default",
     max_workers: Annotated[int, typer.Option("--max-workers", min=1, help="local parallel evaluations")] = 1,
     runs: Runs = None,
     force: Annotated[bool, typer.Option("--force", help="recompute finished reports")] = False,
@@ -143,7 +145,9 @@ def evaluate(  # noqa: PLR0912, PLR0915 - one verb, its input checks and its two
         ),
     ] = False,
     out_dir: OutDir = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print reports and run reports as one JSON object")
+    ] = False,
     nats_url: Annotated[
         str | None,
         typer.Option(
@@ -163,14 +167,20 @@ def evaluate(  # noqa: PLR0912, PLR0915 - one verb, its input checks and its two
     Finished reports are not recomputed (a notice says so; --force redoes them). Exit 1 when an
     instance is unknown.
 
+    \b
     Examples:
       cppperf evaluate --instance local__demo-4bda4860cd0d --patch fix.diff --model my-agent
       cppperf evaluate --predictions preds.jsonl --run-id demo --instance-ids a__b-123456789abc
       cppperf evaluate --predictions preds.jsonl --run-id demo --nats-url nats://bus:4222 --creds alice.creds
+      cppperf evaluate --predictions gold --run-id validate   # the harness on the experts' patches
+
+    Writes OUT/runs/<run_id>/<model>.<run_id>.json, SWE-bench's run report shape plus `opt`
+    (`cppperf schema run-report`).
     """
     from cppperf.dataset.records import instance_path
     from cppperf.services.evaluator.pipeline import EvalRequest, run_dir, summarize
     from cppperf.services.evaluator.pipeline import evaluate as evaluate_one
+    from cppperf.services.evaluator.runreport import build_run_report, describe, report_path
 
     if (predictions is None) == (instance is None):
         raise typer.BadParameter("give either --instance with --patch, or --predictions")
@@ -186,8 +196,19 @@ def evaluate(  # noqa: PLR0912, PLR0915 - one verb, its input checks and its two
         evaluator__trust_patches=trust_patches or None,
         evaluator__allow_build_changes=allow_build_changes or None,
     )
-    if predictions is not None:
-        rows = _load_predictions(predictions)
+    if predictions in PSEUDO:
+        rows = pseudo_predictions(Path(s.out_dir), predictions, _split_ids(instance_ids))
+        if not rows:
+            raise typer.BadParameter(
+                f"no instances in {Path(s.out_dir) / 'instances'}", param_hint="--predictions"
+            )
+    elif predictions is not None:
+        path = Path(predictions)
+        if not path.is_file():
+            raise typer.BadParameter(
+                f"{path} does not exist (a predictions file, or gold, or empty)", param_hint="--predictions"
+            )
+        rows = _load_predictions(path)
         wanted_ids = _split_ids(instance_ids)
         if wanted_ids is not None:
             absent = wanted_ids - {r["instance_id"] for r in rows}
@@ -204,10 +225,14 @@ def evaluate(  # noqa: PLR0912, PLR0915 - one verb, its input checks and its two
             raise typer.BadParameter(f"{patch}: {exc}", param_hint="--patch") from None
         rows = [{"instance_id": instance, "model_name_or_path": model, "model_patch": text}]
     unknown: list[str] = []
+    unknown_by_model: dict[str, list[str]] = {}
     if not s.nats_url:  # over the bus the evaluators' instance store decides
         unknown = sorted(
             {r["instance_id"] for r in rows if not instance_path(Path(s.out_dir), r["instance_id"]).is_file()}
         )
+        for r in rows:
+            if r["instance_id"] in unknown:
+                unknown_by_model.setdefault(r["model_name_or_path"], []).append(r["instance_id"])
         for iid in unknown:
             console.print(
                 f"[red]unknown instance[/red] {iid} (no {instance_path(Path(s.out_dir), iid)})",
@@ -261,12 +286,24 @@ def evaluate(  # noqa: PLR0912, PLR0915 - one verb, its input checks and its two
     except CppPerfError as exc:
         raise _fail(exc) from exc
     unknown += [str(r.get("instance_id")) for r in reports if r.get("verdict") == "unknown-instance"]
-    summaries = [summarize(s, run_id, m) for m in sorted({r["model_name_or_path"] for r in rows})]
+    models = sorted({r["model_name_or_path"] for r in rows} | set(unknown_by_model))
+    summaries = [summarize(s, run_id, m) for m in models]
+    run_reports = [
+        build_run_report(
+            s,
+            run_id,
+            m,
+            submitted=[r["instance_id"] for r in rows if r["model_name_or_path"] == m],
+            unknown=unknown_by_model.get(m, []),
+        )
+        for m in models
+    ]
     if as_json:
         print_json(
             {
                 "reports": [{k: v for k, v in r.items() if k != "samples"} for r in reports],
                 "summaries": summaries,
+                "run_reports": [msgspec.to_builtins(rr) for rr in run_reports],
                 "unknown_instances": unknown,
             }
         )
@@ -284,11 +321,7 @@ def evaluate(  # noqa: PLR0912, PLR0915 - one verb, its input checks and its two
             str(r.get("reason", ""))[:60],
         )
     out.print(t)
-    for sm in summaries:
-        o = sm["overall"]
-        out.print(
-            f"{sm['model']}: {o['opt']}/{o['instances']} opt ({o['opt_rate']:.0%}); "
-            f"single-file {sm['single_file']['opt']}/{sm['single_file']['instances']}, "
-            f"multi-file {sm['multi_file']['opt']}/{sm['multi_file']['instances']}"
-        )
+    for rr in run_reports:
+        out.print(describe(rr), highlight=False)
+        out.print(f"  report: {report_path(s, run_id, rr.model)}", highlight=False)
     raise typer.Exit(EXIT_FAILURES if unknown else EXIT_OK)

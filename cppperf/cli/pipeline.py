@@ -96,6 +96,7 @@ async def _mine(
     as_json: bool,
     search: bool,
     live_view: bool,
+    force: list[str],
 ) -> dict[str, Any]:
     from cppperf.runtime import CONSUMING_SERVICES, run_services
     from cppperf.services.crawler.handlers import submit
@@ -103,6 +104,13 @@ async def _mine(
 
     async with run_services(settings, url, list(CONSUMING_SERVICES)) as running:
         ctx = running.ctx
+        if force:
+            from cppperf.redo import redo_instances
+
+            for iid, what in (await redo_instances(ctx, force)).items():
+                if what != "requeued":
+                    raise CppPerfError(f"--force {iid}: {what}")
+                console.print(f"{iid}: built again (--force)", soft_wrap=True)
         report = await submit(ctx, specs, validate=settings.mining.validate_latest, repo_ids=repo_ids)
         if search:
             from githubkit.exception import GitHubException
@@ -140,9 +148,11 @@ async def _mine(
             for reason, n in reasons.items():
                 out.print(f"[yellow]repos rejected ({n})[/yellow]: {reason}")
             for rec in sorted(instances, key=lambda r: str(r.get("id"))):
+                improved = ", ".join(rec.get("improved_tests") or [])
                 out.print(
-                    f"{rec['id']}: {rec.get('verdict')} {rec.get('improved_tests') or ''} "
-                    f"{rec.get('failure_category') or ''} → {rec.get('record_path')}"
+                    f"{rec['id']}: {rec.get('verdict')}{f' ({improved})' if improved else ''} "
+                    f"{rec.get('failure_category') or ''} → {rec.get('record_path')}",
+                    highlight=False,
                 )
         return {
             "funnel": total.as_dict(),
@@ -203,14 +213,26 @@ def mine(
     profile: Annotated[
         str | None, typer.Option("--profile", help="default | paper (Debug build, the paper's rule)")
     ] = None,
+    force: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--force",
+            metavar="INSTANCE_ID",
+            help="build this finished instance again (repeatable; `all`: every instance of --out)",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as one JSON object")] = False,
     nats_url: NatsUrl = None,
     config: Config = None,
 ) -> None:
     """Run the whole pipeline until drained, then print the funnel. Finished repositories and
-    commits are not redone. Exit 1 when messages were dead-lettered or every repository was rejected.
+    commits are not redone (--force INSTANCE_ID redoes one). Exit 1 when messages were
+    dead-lettered or every repository was rejected.
 
-    Example: cppperf mine --repo /tmp/demo --runs 11 --out results
+    \b
+    Examples:
+      cppperf mine --repo /tmp/demo --runs 11 --out results
+      cppperf mine --repo /tmp/demo --out results --force local__demo-4bda4860cd0d
     """
     if not repo and not search:
         raise typer.BadParameter("give at least one --repo, or --search", param_hint="--repo")
@@ -238,8 +260,14 @@ def mine(
         console.print(f"logs: {log_path}")
     try:
         with cli_nats(s) as url:
+            if not s.nats_url:
+                console.print(
+                    f"bus: embedded NATS at {url} (another shell: cppperf status --out {s.out_dir})",
+                    soft_wrap=True,
+                    highlight=False,
+                )
             result = run_async(
-                _mine(s, url, specs, repo_ids, as_json, search, live_view),
+                _mine(s, url, specs, repo_ids, as_json, search, live_view, list(force or [])),
                 waiting_for="in-flight work to be handed back to the bus and NATS to stop",
             )
     except CppPerfError as exc:
@@ -377,7 +405,7 @@ def status(
                 "repo_rejections": reasons,
             }
 
-    with cli_nats(s) as url:
+    with cli_nats(s, attach=True) as url:
         result = run_async(main(url))
     if as_json:
         print_json(result)
@@ -410,7 +438,7 @@ def dlq_list(
         async with connect(s, url) as ctx:
             return await ctx.bus.dead_letters(subject)
 
-    with cli_nats(s) as url:
+    with cli_nats(s, attach=True) as url:
         letters = run_async(main(url))
     if as_json:
         print_json(
@@ -505,12 +533,18 @@ def filter_cmd(
             mark = "[green]selected[/green]" if reason is None else f"[dim]{reason}[/dim]"
             out.print(
                 f"{c.sha[:12]} {c.date.date()} {mark} {len(c.paths)} file(s) "
-                f"{(c.message.splitlines() or [''])[0][:70]}"
+                f"{(c.message.splitlines() or [''])[0]}",
+                highlight=False,
             )
     summary = {"scanned": result.scanned, "selected": len(result.selected), "rejected": dict(result.rejected)}
     if as_json:
         sys.stdout.write(json.dumps({"summary": summary}) + "\n")
     else:
+        why = ", ".join(
+            f"{n} {reason}" for reason, n in sorted(result.rejected.items(), key=lambda kv: -kv[1])
+        )
         out.print(
-            f"scanned {summary['scanned']}, selected {summary['selected']}, rejected {summary['rejected']}"
+            f"scanned {summary['scanned']}, selected {summary['selected']}, "
+            f"rejected {sum(result.rejected.values())}{f' ({why})' if why else ''}",
+            highlight=False,
         )

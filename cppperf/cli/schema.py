@@ -17,16 +17,21 @@ def schema(
     ] = None,
 ) -> None:
     """Print the JSON schema of a domain type: repo-state, commit-state, instance-state,
-    evaluation-state, instance-meta (the record's `cppperf` section), eval-report.
+    evaluation-state, instance-meta (the record's `cppperf` section), eval-report, run-report
+    (OUT/runs/<run_id>/<model>.<run_id>.json).
 
     Example: cppperf schema eval-report > eval-report.schema.json
     """
-    from cppperf.shared.domain import SCHEMA_TYPES, schema, schemas
+    import msgspec
 
+    from cppperf.services.evaluator.runreport import RunReport
+    from cppperf.shared.domain import SCHEMA_TYPES
+
+    types = {**SCHEMA_TYPES, "run-report": RunReport}
     if name is None:
-        out.print_json(json.dumps(schemas()))
+        out.print_json(json.dumps({k: msgspec.json.schema(t) for k, t in types.items()}))
         return
-    if name not in SCHEMA_TYPES:
-        console.print(f"[red]error:[/red] unknown schema {name!r}: one of {', '.join(SCHEMA_TYPES)}")
+    if name not in types:
+        console.print(f"[red]error:[/red] unknown schema {name!r}: one of {', '.join(types)}")
         raise typer.Exit(2)
-    out.print_json(json.dumps(schema(name)))
+    out.print_json(json.dumps(msgspec.json.schema(types[name])))

@@ -22,8 +22,10 @@ log = get_logger(__name__)
 
 async def startup(ctx: ServiceContext) -> None:
     """Announce this worker (lease) and remove the workspaces of dead attempts."""
-    await claims.worker_lease(ctx.store, lease=ctx.settings.bus.claim_lease)
-    await claims.clean_stale_workspaces(ctx.store, ctx.settings.work_dir())
+    s = ctx.settings
+    await claims.worker_lease(ctx.store, lease=s.bus.claim_lease)
+    claims.own_workspace(s.work_dir(), owner=s.run_owner())
+    await claims.clean_stale_workspaces(ctx.store, s.work_dir(), owner=s.run_owner())
 
 
 def register(broker: NatsBroker, ctx: ServiceContext, *, ops: BuilderOps | None = None) -> None:
@@ -47,7 +49,9 @@ def register(broker: NatsBroker, ctx: ServiceContext, *, ops: BuilderOps | None 
 
         lease = ctx.settings.bus.claim_lease
         async with claims.held(ctx.store, f"instance/{iid}", holder=claims.TOKEN, lease=lease, wait=busy):
-            await claims.clean_stale_workspaces(ctx.store, ctx.settings.work_dir())  # e.g. a dead holder's
+            await claims.clean_stale_workspaces(  # e.g. a dead holder's
+                ctx.store, ctx.settings.work_dir(), owner=ctx.settings.run_owner()
+            )
             async with exclusive:
                 await on_classified(ctx, work, item)
 

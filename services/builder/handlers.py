@@ -60,7 +60,8 @@ class EngineOps:
         return head_sha(path)
 
     def validate(self, candidate: m.RepoCandidate, path: Path) -> m.RepoFound:
-        work_dir = claims.workspace_for(self.settings.work_dir())  # this process's own workspace
+        s = self.settings
+        work_dir = claims.own_workspace(s.work_dir(), owner=s.run_owner())  # this process's own
         return validate_latest(candidate, path, self.settings.builder, work_dir=work_dir)
 
     def prove(self, commit: m.CommitSelected, path: Path, diff: str) -> BuiltPatch:
@@ -69,7 +70,7 @@ class EngineOps:
             commit,
             path,
             s.builder,
-            work_dir=claims.workspace_for(s.work_dir()),  # never shared with another attempt
+            work_dir=claims.own_workspace(s.work_dir(), owner=s.run_owner()),  # never shared
             out_dir=Path(s.out_dir),
             diff=diff,
             llm_propose=llm_dependency_proposer(s),

@@ -1,7 +1,8 @@
 """Evaluate one agent patch for one instance; write the run's artifacts.
 
-    runs/<run_id>/<model>/<instance_id>/report.json, patch.diff, build.log, test.log
-    runs/<run_id>/<model>.summary.json
+    OUT/runs/<run_id>/<model>/<instance_id>/report.json, patch.diff, build.log, test.log
+    OUT/runs/<run_id>/<model>.summary.json
+    OUT/runs/<run_id>/<model>.<run_id>.json (the run-level report, `runreport.py`)
 
 Steps: the instance id is validated before any path is built → checks on the patch text (nothing
 runs on a bad patch, checks.py) → three trees, `old` (base), `agent` (base + patch, applied to a
@@ -79,7 +80,11 @@ def safe_name(name: str) -> str:
 
 
 def run_dir(settings: Settings, req: EvalRequest) -> Path:
-    return Path(settings.evaluator.runs_dir) / safe_name(req.run_id) / safe_name(req.model) / req.instance_id
+    return run_dir_of(settings, req.run_id, req.model, req.instance_id)
+
+
+def run_dir_of(settings: Settings, run_id: str, model: str, instance_id: str) -> Path:
+    return settings.runs_path() / safe_name(run_id) / safe_name(model) / instance_id
 
 
 def _write(path: Path, text: str) -> None:
@@ -455,7 +460,7 @@ def _run(
 
 def summarize(settings: Settings, run_id: str, model: str) -> dict[str, Any]:
     """Counts and `opt` rate over a model's reports, overall and single- vs multi-file (Table 2)."""
-    root = Path(settings.evaluator.runs_dir) / safe_name(run_id) / safe_name(model)
+    root = settings.runs_path() / safe_name(run_id) / safe_name(model)
     reports = [json.loads(p.read_text()) for p in sorted(root.glob("*/report.json"))]
 
     def block(rs: list[dict[str, Any]]) -> dict[str, Any]:
