@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from cppperf.shared.engine.backend import LocalBackend, build_sides
 from cppperf.shared.engine.cmake import BuildSpec, StepResult
 from cppperf.shared.engine.cmake import TestCase as CTest
@@ -114,3 +116,23 @@ def test_a_parallel_build_over_the_memory_cap_is_a_resource_limit(tmp_path: Path
     over = attempt(400)
     assert not over.ok and over.category == FailureCategory.RESOURCE_LIMIT
     assert "memory limit of 400 MiB" in over.result.output
+
+
+def test_untrusted_backends_are_hardened_or_refused(tmp_path: Path) -> None:
+    """`make_backend(untrusted=True)` hands back a hardened backend; a backend `harden` does not
+    know raises instead of running agents' code unhardened."""
+    from cppperf.shared.engine.backends import harden, make_backend
+    from cppperf.shared.errors import InfraFailure
+    from cppperf.shared.settings import BuilderSettings
+
+    local = make_backend(BuilderSettings(backend="local"), tmp_path / "ws", untrusted=True)
+    assert isinstance(local, LocalBackend)
+    assert local.readonly_tests and local.readonly_ccache == frozenset({"agent"})
+    plain = make_backend(BuilderSettings(backend="local"), tmp_path / "ws2")
+    assert isinstance(plain, LocalBackend) and not plain.readonly_tests
+
+    class Unknown:  # satisfies nothing harden knows about
+        pass
+
+    with pytest.raises(InfraFailure, match="cannot harden"):
+        harden(Unknown())  # type: ignore[arg-type]

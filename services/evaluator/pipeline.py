@@ -41,7 +41,7 @@ from cppperf.services.evaluator.instances import EvalInstance, load_instance
 from cppperf.services.evaluator.score import score
 from cppperf.services.filter.rules import Rules
 from cppperf.shared.domain import EvalVerdict
-from cppperf.shared.engine.backend import Backend, LocalBackend, SideName, build_sides, export_tree
+from cppperf.shared.engine.backend import Backend, SideName, build_sides, export_tree
 from cppperf.shared.engine.backends import make_backend
 from cppperf.shared.engine.cmake import StepResult, TestCase, normalise, test_description
 from cppperf.shared.engine.leases import exact_metric, on_build_cores, timing_core
@@ -181,12 +181,8 @@ def _evaluate(
     repo_path = ensure_local(inst.url, inst.repo, s.mirror_dir())
     ws = s.work_dir() / "eval" / hashlib.sha256(req.id.encode()).hexdigest()[:16]
     # local: always sandboxed, jailed when bubblewrap works; docker: see docker_backend.py
-    backend = make_backend(s.builder, ws, source=(repo_path, inst.expert_sha, inst.date), sandbox=True)
-    if isinstance(backend, LocalBackend):
-        backend.readonly_tests = True  # each tree read-only in its jail while its tests run
-        backend.readonly_ccache = frozenset({"agent"})  # the agent only reads the trusted objects
-    elif hasattr(backend, "hardened"):
-        backend.hardened = True  # a DockerBackend: a uid per tree, read-only trees while tested
+    # hardened for agents' code (or an InfraFailure: never a silent unhardened run)
+    backend = make_backend(s.builder, ws, source=(repo_path, inst.expert_sha, inst.date), untrusted=True)
     base["sandbox"] = "docker" if docker else ("none" if why_not else "bwrap")
     jailed = not why_not  # the patch is applied on the host: in the jail when there is one
     try:

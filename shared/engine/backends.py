@@ -89,9 +89,43 @@ def make_backend(
     source: tuple[Path, str, str] | None = None,
     from_image: str | None = None,
     sandbox: bool | None = None,
+    untrusted: bool = False,
 ) -> Backend:
     """`sandbox` overrides `builder.sandbox` for the local backend (the evaluator always sandboxes
-    agents' code; containers are isolated anyway)."""
+    agents' code; containers are isolated anyway). `untrusted=True` (agents' patches): sandboxed,
+    and hardened by `harden` — which raises rather than hand back a backend it cannot harden."""
+    backend = _make_backend(
+        settings, workspace, source=source, from_image=from_image, sandbox=True if untrusted else sandbox
+    )
+    if untrusted:
+        harden(backend)
+    return backend
+
+
+def harden(backend: Backend) -> None:
+    """Agents' code: local — each tree read-only in its jail while its tests run, the agent's
+    build only reads the trusted ccache; docker — a uid per tree, read-only trees while tested.
+    Any other backend cannot be hardened: `InfraFailure`, never a silent unhardened run."""
+    if isinstance(backend, LocalBackend):
+        backend.readonly_tests = True
+        backend.readonly_ccache = frozenset({"agent"})
+        return
+    from cppperf.shared.engine.docker_backend import DockerBackend  # the docker SDK: only if needed
+
+    if isinstance(backend, DockerBackend):
+        backend.hardened = True
+    else:
+        raise InfraFailure(f"cannot harden a {type(backend).__name__} for agents' code: refusing to run it")
+
+
+def _make_backend(
+    settings: BuilderSettings,
+    workspace: Path,
+    *,
+    source: tuple[Path, str, str] | None,
+    from_image: str | None,
+    sandbox: bool | None,
+) -> Backend:
     if settings.backend == "local":
         # the builder mines repositories it chose: jailed when bubblewrap works, else (logged) the
         # older isolation, network namespace and rlimits only; the evaluator refuses instead
