@@ -135,6 +135,8 @@ class Bus:
         """Connect (with `settings.creds`, an NKey seed file, when set) and retry forever on loss."""
 
         async def disconnected() -> None:
+            if nc.is_closed or nc.is_draining:
+                return  # our own close (every command's exit), not a lost connection
             log.warning("nats_disconnected", connection=name)
 
         async def reconnected() -> None:

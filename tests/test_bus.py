@@ -220,3 +220,26 @@ async def test_status_counts_a_scripted_flow(ctx: ServiceContext) -> None:
     )
     assert (rows[m.COMMIT_SELECTED].published, rows[m.COMMIT_SELECTED].pending) == (1, 1)
     assert rows[m.COMMIT_SELECTED].done == 0
+
+
+async def test_our_own_close_logs_no_disconnect_but_a_lost_server_does(tmp_path: Path) -> None:
+    """Every command closes its connection on exit: that is no `nats_disconnected` warning. A
+    server that goes away still is."""
+    from structlog.testing import capture_logs
+
+    from cppperf.shared.bus import Bus
+    from cppperf.shared.settings import BusSettings
+
+    with EmbeddedNats(tmp_path / "nats") as server:
+        with capture_logs() as logs:
+            bus = await Bus.connect(server.url, BusSettings())
+            await bus.close()
+        assert not [e for e in logs if e["event"] == "nats_disconnected"]
+        with capture_logs() as logs:
+            bus = await Bus.connect(server.url, BusSettings(reconnect_wait=0.2))
+            server.stop()
+            deadline = time.monotonic() + 10
+            while not [e for e in logs if e["event"] == "nats_disconnected"]:
+                assert time.monotonic() < deadline, "a lost server was not logged"
+                await asyncio.sleep(0.05)
+            await bus.nc.close()
