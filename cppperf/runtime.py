@@ -22,6 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import nats.errors
 from faststream.nats import NatsBroker
 
 from cppperf.shared.bus import Bus, credential_options, servers
@@ -89,7 +90,20 @@ class BrokerLog:
         if level < logging.WARNING:
             return  # per-message "Received"/"Processed" lines: our handlers log one summary each
         fields = {k: v for k, v in dict(extra or {}).items() if isinstance(v, str | int | float)}
-        self._log.log(level, str(msg), exc_info=exc_info, **fields)
+        text = str(msg)
+        if "raised an exception, retrying" in text and isinstance(exc_info, BaseException):
+            # FastStream restarts a pull loop whose fetch failed (nats-py's TimeoutError while the
+            # server is away or slow): one line naming the error, no traceback — nothing is lost
+            quiet = isinstance(exc_info, TimeoutError | nats.errors.TimeoutError)
+            self._log.log(
+                logging.INFO if quiet else logging.WARNING,
+                "pull_loop_restarted",
+                task=text.split(" raised", 1)[0],
+                error=f"{type(exc_info).__name__}: {exc_info}".rstrip(": "),
+                **fields,
+            )
+            return
+        self._log.log(level, text, exc_info=exc_info, **fields)
 
 
 @dataclass

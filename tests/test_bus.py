@@ -243,3 +243,28 @@ async def test_our_own_close_logs_no_disconnect_but_a_lost_server_does(tmp_path:
                 assert time.monotonic() < deadline, "a lost server was not logged"
                 await asyncio.sleep(0.05)
             await bus.nc.close()
+
+
+def test_faststream_pull_loop_restarts_are_one_line_without_a_traceback() -> None:
+    """FastStream's supervisor logs "<task> raised an exception, retrying…" with the exception when
+    a pull fetch times out: that becomes one `pull_loop_restarted` line (info for a timeout, a
+    warning otherwise), no traceback; other broker warnings pass through unchanged."""
+    import logging
+
+    import nats.errors
+    from structlog.testing import capture_logs
+
+    from cppperf.runtime import BrokerLog
+
+    retry = "filter_repo_found raised an exception, retrying...\nIf this behavior causes issues, ..."
+    with capture_logs() as logs:
+        BrokerLog().log(logging.ERROR, retry, exc_info=nats.errors.TimeoutError())
+        BrokerLog().log(logging.ERROR, retry, exc_info=RuntimeError("boom"))
+        BrokerLog().log(logging.WARNING, "connection lost")
+    assert [(e["event"], e["log_level"]) for e in logs] == [
+        ("pull_loop_restarted", "info"),
+        ("pull_loop_restarted", "warning"),
+        ("connection lost", "warning"),
+    ]
+    assert logs[0]["task"] == "filter_repo_found" and "exc_info" not in logs[0]
+    assert logs[1]["error"] == "RuntimeError: boom"
