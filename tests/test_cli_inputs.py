@@ -762,3 +762,22 @@ def test_report_into_a_missing_folder_refuses_and_creates_nothing(tmp_path: Path
     ok = cli("dataset", "report", "--all", str(tmp_path / "x.html"), "--out", str(tmp_path))
     assert ok.exit_code == 0, ok.output
     assert (tmp_path / "x.html").stat().st_mode & 0o777 == 0o644  # readable by the people it is for
+
+
+def test_every_option_of_every_verb_is_described() -> None:
+    """`--help` on any verb describes each of its options (none left as a bare flag name)."""
+    import typer.main
+
+    from cppperf.cli import app
+
+    missing: list[str] = []
+
+    def walk(cmd: Any, path: str) -> None:
+        for p in cmd.params:
+            if p.param_type_name == "option" and not getattr(p, "hidden", False) and not p.help:
+                missing.append(f"{path} {'/'.join(p.opts)}")
+        for name, sub in getattr(cmd, "commands", {}).items():
+            walk(sub, f"{path} {name}")
+
+    walk(typer.main.get_command(app), "cppperf")
+    assert not missing, missing

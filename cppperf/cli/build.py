@@ -111,7 +111,9 @@ def reproduce(
     image: Annotated[str, typer.Argument(help="instance image, e.g. cppperf/owner__name:<sha12>")],
     runs: Runs = None,
     out_dir: OutDir = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="machine-readable JSON on stdout instead of the table")
+    ] = False,
     config: Config = None,
 ) -> None:
     """Re-run an instance's timing protocol from its image alone (docker backend) and compare.
@@ -154,7 +156,9 @@ def build(
     out_dir: OutDir = None,
     profile: ProfileOpt = None,
     metric: MetricOpt = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="machine-readable JSON on stdout instead of the table")
+    ] = False,
     config: Config = None,
 ) -> None:
     """Build and time one commit against its parent (no bus); writes OUT/instances/<id>.json.
@@ -197,15 +201,17 @@ def build(
 
 @app.command()
 def calibrate(
-    repo: Annotated[Path, typer.Option("--repo")],
-    sha: Annotated[str, typer.Option("--sha")],
+    repo: Annotated[Path, typer.Option("--repo", help="local clone holding the commit")],
+    sha: Annotated[str, typer.Option("--sha", help="the commit to run against itself (A/A)")],
     runs: Runs = None,
     out_file: Annotated[
         Path | None, typer.Option("--out", help="write the A/A record (all three rules) to this JSON file")
     ] = None,
     profile: ProfileOpt = None,
     metric: MetricOpt = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="machine-readable JSON on stdout instead of the table")
+    ] = False,
     config: Config = None,
 ) -> None:
     """A/A run: SHA against itself. Any test flagged is a false positive on this machine.

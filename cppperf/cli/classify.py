@@ -26,8 +26,10 @@ app.add_typer(classify_app, name="classify")
 @classify_app.callback()
 def classify_one(
     ctx: typer.Context,
-    repo: Annotated[Path | None, typer.Option("--repo")] = None,
-    sha: Annotated[str | None, typer.Option("--sha")] = None,
+    repo: Annotated[Path | None, typer.Option("--repo", help="local clone holding the commit")] = None,
+    sha: Annotated[
+        str | None, typer.Option("--sha", help="the commit to classify (full or abbreviated sha)")
+    ] = None,
     backend: Annotated[str | None, typer.Option("--backend", help="heuristic|model|openai|vllm")] = None,
     config: Config = None,
 ) -> None:
@@ -77,8 +79,13 @@ def classify_eval(
             readable=True,
         ),
     ],
-    backend: Annotated[str | None, typer.Option("--backend")] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    backend: Annotated[
+        str | None,
+        typer.Option("--backend", help="heuristic|model|openai|vllm (default: classifier.backend)"),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="machine-readable JSON on stdout instead of the table")
+    ] = False,
     db: Annotated[
         Path | None,
         typer.Option(

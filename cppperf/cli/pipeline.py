@@ -199,10 +199,17 @@ def mine(
     search: Annotated[
         bool, typer.Option("--search", help="enumerate GitHub: C++, >= --min-stars, no forks or archived")
     ] = False,
-    min_stars: Annotated[int | None, typer.Option("--min-stars", min=0)] = None,
+    min_stars: Annotated[
+        int | None,
+        typer.Option(
+            "--min-stars", min=0, help="with --search: fewest stars a repository needs (default 300)"
+        ),
+    ] = None,
     since: Since = None,
     until: Until = None,
-    max_files: Annotated[int | None, typer.Option("--max-files", min=1)] = None,
+    max_files: Annotated[
+        int | None, typer.Option("--max-files", min=1, help="most files a commit may change (default 20)")
+    ] = None,
     classifier: Annotated[str | None, typer.Option("--classifier", help="heuristic|openai|vllm")] = None,
     builder: Annotated[str | None, typer.Option("--builder", help="local|docker")] = None,
     runs: Runs = None,
@@ -380,7 +387,9 @@ def serve(
 # ------------------------------------------------------------------------------------------ status / dlq
 @app.command()
 def status(
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="machine-readable JSON on stdout instead of the table")
+    ] = False,
     out_dir: OutDir = None,
     nats_url: NatsUrl = None,
     config: Config = None,
@@ -424,7 +433,9 @@ def dlq_list(
     subject: Annotated[
         str | None, typer.Argument(help="only this subject's dead letters", callback=_check_subject)
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="machine-readable JSON on stdout instead of the table")
+    ] = False,
     out_dir: OutDir = None,
     nats_url: NatsUrl = None,
     config: Config = None,
@@ -494,7 +505,9 @@ def filter_cmd(
     repo: Annotated[Path, typer.Option("--repo", help="local git repository")],
     since: Since = None,
     until: Until = None,
-    max_files: Annotated[int | None, typer.Option("--max-files", min=1)] = None,
+    max_files: Annotated[
+        int | None, typer.Option("--max-files", min=1, help="most files a commit may change (default 20)")
+    ] = None,
     explain: Annotated[
         bool, typer.Option("--explain", help="also list rejected commits with the reason")
     ] = False,

@@ -20,7 +20,9 @@ def validate(
     runs: Runs = None,
     force: Annotated[bool, typer.Option("--force", help="re-evaluate even when reports exist")] = False,
     out_dir: OutDir = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="machine-readable JSON on stdout instead of the table")
+    ] = False,
     config: Config = None,
 ) -> None:
     """Run each instance's expert patch through the evaluator (it must score opt) and a comment-only
