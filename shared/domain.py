@@ -216,6 +216,12 @@ class Environment(msgspec.Struct, kw_only=True):
     timing_cores: list[int] = msgspec.field(default_factory=list)  # host core leases
     build_cores: list[int] = msgspec.field(default_factory=list)
     leased_core: int | None = None  # the core this instance was timed on
+    leased_cores: list[int] = msgspec.field(default_factory=list)  # every core a round was timed on
+    lease_policy: str = ""  # round | whole | poll | none (exact metric / unpinned)
+    lease_waits: int = 0
+    lease_wait_max_s: float = 0.0
+    lease_wait_total_s: float = 0.0
+    power_warning: str | None = None  # the rounds cannot reach alpha for this many tests
     load_average_start: list[float] | None = None
     load_average_end: list[float] | None = None
     compiler_version: str = ""

@@ -4,6 +4,7 @@ false-positive rate on A/A samples over many seeds, Benjamini-Hochberg, and both
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from cppperf.shared.engine.stats import (
     benjamini_hochberg,
@@ -148,3 +149,57 @@ def test_strict_rule_needs_the_whole_ci_beyond_the_threshold() -> None:
     )  # a 6 % point estimate, CI reaching below 5 %
     assert verdict([by["edge"]], rule="strict") == "not-improved"
     assert verdict([by["edge"]]) == "improved"
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6])
+def test_smallest_p_is_what_the_exact_test_gives_for_complete_separation(n: int) -> None:
+    from scipy import stats as sps
+
+    from cppperf.shared.engine.stats import smallest_p
+
+    old, new = [10.0 + i for i in range(n)], [1.0 + i / 10 for i in range(n)]
+    p = sps.mannwhitneyu(old, new, alternative="greater", method="exact").pvalue
+    assert smallest_p(n, n) == pytest.approx(p)
+
+
+@pytest.mark.parametrize(
+    ("tests", "rule", "runs", "decidable"),
+    [
+        (3, "ours", 5, False),  # the demo with --runs 5: 4 vs 4 samples, 1/70 × 6 > 0.05
+        (3, "ours", 6, True),  # 5 vs 5: 1/252 × 6 < 0.05
+        (1, "ours", 5, True),  # one test: 1/70 × 2 < 0.05
+        (1, "ours", 4, False),  # 3 vs 3: 1/20 × 2
+        (3, "paper", 4, False),  # raw p, no correction: 1/20 is not below 0.05
+        (3, "paper", 5, True),  # 1/70
+        (500, "strict", 9, False),  # 8 vs 8: 1/12870 × 1000 > 0.05
+        (500, "strict", 10, True),  # 9 vs 9: 1/48620 × 1000
+    ],
+)
+def test_power_check_names_the_smallest_runs_that_can_decide(
+    tests: int, rule: str, runs: int, decidable: bool
+) -> None:
+    from cppperf.shared.engine.stats import power_problem, runs_needed
+
+    why = power_problem(tests, runs, rule=rule, alpha=0.05, warmup=1)
+    assert (why is None) == decidable, why
+    need = runs_needed(tests, rule=rule, alpha=0.05, warmup=1)
+    assert power_problem(tests, need, rule=rule, alpha=0.05, warmup=1) is None
+    assert power_problem(tests, need - 1, rule=rule, alpha=0.05, warmup=1) is not None
+    if why:
+        assert f"--runs {need}" in why
+
+
+def test_an_underpowered_proof_says_so_in_its_record() -> None:
+    from cppperf.services.builder.instance import InstanceResult, _check_power
+    from cppperf.shared.domain import Verdict
+    from cppperf.shared.settings import BuilderSettings
+
+    few = InstanceResult(instance_id="x", verdict=Verdict.REJECTED)
+    _check_power(3, BuilderSettings(runs=5, warmup=1), few)
+    assert "--runs 6" in str(few.environment["power_warning"])
+    enough = InstanceResult(instance_id="y", verdict=Verdict.REJECTED)
+    _check_power(3, BuilderSettings(runs=11, warmup=1), enough)
+    assert "power_warning" not in enough.environment
+    exact = InstanceResult(instance_id="z", verdict=Verdict.REJECTED)
+    _check_power(3, BuilderSettings(runs=5, warmup=1, metric="cachegrind"), exact)
+    assert "power_warning" not in exact.environment

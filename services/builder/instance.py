@@ -44,9 +44,12 @@ from cppperf.shared.engine.leases import Turns, core_plan, exact_metric, timing_
 from cppperf.shared.engine.limits import limits_for
 from cppperf.shared.engine.protocol import Measurement, RunFailure, check_metric, measure
 from cppperf.shared.engine.sandbox import Limits, RunResult
-from cppperf.shared.engine.stats import TestStats, compare_all, compare_test, verdict
+from cppperf.shared.engine.stats import TestStats, compare_all, compare_test, power_problem, verdict
 from cppperf.shared.engine.submodules import MissingSubmodule
+from cppperf.shared.logging import get_logger
 from cppperf.shared.settings import BuilderSettings
+
+log = get_logger(__name__)
 
 PhaseCallback = Callable[[str, int, int], None]  # phase, done, total
 
@@ -347,6 +350,7 @@ def _prove_once(once: _Once, settings: BuilderSettings) -> InstanceResult:
 
     run_seed = settings.seed if seed is None else seed
     exact = exact_metric(settings)
+    _check_power(len(common), settings, result)
     with timing_turns(settings, phase) as turns:
 
         def run_one(side: SideName, name: str) -> RunResult:
@@ -380,6 +384,20 @@ def _prove_once(once: _Once, settings: BuilderSettings) -> InstanceResult:
             result.environment.update(turns.facts())
         result.environment["load_average_end"] = _loadavg()
     return result
+
+
+def _check_power(tests: int, settings: BuilderSettings, result: InstanceResult) -> None:
+    """Rounds too few for any p to reach alpha over this many tests: a warning in the log and in
+    the record (the proof still runs; its verdict can only be `not-improved`). An exact count
+    decides on its own terms (no rank test), so it is never underpowered this way."""
+    if exact_metric(settings):
+        return
+    why = power_problem(
+        tests, settings.runs, rule=settings.effective_rule(), alpha=settings.alpha, warmup=settings.warmup
+    )
+    if why:
+        log.warning("underpowered", instance=result.instance_id, reason=why)
+        result.environment["power_warning"] = why
 
 
 def _decide(

@@ -302,3 +302,33 @@ def compare_all(
         else:
             out.append(t)
     return decide(out, alpha=alpha, min_improvement=min_improvement)
+
+
+def smallest_p(n_old: int, n_new: int) -> float:
+    """The smallest one-sided Mann-Whitney p two samples of these sizes can give: complete
+    separation in the exact test, one arrangement of C(n_old + n_new, n_old)."""
+    return 1.0 / math.comb(n_old + n_new, n_old)
+
+
+def runs_needed(tests: int, *, rule: str, alpha: float, warmup: int) -> int:
+    """The fewest rounds with which a clean speed-up of one test among `tests` can be significant:
+    the paper's rule compares the raw p with α; ours and strict the BH-adjusted one, and alone in
+    a family of 2 × tests hypotheses (both directions) a p is adjusted to p × 2 × tests."""
+    family = 1 if rule == "paper" else 2 * max(tests, 1)
+    n = 2
+    while smallest_p(n, n) * family >= alpha:
+        n += 1
+    return n + warmup
+
+
+def power_problem(tests: int, runs: int, *, rule: str, alpha: float, warmup: int) -> str | None:
+    """None when `runs` rounds can decide an instance of `tests` tests under `rule`; else why
+    not, with the smallest `--runs` that can."""
+    need = runs_needed(tests, rule=rule, alpha=alpha, warmup=warmup)
+    if runs >= need:
+        return None
+    return (
+        f"{runs} rounds ({runs - warmup} samples a side) cannot reach alpha={alpha} over {tests} "
+        f"tests under the {rule!r} rule: even a clean speed-up's p stays at or above it; "
+        f"use --runs {need} or more"
+    )
