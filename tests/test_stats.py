@@ -165,8 +165,8 @@ def test_smallest_p_is_what_the_exact_test_gives_for_complete_separation(n: int)
 @pytest.mark.parametrize(
     ("tests", "rule", "runs", "decidable"),
     [
-        (3, "ours", 5, False),  # the demo with --runs 5: 4 vs 4 samples, 1/70 × 6 > 0.05
-        (3, "ours", 6, True),  # 5 vs 5: 1/252 × 6 < 0.05
+        (2, "ours", 5, False),  # the demo (2 tests) with --runs 5: 4 vs 4 samples, 1/70 × 4 > 0.05
+        (2, "ours", 6, True),  # 5 vs 5: 1/252 × 4 < 0.05
         (1, "ours", 5, True),  # one test: 1/70 × 2 < 0.05
         (1, "ours", 4, False),  # 3 vs 3: 1/20 × 2
         (3, "paper", 4, False),  # raw p, no correction: 1/20 is not below 0.05
