@@ -96,3 +96,14 @@ class FakeContext:
     @property
     def out_dir(self) -> Path:
         return Path(self.settings.out_dir)
+
+
+def write_bare_instance(out: Path, instance_id: str = "o__r-aaaaaaaaaaaa") -> None:
+    """The least instance record predictions work from, in `out/instances/` (no proof behind it)."""
+    record = {
+        "cppperf": {"instance_id": instance_id},
+        "metadata": {"repository_name": "o/r"},
+        "commit_info": {"old_sha": "b" * 40, "new_sha": "a" * 40, "patch": ["diff --git a/x b/x\n"]},
+    }
+    (out / "instances").mkdir(parents=True, exist_ok=True)
+    (out / "instances" / f"{instance_id}.json").write_text(json.dumps(record))

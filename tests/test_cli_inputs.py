@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from cppperf.cli import app
 from cppperf.shared.embedded import free_port
+from tests.fakes import write_bare_instance
 from tests.gitrepo import commit_files
 
 runner = CliRunner()
@@ -726,13 +727,7 @@ def test_evaluate_empty_predictions_write_the_run_report_under_out(
     """SWE-bench's harness check: `--predictions empty` over OUT/instances (an unknown id among
     them counted as an error), the run-level report under --out, nothing in the current folder."""
     out = tmp_path / "out"
-    (out / "instances").mkdir(parents=True)
-    record = {
-        "cppperf": {"instance_id": "o__r-aaaaaaaaaaaa"},
-        "metadata": {"repository_name": "o/r"},
-        "commit_info": {"old_sha": "b" * 40, "new_sha": "a" * 40, "patch": ["diff --git a/x b/x\n"]},
-    }
-    (out / "instances" / "o__r-aaaaaaaaaaaa.json").write_text(json.dumps(record))
+    write_bare_instance(out)
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)

@@ -26,6 +26,7 @@ from cppperf.services.evaluator.pipeline import EvalRequest, evaluate, summarize
 from cppperf.shared.engine.leases import core_plan
 from cppperf.shared.settings import Settings
 from tests.conftest import Proven, make_settings
+from tests.fakes import write_bare_instance
 
 pytestmark = pytest.mark.build
 
@@ -396,13 +397,7 @@ def test_gold_and_empty_predictions_cover_every_instance(tmp_path: Path) -> None
     from cppperf.cli.predictions import pseudo_predictions
 
     out = tmp_path / "out"
-    (out / "instances").mkdir(parents=True)
-    record = {
-        "cppperf": {"instance_id": "o__r-aaaaaaaaaaaa"},
-        "metadata": {"repository_name": "o/r"},
-        "commit_info": {"old_sha": "b" * 40, "new_sha": "a" * 40, "patch": ["diff --git a/x b/x\n"]},
-    }
-    (out / "instances" / "o__r-aaaaaaaaaaaa.json").write_text(json.dumps(record))
+    write_bare_instance(out)
     [gold] = pseudo_predictions(out, "gold", None)
     assert gold == {
         "instance_id": "o__r-aaaaaaaaaaaa",

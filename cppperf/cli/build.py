@@ -11,7 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cppperf.cli.common import Config, OutDir, Runs, _fail, _settings, app, console, out, print_json
+from cppperf.cli.common import AsJson, Config, OutDir, Runs, _fail, _settings, app, console, out, print_json
 from cppperf.cli.repos import check_name, git_repo
 from cppperf.shared.errors import CppPerfError
 
@@ -111,9 +111,7 @@ def reproduce(
     image: Annotated[str, typer.Argument(help="instance image, e.g. cppperf/owner__name:<sha12>")],
     runs: Runs = None,
     out_dir: OutDir = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="machine-readable JSON on stdout instead of the table")
-    ] = False,
+    as_json: AsJson = False,
     config: Config = None,
 ) -> None:
     """Re-run an instance's timing protocol from its image alone (docker backend) and compare.
@@ -156,9 +154,7 @@ def build(
     out_dir: OutDir = None,
     profile: ProfileOpt = None,
     metric: MetricOpt = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="machine-readable JSON on stdout instead of the table")
-    ] = False,
+    as_json: AsJson = False,
     config: Config = None,
 ) -> None:
     """Build and time one commit against its parent (no bus); writes OUT/instances/<id>.json.
@@ -209,9 +205,7 @@ def calibrate(
     ] = None,
     profile: ProfileOpt = None,
     metric: MetricOpt = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="machine-readable JSON on stdout instead of the table")
-    ] = False,
+    as_json: AsJson = False,
     config: Config = None,
 ) -> None:
     """A/A run: SHA against itself. Any test flagged is a false positive on this machine.

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cppperf.cli.build import _commit_from_repo
-from cppperf.cli.common import EXIT_USAGE, Config, _fail, _settings, app, console, out
+from cppperf.cli.common import EXIT_USAGE, AsJson, Config, _fail, _settings, app, console, out
 from cppperf.shared.errors import CppPerfError
 
 # ------------------------------------------------------------------------------------------ classify
@@ -83,9 +83,7 @@ def classify_eval(
         str | None,
         typer.Option("--backend", help="heuristic|model|openai|vllm (default: classifier.backend)"),
     ] = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="machine-readable JSON on stdout instead of the table")
-    ] = False,
+    as_json: AsJson = False,
     db: Annotated[
         Path | None,
         typer.Option(

@@ -138,6 +138,7 @@ Since = Annotated[
 Until = Annotated[
     str | None, typer.Option("--until", help="commit date until (YYYY-MM-DD)", callback=_check_date)
 ]
+AsJson = Annotated[bool, typer.Option("--json", help="machine-readable JSON on stdout instead of the table")]
 Runs = Annotated[
     int | None,
     typer.Option("--runs", help="timing rounds per side (first discarded; >= 4)", callback=_check_runs),

@@ -18,6 +18,7 @@ from cppperf.cli.common import (
     EXIT_FAILURES,
     EXIT_OK,
     EXIT_USAGE,
+    AsJson,
     Config,
     NatsUrl,
     OutDir,
@@ -387,9 +388,7 @@ def serve(
 # ------------------------------------------------------------------------------------------ status / dlq
 @app.command()
 def status(
-    as_json: Annotated[
-        bool, typer.Option("--json", help="machine-readable JSON on stdout instead of the table")
-    ] = False,
+    as_json: AsJson = False,
     out_dir: OutDir = None,
     nats_url: NatsUrl = None,
     config: Config = None,
@@ -433,9 +432,7 @@ def dlq_list(
     subject: Annotated[
         str | None, typer.Argument(help="only this subject's dead letters", callback=_check_subject)
     ] = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="machine-readable JSON on stdout instead of the table")
-    ] = False,
+    as_json: AsJson = False,
     out_dir: OutDir = None,
     nats_url: NatsUrl = None,
     config: Config = None,

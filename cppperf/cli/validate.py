@@ -8,7 +8,18 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from cppperf.cli.common import EXIT_FAILURES, Config, OutDir, Runs, _fail, _settings, app, out, print_json
+from cppperf.cli.common import (
+    EXIT_FAILURES,
+    AsJson,
+    Config,
+    OutDir,
+    Runs,
+    _fail,
+    _settings,
+    app,
+    out,
+    print_json,
+)
 from cppperf.shared.errors import CppPerfError
 
 
@@ -20,9 +31,7 @@ def validate(
     runs: Runs = None,
     force: Annotated[bool, typer.Option("--force", help="re-evaluate even when reports exist")] = False,
     out_dir: OutDir = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="machine-readable JSON on stdout instead of the table")
-    ] = False,
+    as_json: AsJson = False,
     config: Config = None,
 ) -> None:
     """Run each instance's expert patch through the evaluator (it must score opt) and a comment-only
