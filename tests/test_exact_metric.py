@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 
 from cppperf.demo import create_demo_repo
-from cppperf.services.builder.service import build_patch
 from cppperf.shared.engine.protocol import check_metric
 from cppperf.shared.engine.runner_script import cachegrind_ir, valgrind_unsupported
 from cppperf.shared.engine.stats import compare_all, compare_exact
 from cppperf.shared.errors import ConfigError
 from cppperf.shared.settings import BuilderSettings
 from tests.conftest import make_settings
-from tests.test_builder import commit_for
+from tests.test_builder import prove
 
 pytestmark = pytest.mark.skipif(valgrind_unsupported() is not None, reason="valgrind not installed")
 
@@ -80,14 +79,7 @@ def test_the_demo_is_proven_on_exact_counts_without_a_lease(tmp_path: Path) -> N
     )
     records = {}
     for kind in ("perf", "noop"):
-        built = build_patch(
-            commit_for(demo.path, demo.shas[kind]),
-            demo.path,
-            settings.builder,
-            work_dir=tmp_path / "work",
-            out_dir=tmp_path / "out",
-        )
-        records[kind] = json.loads(built.path.read_text())
+        records[kind] = prove(demo, kind, settings, tmp_path)  # the record as written to disk
     perf, noop = records["perf"]["cppperf"], records["noop"]["cppperf"]
     assert perf["verdict"] == "improved", perf["failure_detail"]
     assert noop["verdict"] == "not-improved", noop["failure_detail"]
