@@ -92,6 +92,27 @@ async def try_claim(store: Store, key: str, *, holder: str, lease: float) -> str
     return None
 
 
+async def live_claims(store: Store) -> list[dict[str, Any]]:
+    """The jobs held now (`instance/<id>` …, not the processes' own `worker/` leases): key,
+    holder, since and expires_at, oldest first; for `status` and the live view."""
+    now = time.time()
+    found: list[dict[str, Any]] = []
+    for key in await store.ids(BUCKET):
+        if key.startswith("worker/"):
+            continue
+        rec = await store.get(BUCKET, key)
+        if rec is not None and _live(rec, now):
+            found.append(
+                {
+                    "key": key,
+                    "holder": str(rec.get("holder")),
+                    "since": float(rec.get("since", 0.0)),
+                    "expires_at": float(rec.get("expires_at", 0.0)),
+                }
+            )
+    return sorted(found, key=lambda c: c["since"])
+
+
 async def renew(claim: Claim) -> bool:
     """Extend our lease; False (and `claim.lost`) when someone else holds it now."""
     mine: list[bool] = []

@@ -46,6 +46,27 @@ def test_status_on_embedded_nats_starts_and_stops(tmp_path: Path) -> None:
     assert ps.stdout.strip() == ""  # the embedded server is gone
 
 
+def test_status_says_who_holds_the_timing_core_and_since_when(tmp_path: Path) -> None:
+    """`status` names the timing core's holder (this test process) and when it took it; --json
+    carries the same under `waiting`."""
+    from cppperf.shared.engine.leases import acquire
+
+    leases = tmp_path / "leases"
+    env = {"CPPPERF_BUS_DATA_DIR": str(tmp_path / "nats"), "CPPPERF_BUILDER_LEASE_DIR": str(leases)}
+    lease = acquire(leases, [0], timeout=5)
+    try:
+        text = run_cli("status", env=env)
+        data = run_cli("status", "--json", env=env)
+    finally:
+        lease.release()
+    assert text.returncode == 0, text.stderr
+    assert f"timing core 0: held by pid {os.getpid()} on " in text.stdout
+    holders = json.loads(data.stdout)["waiting"]["holders"]
+    assert [(h["core"], h["pid"]) for h in holders] == [(0, os.getpid())]
+    after = run_cli("status", env=env)
+    assert "nothing holds or waits for a timing core" in after.stdout
+
+
 def test_invalid_setting_is_one_line(tmp_path: Path) -> None:
     res = run_cli("status", env={"CPPPERF_BUILDER_RUNS": "lots", "CPPPERF_BUS_DATA_DIR": str(tmp_path)})
     assert res.returncode == 2

@@ -263,6 +263,23 @@ async def test_claim_has_one_holder_and_expires_with_a_dead_holder(ctx: ServiceC
     assert any(e["event"] == "claim_taken_over" and e["expired_holder"] == holder for e in logs)
 
 
+async def test_live_claims_list_held_jobs_not_worker_leases_nor_expired_ones(ctx: ServiceContext) -> None:
+    """What `status` says is claimed: held jobs, oldest first; a process's own `worker/` lease and
+    an expired claim are not listed."""
+    assert await claims.try_claim(ctx.store, "instance/old", holder="w1", lease=60.0) is None
+    await asyncio.sleep(0.01)
+    assert await claims.try_claim(ctx.store, "instance/new", holder="w2", lease=60.0) is None
+    assert await claims.try_claim(ctx.store, "instance/gone", holder="w3", lease=0.2) is None
+    task = await claims.worker_lease(ctx.store, lease=30.0, token="w1")
+    try:
+        await asyncio.sleep(0.3)
+        held = await claims.live_claims(ctx.store)
+    finally:
+        task.cancel()
+    assert [(c["key"], c["holder"]) for c in held] == [("instance/old", "w1"), ("instance/new", "w2")]
+    assert all(c["since"] <= time.time() < c["expires_at"] for c in held)
+
+
 async def test_stale_workspaces_of_dead_workers_are_removed(ctx: ServiceContext, tmp_path: Path) -> None:
     work = tmp_path / "work"
     for token in ("dead-1", "alive-2"):

@@ -270,3 +270,62 @@ def test_per_round_turns_let_a_waiter_in_between_rounds(tmp_path: Path) -> None:
         assert other.wait(timeout=30) == 0
     assert log.read_text().split() == ["eval", "round2"]
     assert turns.facts()["lease_waits"] == 2 and turns.facts()["lease_policy"] == "round"
+
+
+def test_the_lease_view_names_the_holder_and_the_waiters_in_serving_order(tmp_path: Path) -> None:
+    """What `status` and `mine`'s live view say a job waits for: the core's holder (pid, since),
+    then the live waiters in the order they will be served (an evaluation before an earlier
+    proof); a dead ticket and a free core are not listed, and looking takes nothing."""
+    from cppperf.cli.waiting import describe
+    from cppperf.shared.engine.leases import lease_view
+
+    leases, log = tmp_path / "leases", tmp_path / "order"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER.replace("[0, 1]", "[0]"), str(leases), "600"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    waiters: list[subprocess.Popen[str]] = []
+    try:
+        assert holder.stdout is not None
+        assert int(holder.stdout.readline()) == 0
+        (leases / "core-1.lock").write_text("")  # a core nobody holds
+        for i, prio in enumerate([1, 0]):
+            waiters.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", WAITER, str(leases), str(log), str(prio), str(i)], text=True
+                )
+            )
+            _wait_for(lambda n=i + 1: _queued(leases) == n, f"waiter {i} never queued")
+        (leases / "queue" / f"001-{1:020d}-999999").write_text("ghost pid 999999 since 1\n")  # owner gone
+        view = lease_view(leases)
+        assert [(h.core, h.pid) for h in view.holders] == [(0, holder.pid)]
+        assert [(w.pid, w.priority) for w in view.waiting] == [(waiters[1].pid, 0), (waiters[0].pid, 1)]
+        assert abs(view.holders[0].since - time.time()) < 60
+        lines = describe(view, [], time.time())
+        assert lines[0].startswith(f"timing core 0: held by pid {holder.pid} on ")
+        assert f"#1: pid {waiters[1].pid}" in lines[1] and "(evaluation)" in lines[1]
+        assert f"#2: pid {waiters[0].pid}" in lines[2] and "(proof)" in lines[2]
+        assert len(lines) == 3
+        assert lease_view(leases) == view  # looking took no lease and removed no ticket
+        os.kill(holder.pid, signal.SIGKILL)
+        for w in waiters:
+            assert w.wait(timeout=60) == 0
+        assert log.read_text().split() == ["1", "0"]
+        after = lease_view(leases)
+        assert after.holders == () and after.waiting == ()
+        assert describe(after, [], time.time())[0].startswith("nothing holds or waits for a timing core")
+    finally:
+        for p in [holder, *waiters]:
+            p.kill()
+            p.communicate()
+
+
+def test_a_claimed_job_is_said_with_its_holder_and_age() -> None:
+    from cppperf.cli.waiting import describe
+    from cppperf.shared.engine.leases import LeaseView
+
+    now = time.time()
+    claim = {"key": "instance/o__r@abc", "holder": "h-12-x", "since": now - 125, "expires_at": now + 60}
+    (line,) = describe(LeaseView(Path("/nowhere"), (), ()), [claim], now)
+    assert line.startswith("claimed instance/o__r@abc: by h-12-x since ") and line.endswith("(2m05s)")

@@ -8,11 +8,13 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.console import Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from cppperf.cli.common import (
     EXIT_FAILURES,
@@ -40,6 +42,9 @@ from cppperf.shared.errors import ConfigError, CppPerfError
 from cppperf.shared.logging import configure_logging
 from cppperf.shared.settings import Settings
 
+if TYPE_CHECKING:
+    from cppperf.shared.engine.leases import LeaseView
+
 dlq_app = typer.Typer(help="Dead letters: `cppperf dlq list`, `cppperf dlq replay commit.selected`.")
 app.add_typer(dlq_app, name="dlq")
 
@@ -60,6 +65,24 @@ def _status_table(rows: list[Any], title: str = "pipeline") -> Table:
             str(r.dead_lettered),
         )
     return t
+
+
+async def _waits(ctx: Any, settings: Settings) -> tuple[LeaseView, list[dict[str, Any]]]:
+    from cppperf.shared.claims import live_claims
+    from cppperf.shared.engine.leases import lease_dir, lease_view
+
+    return lease_view(lease_dir(settings.builder)), await live_claims(ctx.store)
+
+
+async def _live_view(ctx: Any, settings: Settings) -> Group:
+    """The subjects' table and, under it, what the work waits for (cores, claims) and since when."""
+    from cppperf.cli.waiting import describe
+
+    view, claims = await _waits(ctx, settings)
+    return Group(
+        _status_table(await ctx.bus.subject_status()),
+        Text("\n".join(describe(view, claims, time.time())), no_wrap=True, overflow="ignore"),
+    )
 
 
 def _funnel_table(f: Funnel, per: dict[str, Funnel]) -> Table:
@@ -132,12 +155,10 @@ async def _mine(
         if not live_view:
             await wait_drained(ctx.bus)
         else:
-            with Live(
-                _status_table(await ctx.bus.subject_status()), console=console, refresh_per_second=4
-            ) as live:
+            with Live(await _live_view(ctx, settings), console=console, refresh_per_second=4) as live:
                 drained = asyncio.create_task(wait_drained(ctx.bus, poll=0.5))
                 while not drained.done():
-                    live.update(_status_table(await ctx.bus.subject_status()))
+                    live.update(await _live_view(ctx, settings))
                     await asyncio.sleep(0.5)
                 await drained
                 live.update(_status_table(await ctx.bus.subject_status()))
@@ -407,10 +428,18 @@ def status(
                 out.print(_funnel_table(total, per))
                 for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
                     out.print(f"repos rejected ({n}): {reason}")
+            from cppperf.cli.waiting import as_json as waits_json
+            from cppperf.cli.waiting import describe
+
+            view, claims = await _waits(ctx, s)
+            if not as_json:
+                for line in describe(view, claims, time.time()):
+                    out.print(line, highlight=False)
             return {
                 "subjects": [r.as_dict() for r in rows],
                 "funnel": total.as_dict(),
                 "repo_rejections": reasons,
+                "waiting": waits_json(view, claims),
             }
 
     with cli_nats(s, attach=True) as url:

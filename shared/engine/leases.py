@@ -118,6 +118,99 @@ def _holder_line() -> bytes:
     return f"{socket.gethostname()} pid {os.getpid()} since {time.time():.0f}\n".encode()
 
 
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a timing core (or waits in its queue), from the line its process wrote."""
+
+    core: int | None  # None: a waiter in the queue
+    host: str
+    pid: int
+    since: float
+    priority: int | None = None  # a waiter's place class (evaluations 0, proofs 1)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "core": self.core,
+            "host": self.host,
+            "pid": self.pid,
+            "since": self.since,
+            "priority": self.priority,
+        }
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    """The host's timing cores as `status` shows them: who holds which, who waits, in order."""
+
+    directory: Path
+    holders: tuple[Holder, ...]
+    waiting: tuple[Holder, ...]
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "lease_dir": str(self.directory),
+            "holders": [h.as_dict() for h in self.holders],
+            "waiting": [w.as_dict() for w in self.waiting],
+        }
+
+
+def _parse_holder(text: str, *, core: int | None, priority: int | None = None) -> Holder | None:
+    parts = text.split()
+    if len(parts) != 5 or parts[1] != "pid" or parts[3] != "since":
+        return None
+    try:
+        return Holder(core, parts[0], int(parts[2]), float(parts[4]), priority)
+    except ValueError:
+        return None
+
+
+def _held_line(path: Path) -> str | None:
+    """The holder line of `path` when a live process holds its flock, else None. The probe is a
+    shared, non-blocking lock let go at once: a lease taken in that instant retries its poll."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 256, 0).decode(errors="replace")
+        except OSError:
+            return None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None  # nobody holds it: a free core, or a ticket whose owner is gone
+    finally:
+        os.close(fd)
+
+
+def lease_view(directory: Path) -> LeaseView:
+    """Read-only: who holds each core's lease and who waits in the ticket queue (priority, then
+    arrival). Dead tickets and free cores are left out; nothing is removed or taken."""
+    holders: list[Holder] = []
+    waiting: list[tuple[tuple[int, int], Holder]] = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return LeaseView(directory, (), ())
+    for name in names:
+        if not (name.startswith("core-") and name.endswith(".lock") and name[5:-5].isdigit()):
+            continue
+        line = _held_line(directory / name)
+        if line is not None and (h := _parse_holder(line, core=int(name[5:-5]))) is not None:
+            holders.append(h)
+    queue = directory / "queue"
+    with contextlib.suppress(OSError):
+        for name in os.listdir(queue):
+            if (key := _ticket_key(name)) is None:
+                continue
+            line = _held_line(queue / name)
+            if line is not None and (h := _parse_holder(line, core=None, priority=key[0])) is not None:
+                waiting.append((key, h))
+    holders.sort(key=lambda h: h.core or 0)
+    return LeaseView(directory, tuple(holders), tuple(h for _k, h in sorted(waiting, key=lambda kv: kv[0])))
+
+
 def try_lease(directory: Path, cpu: int) -> CoreLease | None:
     """The lease on `cpu` if nobody holds it, without waiting."""
     path = directory / f"core-{cpu}.lock"
