@@ -5,6 +5,7 @@ core and builds to the build cores."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -193,11 +195,12 @@ def _wait_for(check: Any, what: str, seconds: float = 30) -> None:
         time.sleep(0.01)
 
 
-def test_leases_are_granted_in_arrival_order_and_a_killed_waiter_frees_its_place(tmp_path: Path) -> None:
-    """Six waiters queue behind a holder in a known order (one of them, the evaluation, with a
-    better priority; one killed while waiting): they get the core in ticket order, the killed
-    one's place is skipped, and the holder's kill -9 starts it all."""
-    leases, log = tmp_path / "leases", tmp_path / "order"
+@contextlib.contextmanager
+def _queue_behind_a_holder(
+    leases: Path, log: Path, priorities: list[int]
+) -> Iterator[tuple[subprocess.Popen[str], list[subprocess.Popen[str]]]]:
+    """A process holding core 0, then one waiter per priority, each queued before the next starts
+    (so arrival order is known); every one of them is killed on the way out."""
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLDER.replace("[0, 1]", "[0]"), str(leases), "600"],
         stdout=subprocess.PIPE,
@@ -207,13 +210,26 @@ def test_leases_are_granted_in_arrival_order_and_a_killed_waiter_frees_its_place
     try:
         assert holder.stdout is not None
         assert int(holder.stdout.readline()) == 0
-        for i, prio in enumerate([1, 1, 1, 1, 0, 1]):
+        for i, prio in enumerate(priorities):
             waiters.append(
                 subprocess.Popen(
                     [sys.executable, "-c", WAITER, str(leases), str(log), str(prio), str(i)], text=True
                 )
             )
             _wait_for(lambda n=i + 1: _queued(leases) == n, f"waiter {i} never queued")
+        yield holder, waiters
+    finally:
+        for p in [holder, *waiters]:
+            p.kill()
+            p.communicate()
+
+
+def test_leases_are_granted_in_arrival_order_and_a_killed_waiter_frees_its_place(tmp_path: Path) -> None:
+    """Six waiters queue behind a holder in a known order (one of them, the evaluation, with a
+    better priority; one killed while waiting): they get the core in ticket order, the killed
+    one's place is skipped, and the holder's kill -9 starts it all."""
+    leases, log = tmp_path / "leases", tmp_path / "order"
+    with _queue_behind_a_holder(leases, log, [1, 1, 1, 1, 0, 1]) as (holder, waiters):
         waiters[2].kill()  # kill -9 while waiting
         waiters[2].wait(timeout=10)
         os.kill(holder.pid, signal.SIGKILL)
@@ -223,10 +239,6 @@ def test_leases_are_granted_in_arrival_order_and_a_killed_waiter_frees_its_place
         assert log.read_text().split() == ["4", "0", "1", "3", "5"]  # priority 0 first, then arrival
         assert _queued(leases) == 0  # every ticket gone, the dead one's too
         assert (leases / "core-0.lock").read_text() == ""  # a free core's file names nobody
-    finally:
-        for p in [holder, *waiters]:
-            p.kill()
-            p.communicate()
 
 
 def test_the_holder_line_says_host_pid_and_since(tmp_path: Path) -> None:
@@ -280,23 +292,9 @@ def test_the_lease_view_names_the_holder_and_the_waiters_in_serving_order(tmp_pa
     from cppperf.shared.engine.leases import lease_view
 
     leases, log = tmp_path / "leases", tmp_path / "order"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER.replace("[0, 1]", "[0]"), str(leases), "600"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    waiters: list[subprocess.Popen[str]] = []
-    try:
-        assert holder.stdout is not None
-        assert int(holder.stdout.readline()) == 0
-        (leases / "core-1.lock").write_text("")  # a core nobody holds
-        for i, prio in enumerate([1, 0]):
-            waiters.append(
-                subprocess.Popen(
-                    [sys.executable, "-c", WAITER, str(leases), str(log), str(prio), str(i)], text=True
-                )
-            )
-            _wait_for(lambda n=i + 1: _queued(leases) == n, f"waiter {i} never queued")
+    leases.mkdir()
+    (leases / "core-1.lock").write_text("")  # a core nobody holds
+    with _queue_behind_a_holder(leases, log, [1, 0]) as (holder, waiters):
         (leases / "queue" / f"001-{1:020d}-999999").write_text("ghost pid 999999 since 1\n")  # owner gone
         view = lease_view(leases)
         assert [(h.core, h.pid) for h in view.holders] == [(0, holder.pid)]
@@ -315,10 +313,6 @@ def test_the_lease_view_names_the_holder_and_the_waiters_in_serving_order(tmp_pa
         after = lease_view(leases)
         assert after.holders == () and after.waiting == ()
         assert describe(after, [], time.time())[0].startswith("nothing holds or waits for a timing core")
-    finally:
-        for p in [holder, *waiters]:
-            p.kill()
-            p.communicate()
 
 
 def test_a_claimed_job_is_said_with_its_holder_and_age() -> None:
