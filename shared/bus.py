@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -36,7 +37,7 @@ import msgspec
 import nats
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
-from nats.errors import NoRespondersError
+from nats.errors import ConnectionReconnectingError, NoRespondersError
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import BadRequestError, NoStreamResponseError, NotFoundError
@@ -129,17 +130,25 @@ class Bus:
         self.nc = nc
         self.js = js
         self.settings = settings
+        # when the connection was lost (None: connected); the live view and `wait_drained` say so
+        self.lost_since: float | None = None
 
     @classmethod
     async def connect(cls, url: str, settings: BusSettings, *, name: str = "cppperf") -> Bus:
         """Connect (with `settings.creds`, an NKey seed file, when set) and retry forever on loss."""
 
+        lost: list[Bus] = []  # the Bus, once made: the callbacks mark it lost and found
+
         async def disconnected() -> None:
             if nc.is_closed or nc.is_draining:
                 return  # our own close (every command's exit), not a lost connection
+            for bus in lost:
+                bus.lost_since = bus.lost_since or time.time()
             log.warning("nats_disconnected", connection=name)
 
         async def reconnected() -> None:
+            for bus in lost:
+                bus.lost_since = None
             log.info(
                 "nats_reconnected",
                 connection=name,
@@ -161,7 +170,9 @@ class Bus:
             error_cb=error,
             **credential_options(settings.creds, settings.nkey_seed),
         )
-        return cls(nc, nc.jetstream(timeout=10), settings)
+        made = cls(nc, nc.jetstream(timeout=10), settings)
+        lost.append(made)
+        return made
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -539,7 +550,12 @@ async def wait_drained(
     deadline = None if timeout is None else loop.time() + timeout
     quiet = 0
     while quiet < settle:
-        quiet = quiet + 1 if await bus.drained() else 0
+        try:
+            quiet = quiet + 1 if await bus.drained() else 0
+        except (TimeoutError, ConnectionReconnectingError):  # nats-py's timeouts are TimeoutErrors
+            if bus.nc.is_closed:
+                raise
+            quiet = 0  # the server is away (nats-py reconnects): wait for it, the work is kept
         if deadline is not None and loop.time() > deadline:
             raise TimeoutError("pipeline did not drain in time")
         await asyncio.sleep(poll)

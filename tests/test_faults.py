@@ -339,6 +339,37 @@ time.sleep(60)
 
 # ------------------------------------------------------------------------------------ outage
 @pytest.mark.slow
+async def test_waiting_for_the_pipeline_survives_an_outage_and_says_the_bus_is_away(
+    own_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """`mine` waits for the queues to drain; a server that goes away meanwhile is waited for (the
+    work is kept on its disk), the live view says since when, and the wait ends once it is back."""
+    from cppperf.cli.pipeline import _live_view
+
+    settings = make_settings(tmp_path, nats_url=own_nats.url, bus={"reconnect_wait": 0.2})
+    restarted: EmbeddedNats | None = None
+    try:
+        async with connect(settings, own_nats.url, owner=True) as ctx:
+            assert ctx.bus.lost_since is None
+            own_nats.stop()
+            waiting = asyncio.create_task(wait_drained(ctx.bus, poll=0.1))
+            await until(lambda: _true(ctx.bus.lost_since is not None), what="the loss noticed")
+            view = await _live_view(ctx, settings)
+            text = "\n".join(str(r) for r in view.renderables)
+            assert "bus: connection lost since " in text and "queues: not known while the bus is away" in text
+            await asyncio.sleep(1.0)
+            assert not waiting.done()  # still waiting: the outage is not an error, nor "drained"
+            restarted = EmbeddedNats(own_nats.store_dir, port=own_nats.port).start()
+            await asyncio.wait_for(waiting, timeout=60)
+            assert ctx.bus.lost_since is None
+            again = "\n".join(str(r) for r in (await _live_view(ctx, settings)).renderables)
+            assert "bus:" not in again
+    finally:
+        if restarted is not None:
+            restarted.stop()
+
+
+@pytest.mark.slow
 async def test_outage_longer_than_the_reconnect_window_then_consuming_resumes(
     own_nats: EmbeddedNats, tmp_path: Path
 ) -> None:

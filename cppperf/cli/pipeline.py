@@ -76,13 +76,23 @@ async def _waits(ctx: Any, settings: Settings) -> tuple[LeaseView, list[dict[str
 
 async def _live_view(ctx: Any, settings: Settings) -> Group:
     """The subjects' table and, under it, what the work waits for (cores, claims) and since when."""
-    from cppperf.cli.waiting import describe
+    from nats.errors import ConnectionReconnectingError
 
-    view, claims = await _waits(ctx, settings)
-    return Group(
-        _status_table(await ctx.bus.subject_status()),
-        Text("\n".join(describe(view, claims, time.time())), no_wrap=True, overflow="ignore"),
-    )
+    from cppperf.cli.waiting import describe
+    from cppperf.shared.engine.leases import lease_dir, lease_view
+
+    table: Table | Text
+    try:
+        table = _status_table(await ctx.bus.subject_status())
+        view, claims = await _waits(ctx, settings)
+        away = ctx.bus.lost_since
+    except (TimeoutError, ConnectionReconnectingError):  # the server is away; nats-py reconnects
+        if ctx.bus.nc.is_closed:
+            raise
+        table = Text("queues: not known while the bus is away")
+        view, claims, away = lease_view(lease_dir(settings.builder)), [], ctx.bus.lost_since or time.time()
+    lines = describe(view, claims, time.time(), bus_lost_since=away)
+    return Group(table, Text("\n".join(lines), no_wrap=True, overflow="ignore"))
 
 
 def _funnel_table(f: Funnel, per: dict[str, Funnel]) -> Table:

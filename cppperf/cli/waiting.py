@@ -27,9 +27,18 @@ def _who(h: Holder) -> str:
     return f"pid {h.pid} on {h.host}"
 
 
-def describe(view: LeaseView, claims: list[dict[str, Any]], now: float) -> list[str]:
-    """One line per held core, per waiter (in the order they will be served) and per claimed job;
-    a single line when nothing is held or waiting."""
+def describe(
+    view: LeaseView, claims: list[dict[str, Any]], now: float, *, bus_lost_since: float | None = None
+) -> list[str]:
+    """One line per held core, per waiter (in the order they will be served) and per claimed job,
+    after a line for a lost bus connection; a single line when nothing is held or waiting."""
+    bus = (
+        [
+            f"bus: connection lost since {_when(bus_lost_since)} ({_ago(bus_lost_since, now)}); reconnecting, work is kept"
+        ]
+        if bus_lost_since is not None
+        else []
+    )
     lines = [
         f"timing core {h.core}: held by {_who(h)} since {_when(h.since)} ({_ago(h.since, now)})"
         for h in view.holders
@@ -45,7 +54,7 @@ def describe(view: LeaseView, claims: list[dict[str, Any]], now: float) -> list[
     )
     if not lines:
         lines.append(f"nothing holds or waits for a timing core ({view.directory}); no job is claimed")
-    return lines
+    return bus + lines
 
 
 def as_json(view: LeaseView, claims: list[dict[str, Any]]) -> dict[str, Any]:
