@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import nats
@@ -121,6 +121,11 @@ def consumer_config(q: WorkQueue, settings: BusSettings) -> js_api.ConsumerConfi
         filter_subject=None if q.per_agent else q.subject,
         deliver_policy=js_api.DeliverPolicy.ALL,
     )
+
+
+# what a JetStream call raises while the server is away and nats-py reconnects (its timeouts are
+# TimeoutErrors); a caller that waits through an outage catches these unless `nc.is_closed`
+AWAY_ERRORS: Final = (TimeoutError, ConnectionReconnectingError)
 
 
 class Bus:
@@ -552,7 +557,7 @@ async def wait_drained(
     while quiet < settle:
         try:
             quiet = quiet + 1 if await bus.drained() else 0
-        except (TimeoutError, ConnectionReconnectingError):  # nats-py's timeouts are TimeoutErrors
+        except AWAY_ERRORS:
             if bus.nc.is_closed:
                 raise
             quiet = 0  # the server is away (nats-py reconnects): wait for it, the work is kept

@@ -8,7 +8,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Group
@@ -42,9 +42,6 @@ from cppperf.shared.errors import ConfigError, CppPerfError
 from cppperf.shared.logging import configure_logging
 from cppperf.shared.settings import Settings
 
-if TYPE_CHECKING:
-    from cppperf.shared.engine.leases import LeaseView
-
 dlq_app = typer.Typer(help="Dead letters: `cppperf dlq list`, `cppperf dlq replay commit.selected`.")
 app.add_typer(dlq_app, name="dlq")
 
@@ -67,30 +64,23 @@ def _status_table(rows: list[Any], title: str = "pipeline") -> Table:
     return t
 
 
-async def _waits(ctx: Any, settings: Settings) -> tuple[LeaseView, list[dict[str, Any]]]:
+async def _live_view(ctx: Any, settings: Settings) -> Group:
+    """The subjects' table and, under it, what the work waits for (cores, claims, the bus)."""
+    from cppperf.cli.waiting import describe
+    from cppperf.shared.bus import AWAY_ERRORS
     from cppperf.shared.claims import live_claims
     from cppperf.shared.engine.leases import lease_dir, lease_view
 
-    return lease_view(lease_dir(settings.builder)), await live_claims(ctx.store)
-
-
-async def _live_view(ctx: Any, settings: Settings) -> Group:
-    """The subjects' table and, under it, what the work waits for (cores, claims) and since when."""
-    from nats.errors import ConnectionReconnectingError
-
-    from cppperf.cli.waiting import describe
-    from cppperf.shared.engine.leases import lease_dir, lease_view
-
+    view = lease_view(lease_dir(settings.builder))  # the host's files: known with the bus away too
     table: Table | Text
     try:
         table = _status_table(await ctx.bus.subject_status())
-        view, claims = await _waits(ctx, settings)
-        away = ctx.bus.lost_since
-    except (TimeoutError, ConnectionReconnectingError):  # the server is away; nats-py reconnects
+        claims, away = await live_claims(ctx.store), ctx.bus.lost_since
+    except AWAY_ERRORS:  # the server is away; nats-py reconnects
         if ctx.bus.nc.is_closed:
             raise
         table = Text("queues: not known while the bus is away")
-        view, claims, away = lease_view(lease_dir(settings.builder)), [], ctx.bus.lost_since or time.time()
+        claims, away = [], ctx.bus.lost_since or time.time()
     lines = describe(view, claims, time.time(), bus_lost_since=away)
     return Group(table, Text("\n".join(lines), no_wrap=True, overflow="ignore"))
 
@@ -440,8 +430,10 @@ def status(
                     out.print(f"repos rejected ({n}): {reason}")
             from cppperf.cli.waiting import as_json as waits_json
             from cppperf.cli.waiting import describe
+            from cppperf.shared.claims import live_claims
+            from cppperf.shared.engine.leases import lease_dir, lease_view
 
-            view, claims = await _waits(ctx, s)
+            view, claims = lease_view(lease_dir(s.builder)), await live_claims(ctx.store)
             if not as_json:
                 for line in describe(view, claims, time.time()):
                     out.print(line, highlight=False)
