@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import nats.errors
 from faststream.nats import NatsBroker
 
-from cppperf.shared.bus import Bus, credential_options, servers
+from cppperf.shared.bus import AWAY_ERRORS, Bus, credential_options, servers
 from cppperf.shared.embedded import EmbeddedNats, running_url, stop_all
 from cppperf.shared.health import Liveness, heartbeat_loop
 from cppperf.shared.logging import get_logger, register_url
@@ -60,20 +60,37 @@ def nats_endpoint(settings: Settings, *, attach: bool = False) -> Iterator[str]:
 
 @contextlib.asynccontextmanager
 async def connect(
-    settings: Settings, url: str, *, owner: bool = False, services: list[str] | None = None
+    settings: Settings,
+    url: str,
+    *,
+    owner: bool = False,
+    services: list[str] | None = None,
+    wait: bool = False,
 ) -> AsyncIterator[ServiceContext]:
     """Bus + store. `owner=True` (services) applies the configuration of the consumers of
     `services` (all when None); the default (read-only commands) only creates missing streams
-    and never changes a consumer."""
+    and never changes a consumer. `wait` (services): a JetStream that does not answer yet (a
+    cluster still electing its meta leader, or busy creating R=3 streams) is waited for, one
+    `provision_waiting` line per attempt, instead of failing the start."""
     bus = await Bus.connect(url, settings.bus)
     try:
-        await bus.provision(owner=owner, services=services)
-        store = await Store.open(
-            bus.js,
-            replicas=settings.bus.replicas,
-            kv_max_bytes=settings.bus.kv_max_bytes,
-            blob_max_bytes=settings.bus.blob_max_bytes,
-        )
+        while True:
+            try:
+                await bus.provision(owner=owner, services=services)
+                store = await Store.open(
+                    bus.js,
+                    replicas=settings.bus.replicas,
+                    kv_max_bytes=settings.bus.kv_max_bytes,
+                    blob_max_bytes=settings.bus.blob_max_bytes,
+                )
+                break
+            except AWAY_ERRORS as exc:
+                if not wait or bus.nc.is_closed:
+                    raise
+                log.warning(
+                    "provision_waiting", error=type(exc).__name__, retry_in=settings.bus.reconnect_wait
+                )
+                await asyncio.sleep(settings.bus.reconnect_wait)
         yield ServiceContext(settings=settings, bus=bus, store=store)
     finally:
         await bus.close()
@@ -157,7 +174,7 @@ async def run_services(
         "evaluator": evaluator_app.register,
         **(register or {}),
     }
-    async with connect(settings, url, owner=True, services=services) as ctx:
+    async with connect(settings, url, owner=True, services=services, wait=True) as ctx:
         broker = make_broker(settings, url)
         closers = []
         for name in ("filter", "classifier", "builder", "evaluator"):

@@ -22,6 +22,9 @@ from cppperf.shared.embedded import find_nats_server, free_port
 from cppperf.shared.settings import env_names, load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from cluster_e2e import cluster_node_config  # noqa: E402 - bench/ is no package
 
 
 @pytest.fixture(scope="module")
@@ -89,18 +92,6 @@ def test_every_setting_passed_is_read_by_the_code(compose: dict[str, Any]) -> No
     assert url.count("nats://") == 3  # the seed list names every node
 
 
-def _node_config(i: int, ports: dict[int, tuple[int, int]], store: Path) -> str:
-    text = (ROOT / "deploy" / "nats" / f"nats-{i}.conf").read_text()
-    client, route = ports[i]
-    text = text.replace("listen: 0.0.0.0:4222", f"listen: 127.0.0.1:{client}")
-    text = text.replace("http: 0.0.0.0:8222", "")
-    text = text.replace("listen: 0.0.0.0:6222", f"listen: 127.0.0.1:{route}")
-    text = text.replace("/data/jetstream", str(store / f"n{i}"))
-    for j, (_c, r) in ports.items():
-        text = text.replace(f"//nats-{j}:6222", f"//127.0.0.1:{r}")
-    return text
-
-
 @pytest.mark.nats
 @pytest.mark.slow
 def test_nats_configs_form_a_replicated_cluster(tmp_path: Path) -> None:
@@ -114,7 +105,7 @@ def test_nats_configs_form_a_replicated_cluster(tmp_path: Path) -> None:
     try:
         for i in (1, 2, 3):
             conf = tmp_path / f"nats-{i}.conf"
-            conf.write_text(_node_config(i, ports, tmp_path))
+            conf.write_text(cluster_node_config(i, ports, tmp_path))
             check = subprocess.run(
                 [find_nats_server(), "-t", "-c", str(conf)],
                 env=env,

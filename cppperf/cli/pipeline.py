@@ -371,7 +371,7 @@ def serve(
         if service == "crawler":
             from cppperf.services.crawler.handlers import submit
 
-            async with connect(s, url) as ctx:
+            async with connect(s, url, wait=True) as ctx:
                 started.set()
                 report = await submit(ctx, list(s.mining.repos), validate=s.mining.validate_latest)
                 if s.mining.search:

@@ -33,4 +33,4 @@ def register(broker: NatsBroker, ctx: ServiceContext, *, ops: EvaluatorOps | Non
         if raw.reply:  # NATS's reply subject: the asker's own inbox, whatever the body says
             await raw.respond(m.encode(reply))
 
-    broker.subscriber(f"{m.EVAL_API}.*.*", queue="evaluator-api")(on_agent)
+    broker.subscriber(f"{m.EVAL_API}.*.*", queue="evaluator-api", no_reply=True)(on_agent)
