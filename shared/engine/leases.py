@@ -218,6 +218,8 @@ def try_lease(directory: Path, cpu: int) -> CoreLease | None:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
     except OSError as exc:
         raise InfraFailure(f"cannot open lease file {path}: {exc}") from exc
+    with contextlib.suppress(OSError):  # open to every uid's builders (a non-root image's too)
+        os.fchmod(fd, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
