@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import nats.errors
 from faststream.nats import NatsBroker
+from nats.js.errors import ServiceUnavailableError
 
 from cppperf.shared.bus import AWAY_ERRORS, Bus, credential_options, servers
 from cppperf.shared.embedded import EmbeddedNats, running_url, stop_all
@@ -40,6 +41,8 @@ NOT_YET: dict[str, str] = {}
 
 log = get_logger(__name__)
 T = TypeVar("T")
+# what JetStream answers while it cannot serve yet: no answer, or 503 (no meta leader, no quorum)
+NOT_READY_ERRORS = (*AWAY_ERRORS, ServiceUnavailableError)
 
 
 @contextlib.contextmanager
@@ -84,7 +87,7 @@ async def connect(
                     blob_max_bytes=settings.bus.blob_max_bytes,
                 )
                 break
-            except AWAY_ERRORS as exc:
+            except NOT_READY_ERRORS as exc:
                 if not wait or bus.nc.is_closed:
                     raise
                 log.warning(
