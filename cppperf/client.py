@@ -27,6 +27,9 @@ from nats.errors import TimeoutError as NatsTimeout
 from cppperf.shared import messages as m
 from cppperf.shared.bus import credential_options, read_creds, servers
 from cppperf.shared.errors import CppPerfError
+from cppperf.shared.logging import get_logger
+
+log = get_logger(__name__)
 
 
 class Refused(CppPerfError):
@@ -51,7 +54,13 @@ class AgentClient:
             if not name.startswith("agent-"):
                 raise Refused(f"{creds} holds {name or 'no name'}, not an agent's credentials")
             agent = name.removeprefix("agent-")
-        nc = await nats.connect(servers(url), connect_timeout=5, **credential_options(creds or ""))
+
+        async def error(exc: Exception) -> None:  # a seed-list node away: one line, no traceback
+            log.debug("nats_error", error=str(exc) or type(exc).__name__)
+
+        nc = await nats.connect(
+            servers(url), connect_timeout=5, error_cb=error, **credential_options(creds or "")
+        )
         return cls(nc, agent, timeout=request_timeout)
 
     async def __aenter__(self) -> AgentClient:

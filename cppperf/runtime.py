@@ -24,9 +24,8 @@ from typing import Any, TypeVar
 
 import nats.errors
 from faststream.nats import NatsBroker
-from nats.js.errors import ServiceUnavailableError
 
-from cppperf.shared.bus import AWAY_ERRORS, Bus, credential_options, servers
+from cppperf.shared.bus import Bus, credential_options, servers, until_ready
 from cppperf.shared.embedded import EmbeddedNats, running_url, stop_all
 from cppperf.shared.health import Liveness, heartbeat_loop
 from cppperf.shared.logging import get_logger, register_url
@@ -41,8 +40,6 @@ NOT_YET: dict[str, str] = {}
 
 log = get_logger(__name__)
 T = TypeVar("T")
-# what JetStream answers while it cannot serve yet: no answer, or 503 (no meta leader, no quorum)
-NOT_READY_ERRORS = (*AWAY_ERRORS, ServiceUnavailableError)
 
 
 @contextlib.contextmanager
@@ -73,27 +70,23 @@ async def connect(
     """Bus + store. `owner=True` (services) applies the configuration of the consumers of
     `services` (all when None); the default (read-only commands) only creates missing streams
     and never changes a consumer. `wait` (services): a JetStream that does not answer yet (a
-    cluster still electing its meta leader, or busy creating R=3 streams) is waited for, one
-    `provision_waiting` line per attempt, instead of failing the start."""
+    cluster still electing its meta leader, or busy creating R=3 streams) is waited for
+    (`until_ready`) instead of failing the start."""
     bus = await Bus.connect(url, settings.bus)
     try:
-        while True:
-            try:
-                await bus.provision(owner=owner, services=services)
-                store = await Store.open(
-                    bus.js,
-                    replicas=settings.bus.replicas,
-                    kv_max_bytes=settings.bus.kv_max_bytes,
-                    blob_max_bytes=settings.bus.blob_max_bytes,
-                )
-                break
-            except NOT_READY_ERRORS as exc:
-                if not wait or bus.nc.is_closed:
-                    raise
-                log.warning(
-                    "provision_waiting", error=type(exc).__name__, retry_in=settings.bus.reconnect_wait
-                )
-                await asyncio.sleep(settings.bus.reconnect_wait)
+
+        async def provisioned() -> Store:
+            await bus.provision(owner=owner, services=services)
+            return await Store.open(
+                bus.js,
+                replicas=settings.bus.replicas,
+                kv_max_bytes=settings.bus.kv_max_bytes,
+                blob_max_bytes=settings.bus.blob_max_bytes,
+            )
+
+        store = await (
+            until_ready(provisioned, bus, wait=settings.bus.reconnect_wait) if wait else provisioned()
+        )
         yield ServiceContext(settings=settings, bus=bus, store=store)
     finally:
         await bus.close()
@@ -186,8 +179,8 @@ async def run_services(
             made = wiring[name](broker, ctx)
             if hasattr(made, "close"):
                 closers.append(made)
-            if name == "builder":
-                await builder_app.startup(ctx)
+            if name == "builder":  # its worker lease is a KV write: the claims bucket may be electing
+                await until_ready(lambda: builder_app.startup(ctx), ctx.bus, wait=settings.bus.reconnect_wait)
         await broker.start()
         ctx.liveness.attach_all()
         running = Running(ctx, broker)

@@ -27,11 +27,11 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import msgspec
 import nats
@@ -40,7 +40,7 @@ from nats.aio.msg import Msg
 from nats.errors import ConnectionReconnectingError, NoRespondersError
 from nats.js import JetStreamContext
 from nats.js import api as js_api
-from nats.js.errors import BadRequestError, NoStreamResponseError, NotFoundError
+from nats.js.errors import BadRequestError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
 from cppperf.shared import messages as m
 from cppperf.shared.errors import BadInput
@@ -126,6 +126,23 @@ def consumer_config(q: WorkQueue, settings: BusSettings) -> js_api.ConsumerConfi
 # what a JetStream call raises while the server is away and nats-py reconnects (its timeouts are
 # TimeoutErrors); a caller that waits through an outage catches these unless `nc.is_closed`
 AWAY_ERRORS: Final = (TimeoutError, ConnectionReconnectingError)
+# what JetStream answers while it cannot serve yet: no answer, or 503 (no meta leader, a new R=3
+# stream or bucket still electing its leader)
+NOT_READY_ERRORS: Final = (*AWAY_ERRORS, ServiceUnavailableError)
+T = TypeVar("T")
+
+
+async def until_ready(call: Callable[[], Awaitable[T]], bus: Bus, *, wait: float) -> T:
+    """`call()` again every `wait` s while JetStream is not ready (a service's start on a cluster
+    still forming), one `jetstream_not_ready` line per attempt."""
+    while True:
+        try:
+            return await call()
+        except NOT_READY_ERRORS as exc:
+            if bus.nc.is_closed:
+                raise
+            log.warning("jetstream_not_ready", error=type(exc).__name__, retry_in=wait)
+            await asyncio.sleep(wait)
 
 
 class Bus:
