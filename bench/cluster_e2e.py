@@ -321,7 +321,7 @@ async def mine_and_kill(
     """Wait for the builder's queue to carry work, kill the NATS node that leads it, wait until
     every queue is drained; then read the replicas, the records and the dead letters."""
     from cppperf.funnel import compute_funnel
-    from cppperf.shared.bus import AWAY_ERRORS
+    from cppperf.shared.bus import NOT_READY_ERRORS
 
     bus = await admin_bus(cluster.url, creds)
     start = time.monotonic()
@@ -347,7 +347,7 @@ async def mine_and_kill(
                         continue
                 services_done = services.procs["crawler"].poll() is not None
                 quiet = quiet + 1 if services_done and await bus.drained() else 0
-            except AWAY_ERRORS:
+            except NOT_READY_ERRORS:  # the killed node led JetStream: a new meta leader comes
                 quiet = 0
             await asyncio.sleep(1.0)
         result.timings["mine_s"] = round(time.monotonic() - start, 1)

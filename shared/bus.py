@@ -574,10 +574,10 @@ async def wait_drained(
     while quiet < settle:
         try:
             quiet = quiet + 1 if await bus.drained() else 0
-        except AWAY_ERRORS:
+        except NOT_READY_ERRORS:
             if bus.nc.is_closed:
                 raise
-            quiet = 0  # the server is away (nats-py reconnects): wait for it, the work is kept
+            quiet = 0  # the server is away (nats-py reconnects) or JetStream electing: the work is kept
         if deadline is not None and loop.time() > deadline:
             raise TimeoutError("pipeline did not drain in time")
         await asyncio.sleep(poll)

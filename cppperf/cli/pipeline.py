@@ -67,7 +67,7 @@ def _status_table(rows: list[Any], title: str = "pipeline") -> Table:
 async def _live_view(ctx: Any, settings: Settings) -> Group:
     """The subjects' table and, under it, what the work waits for (cores, claims, the bus)."""
     from cppperf.cli.waiting import describe
-    from cppperf.shared.bus import AWAY_ERRORS
+    from cppperf.shared.bus import NOT_READY_ERRORS
     from cppperf.shared.claims import live_claims
     from cppperf.shared.engine.leases import lease_dir, lease_view
 
@@ -76,7 +76,7 @@ async def _live_view(ctx: Any, settings: Settings) -> Group:
     try:
         table = _status_table(await ctx.bus.subject_status())
         claims, away = await live_claims(ctx.store), ctx.bus.lost_since
-    except AWAY_ERRORS:  # the server is away; nats-py reconnects
+    except NOT_READY_ERRORS:  # the server is away (nats-py reconnects) or JetStream electing
         if ctx.bus.nc.is_closed:
             raise
         table = Text("queues: not known while the bus is away")
