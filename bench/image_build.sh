@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Build deploy/Dockerfile with podman where no registry is reachable: FROM the Debian base
-# `cppperf images bootstrap` debootstraps (cppperf/base:bookworm), then check the image's view:
+# `cppperf images bootstrap` debootstraps (cppperf/base:trixie), then check the image's view:
 # bubblewrap present, `cppperf --help` runs, and the jail works inside the container with the
 # options docker-compose.yml gives builder and evaluator. README: "Running the cluster".
 #   bench/image_build.sh [TAG]     (default cppperf/service:latest; needs podman, debootstrap)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tag="${1:-cppperf/service:latest}"
-base="${CPPPERF_IMAGE_BASE:-cppperf/base:bookworm}"
+base="${CPPPERF_IMAGE_BASE:-cppperf/base:trixie}"
 export CONTAINERS_CONF="${CONTAINERS_CONF:-/tmp/cppperf-engine/containers.conf}"
 if ! podman image exists "$base"; then
   echo "bootstrapping $base (debootstrap, once per machine)"

@@ -102,8 +102,15 @@ class BrokerLog:
     def log(self, level: int, msg: Any, /, *, exc_info: Any = None, extra: Any = None) -> None:
         if level < logging.WARNING:
             return  # per-message "Received"/"Processed" lines: our handlers log one summary each
-        fields = {k: v for k, v in dict(extra or {}).items() if isinstance(v, str | int | float)}
+        fields = {k: v for k, v in dict(extra or {}).items() if isinstance(v, str | int | float) and v != ""}
         text = str(msg)
+        if text.startswith("Connection broken with"):
+            # nats-py's reconnect attempts while a server restarts (its error callback through
+            # FastStream): one line naming the error, no traceback; nats_reconnected follows
+            self._log.log(
+                level, "broker_connection_error", error=text.removeprefix("Connection broken with ")
+            )
+            return
         if "raised an exception, retrying" in text and isinstance(exc_info, BaseException):
             # FastStream restarts a pull loop whose fetch failed (nats-py's TimeoutError while the
             # server is away or slow): one line naming the error, no traceback — nothing is lost

@@ -71,4 +71,33 @@ def test_reconnect_lines_name_host_and_port_only(tmp_path: Path) -> None:
     reconnected = [line for line in text.splitlines() if "nats_reconnected" in line]
     assert any(f"127.0.0.1:{port}" in line for line in reconnected), reconnected
     assert password not in text, [line for line in text.splitlines() if password in line]
+    assert "Traceback" not in text, text[text.find("Traceback") :][:1500]  # one line per reconnect error
     assert "cppperf:" + password not in text
+
+
+def test_a_broken_broker_connection_is_one_line_without_traceback() -> None:
+    """FastStream hands nats-py's reconnect errors (a restarting server answering without INFO)
+    to its logger with the exception: one `broker_connection_error` line, no traceback."""
+    import io
+    import json
+
+    import nats.errors
+
+    from cppperf.runtime import BrokerLog
+    from cppperf.shared.logging import configure_logging
+
+    buf = io.StringIO()
+    configure_logging("info", json=True, file=buf)
+    try:
+        try:
+            raise nats.errors.Error("nats: empty response from server when expecting INFO message")
+        except nats.errors.Error as exc:
+            error = exc
+        text = f"Connection broken with {error!r}"
+        BrokerLog().log(30, text, exc_info=error, extra={"subject": "", "queue": ""})
+    finally:
+        configure_logging("info")
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == 1 and "Traceback" not in lines[0], lines
+    entry = json.loads(lines[0])
+    assert entry["event"] == "broker_connection_error" and "expecting INFO" in entry["error"]
