@@ -6,6 +6,7 @@ is searched for the run's secrets (NKey seeds, GitHub token, API key; #25 item 4
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -26,6 +27,8 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def cluster_run(tmp_path_factory: pytest.TempPathFactory) -> Result:
+    if not shutil.which("bwrap"):
+        pytest.skip("bubblewrap (bwrap) is not installed: the image's builder and evaluator need it")
     return run(tmp_path_factory.mktemp("e2e"), runs=11, eval_runs=5, timeout=420)
 
 
