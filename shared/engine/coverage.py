@@ -1,0 +1,415 @@
+"""Which tests run the change: gcc's own coverage (`--coverage`, `gcov --json-format`) on the new side.
+
+The new side's tree is copied to a third side, `cov`, and built once more in the same jail, limits
+and build type with `--coverage` added to the C/C++ flags and every linker's (`COVERAGE_ARGS`).
+Each test runs once there (untimed, on the build cores) with its own `GCOV_PREFIX`, so its
+`.gcda` counts land in a directory of its own; the `.gcno` notes are copied beside them and
+`gcov -j -x` (in the jail too) writes one `.gcov.json.gz` per translation unit: per source line
+its `count`, per function its lines and `execution_count`.
+
+The diff's changed sites (`changed_sites`, from `git diff -U0 old new`): the new-side lines a hunk
+adds or changes; for a hunk that only deletes, the new-side lines either side of the deletion.
+A test *runs the change* when it executes a changed line gcov instruments, or — for a hunk with
+no instrumented line (a deletion, a declaration) — the innermost function around it. Counts of a
+header's line are summed over every translation unit that includes it.
+
+Whatever goes wrong (the tree does not build with `--coverage`, gcov fails, no changed line is
+code, no test runs the change) gives a `Coverage` with `used=False` and the reason: the instance is
+then decided as without coverage, on every test. Never an exception out of `measure_coverage`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from unidiff import PatchSet
+from unidiff.errors import UnidiffParseError
+
+from cppperf.shared.domain import Coverage, CoveredTest
+from cppperf.shared.engine.backend import Backend, LocalBackend, Sides
+from cppperf.shared.engine.cmake import TestCase, normalise
+from cppperf.shared.engine.errorlines import first_error_lines
+from cppperf.shared.engine.limits import limits_for
+from cppperf.shared.engine.sandbox import RunResult, hand_over
+from cppperf.shared.engine.stats import TestStats
+from cppperf.shared.logging import get_logger
+from cppperf.shared.settings import BuilderSettings
+
+log = get_logger(__name__)
+
+COV_SIDE = "cov"
+COVERAGE_ARGS = tuple(
+    f"-D{var}=--coverage"
+    for var in (
+        "CMAKE_C_FLAGS",
+        "CMAKE_CXX_FLAGS",
+        "CMAKE_EXE_LINKER_FLAGS",
+        "CMAKE_SHARED_LINKER_FLAGS",
+        "CMAKE_MODULE_LINKER_FLAGS",
+    )
+)
+GCOV_DIR = ".cppperf-gcov"  # in the coverage tree: <n>/ one test's counts, <n>.json/ its gcov output
+SLOWDOWN = 3.0  # a test's timeout under coverage counters
+GCOV_TIMEOUT = 600.0
+JSON_LIMIT = 256 * 1024 * 1024  # bytes of one unpacked gcov document read at most
+
+Phase = Callable[[str, int, int], None]
+
+
+# ----------------------------------------------------------------------------- the diff's sites
+@dataclass(frozen=True)
+class Hunk:
+    lines: frozenset[int]  # new-side lines added or changed
+    anchors: frozenset[int] = frozenset()  # a deletion only: the new-side lines either side
+
+
+def changed_sites(diff: str) -> dict[str, list[Hunk]]:
+    """Per new-side path, the hunks of a unified diff (`git diff -U0` is enough) as new-side lines.
+    Deleted files have no new side and are left out; an unreadable diff gives {}."""
+    try:
+        patch = PatchSet(diff)
+    except UnidiffParseError:
+        return {}
+    out: dict[str, list[Hunk]] = {}
+    for pf in patch:
+        if pf.is_removed_file or pf.is_binary_file:
+            continue
+        hunks: list[Hunk] = []
+        for h in pf:
+            added = frozenset(ln.target_line_no for ln in h if ln.is_added and ln.target_line_no)
+            if added:
+                hunks.append(Hunk(added))
+            elif any(ln.is_removed for ln in h):
+                start = h.target_start  # -U0: the new-side line before the deletion (0: none)
+                hunks.append(Hunk(frozenset(), frozenset(n for n in (start, start + 1) if n > 0)))
+        if hunks:
+            out[pf.path] = hunks
+    return out
+
+
+def git_diff(repo: Path, old: str, new: str) -> str | None:
+    """`git diff -U0 old new` of the repository (None when git cannot tell)."""
+    argv = ["git", "-C", str(repo), "-c", "core.quotepath=off", "diff", "-U0", "--no-color"]
+    try:
+        proc = subprocess.run(
+            [*argv, "--no-ext-diff", "--no-textconv", old, new, "--"],
+            capture_output=True,
+            check=False,
+            timeout=120,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.decode(errors="replace") if proc.returncode == 0 else None
+
+
+# ------------------------------------------------------------------------------- gcov's counts
+@dataclass(frozen=True)
+class Function:
+    name: str
+    start: int
+    end: int
+
+
+@dataclass
+class Counts:
+    """One test's gcov data over the tree's sources (repository-relative paths)."""
+
+    lines: dict[tuple[str, int], int] = field(default_factory=dict)
+    functions: dict[tuple[str, Function], int] = field(default_factory=dict)
+
+    def add(self, doc: Mapping[str, Any], src_root: str) -> None:
+        """Fold in one `gcov --json-format` document (format_version 1, gcc 9+)."""
+        cwd = str(doc.get("current_working_directory") or "")
+        for f in doc.get("files") or []:
+            path = _relative(str(f.get("file") or ""), cwd, src_root)
+            if path is None:
+                continue
+            for ln in f.get("lines") or []:
+                key = (path, int(ln["line_number"]))
+                self.lines[key] = self.lines.get(key, 0) + int(ln["count"])
+            for fn in f.get("functions") or []:
+                name = str(fn.get("demangled_name") or fn.get("name") or "")
+                fkey = (path, Function(name, int(fn["start_line"]), int(fn["end_line"])))
+                self.functions[fkey] = self.functions.get(fkey, 0) + int(fn["execution_count"])
+
+
+def _relative(file: str, cwd: str, src_root: str) -> str | None:
+    """A gcov source path as a path in the repository, None outside the source tree."""
+    full = os.path.normpath(file if os.path.isabs(file) else os.path.join(cwd, file))
+    root = os.path.normpath(src_root)
+    return os.path.relpath(full, root) if full.startswith(root + os.sep) else None
+
+
+def _enclosing(path: str, line: int, functions: Sequence[tuple[str, Function]]) -> Function | None:
+    around = [f for p, f in functions if p == path and f.start <= line <= f.end]
+    return min(around, key=lambda f: f.end - f.start, default=None)
+
+
+@dataclass(frozen=True)
+class Sites:
+    """The changed sites as gcov sees them: instrumented lines, else the function around a hunk."""
+
+    lines: frozenset[tuple[str, int]]
+    functions: frozenset[tuple[str, Function]]
+    changed: int  # every changed site line
+    unmapped: int  # hunks with neither
+
+
+def map_sites(hunks: Mapping[str, Sequence[Hunk]], seen: Sequence[Counts]) -> Sites:
+    """The diff's hunks against what gcov instruments in any test's data."""
+    instrumented = {k for c in seen for k in c.lines}
+    functions = sorted({k for c in seen for k in c.functions}, key=lambda k: (k[0], k[1].start, k[1].end))
+    lines: set[tuple[str, int]] = set()
+    funcs: set[tuple[str, Function]] = set()
+    changed = unmapped = 0
+    for path, hs in hunks.items():
+        for h in hs:
+            changed += len(h.lines | h.anchors)
+            code = {(path, n) for n in h.lines if (path, n) in instrumented}
+            if code:
+                lines |= code
+                continue
+            around = {f for n in sorted(h.lines | h.anchors) if (f := _enclosing(path, n, functions))}
+            funcs |= {(path, f) for f in around}
+            unmapped += not around
+    return Sites(frozenset(lines), frozenset(funcs), changed, unmapped)
+
+
+def attribute(sites: Sites, counts: Counts) -> CoveredTest:
+    hit = sum(1 for k in sites.lines if counts.lines.get(k, 0) > 0)
+    funcs = sorted({f.name for k in sites.functions if counts.functions.get(k, 0) > 0 for f in [k[1]]})
+    return CoveredTest(
+        runs_change=hit > 0 or bool(funcs),
+        lines_hit=hit,
+        lines_total=len(sites.lines),
+        functions_hit=funcs,
+    )
+
+
+# ------------------------------------------------------------------------------ the whole run
+def coverage_backend(backend: Backend) -> LocalBackend | str:
+    """The backend that builds and runs the coverage side, or why there is none."""
+    if not isinstance(backend, LocalBackend):
+        return f"coverage needs the local backend, not {backend.name}"
+    src = backend.side_dir("new") / "src"
+    if not src.is_dir():
+        return "the new side's tree is not in the workspace"
+    dest = backend.side_dir(COV_SIDE)
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(src, dest / "src", symlinks=True)
+    spec = replace(backend.spec, extra_args=(*backend.spec.extra_args, *COVERAGE_ARGS))
+    return replace(backend, spec=spec, readonly_tests=False)
+
+
+def _walk_files(root: Path, suffix: str) -> Iterator[Path]:
+    """Regular files under `root` (never through a symlink: a test wrote this tree)."""
+    for dirpath, _dirs, files in os.walk(root, followlinks=False):
+        for name in files:
+            p = Path(dirpath) / name
+            if name.endswith(suffix) and p.is_file() and not p.is_symlink():
+                yield p
+
+
+def _read_doc(path: Path) -> dict[str, Any] | None:
+    try:
+        with gzip.open(path, "rb") as fh:
+            data = fh.read(JSON_LIMIT + 1)
+        doc = json.loads(data) if len(data) <= JSON_LIMIT else None
+    except (OSError, EOFError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _gcov(cov: LocalBackend, prefix: Path, out: Path, settings: BuilderSettings) -> Counts | str:
+    """gcov over one test's counts (host `prefix`), in the jail; its documents read back."""
+    host, view = cov.side_dir(COV_SIDE), Path(cov.tree_root(COV_SIDE))
+    seen_data: list[str] = []
+    for gcda in _walk_files(prefix, ".gcda"):
+        seen = Path("/") / gcda.relative_to(prefix)  # the object's path as the build saw it
+        if view not in seen.parents:
+            continue
+        notes = (host / seen.relative_to(view)).with_suffix(".gcno")
+        if notes.is_file() and not notes.is_symlink():
+            shutil.copyfile(notes, gcda.with_suffix(".gcno"))
+            seen_data.append(str(view / gcda.relative_to(host)))
+    counts = Counts()
+    if not seen_data:
+        return counts  # it ran no instrumented code of the tree
+    out.mkdir(parents=True, exist_ok=True)
+    hand_over(prefix, out)
+    tool = TestCase(
+        name="gcov", command=["gcov", "-j", "-x", *seen_data], cwd=str(view / out.relative_to(host))
+    )
+    res = cov.run_test(COV_SIDE, tool, replace(limits_for(tool, settings), timeout=GCOV_TIMEOUT))
+    if not res.ok:
+        return f"gcov failed (exit {res.returncode}): {' '.join(first_error_lines(res.output)[:3])[:300]}"
+    src_root = str(view / "src")
+    for doc_path in _walk_files(out, ".gcov.json.gz"):
+        doc = _read_doc(doc_path)
+        if doc is None:
+            return f"gcov wrote an unreadable document: {doc_path.name}"
+        counts.add(doc, src_root)
+    return counts
+
+
+def _run_one(cov: LocalBackend, test: TestCase, i: int, settings: BuilderSettings) -> tuple[Path, RunResult]:
+    host, view = cov.side_dir(COV_SIDE), Path(cov.tree_root(COV_SIDE))
+    prefix = host / GCOV_DIR / str(i)
+    prefix.mkdir(parents=True, exist_ok=True)
+    hand_over(prefix)
+    env = {**test.env, "GCOV_PREFIX": str(view / GCOV_DIR / str(i)), "GCOV_PREFIX_STRIP": "0"}
+    limits = limits_for(test, settings)
+    limits = replace(
+        limits, timeout=limits.timeout * SLOWDOWN, cpu_seconds=int(limits.timeout * SLOWDOWN * 2) + 1
+    )
+    return prefix, normalise(test, cov.run_test(COV_SIDE, replace(test, env=env), limits))
+
+
+def measure_coverage(
+    backend: Backend,
+    repo_path: Path | None,
+    sides: Sides | None,
+    tests: Mapping[str, TestCase],
+    settings: BuilderSettings,
+    phase: Phase,
+) -> Coverage:
+    """Which of `tests` (name → the new side's test) run the change between `sides["old"]` and
+    `sides["new"]`; `used=False` with the reason when coverage cannot tell."""
+    start = time.monotonic()
+    try:
+        cov = _measure(backend, repo_path, sides, tests, settings, phase)
+    except OSError as exc:  # the workspace: a copy or a read failed
+        cov = Coverage(reason=f"coverage failed: {exc}")
+    cov.seconds = round(time.monotonic() - start, 3)
+    if isinstance(backend, LocalBackend):
+        with contextlib.suppress(OSError):
+            shutil.rmtree(backend.side_dir(COV_SIDE), ignore_errors=True)
+    if not cov.used:
+        log.info("coverage not used", reason=cov.reason)
+    return cov
+
+
+def _measure(
+    backend: Backend,
+    repo_path: Path | None,
+    sides: Sides | None,
+    tests: Mapping[str, TestCase],
+    settings: BuilderSettings,
+    phase: Phase,
+) -> Coverage:
+    old, new = (sides or {}).get("old"), (sides or {}).get("new")
+    if repo_path is None or not isinstance(old, str) or not isinstance(new, str):
+        return Coverage(reason="no commit pair to diff (an instance image or a tree)")
+    diff = git_diff(repo_path, old, new)
+    hunks = changed_sites(diff or "")
+    if not hunks:
+        return Coverage(reason="the diff changes no line on the new side" if diff else "git diff failed")
+    made = coverage_backend(backend)
+    if isinstance(made, str):
+        return Coverage(reason=made)
+    cov = made
+    phase("coverage build", 0, 1)
+    steps = cov.build(COV_SIDE)
+    build_log = str(steps[-1].log_path or "")
+    if not steps[-1].ok:
+        lines = " | ".join(first_error_lines(steps[-1].result.output)[:3])[:400]
+        return Coverage(
+            reason=f"the new side does not {steps[-1].step} with --coverage: {lines}", build_log=build_log
+        )
+    by_name = {t.name: t for t in cov.tests(COV_SIDE)}
+    counts: dict[str, Counts] = {}
+    failed: set[str] = set()
+    names = sorted(tests)
+    for i, name in enumerate(names):
+        phase("coverage", i, len(names))
+        t = by_name.get(name)
+        if t is None:
+            failed.add(name)
+            continue
+        prefix, res = _run_one(cov, t, i, settings)
+        got = _gcov(cov, prefix, cov.side_dir(COV_SIDE) / GCOV_DIR / f"{i}.json", settings)
+        if isinstance(got, str):
+            return Coverage(reason=got, build_log=build_log)
+        if not res.ok:
+            failed.add(name)
+        counts[name] = got
+    phase("coverage", len(names), len(names))
+    return family_from_counts(hunks, counts, failed, names, build_log)
+
+
+def family_from_counts(
+    hunks: Mapping[str, Sequence[Hunk]],
+    counts: Mapping[str, Counts],
+    failed: set[str],
+    names: Sequence[str],
+    build_log: str = "",
+) -> Coverage:
+    """The coverage record from each test's counts: who runs the change, the deciding family and
+    the controls; `used=False` when no changed line is code or no test runs it. A test whose
+    coverage run failed is kept in the family (nothing says it does not run the change)."""
+    sites = map_sites(hunks, list(counts.values()))
+    per_test = {n: attribute(sites, counts.get(n, Counts())) for n in names}
+    for n in failed:
+        per_test[n] = msgspec.structs.replace(per_test[n], runs_change=True, ran=False)
+    base = Coverage(
+        changed_lines=sites.changed,
+        executable_lines=len(sites.lines),
+        unmapped_hunks=sites.unmapped,
+        tests=per_test,
+        build_log=build_log,
+    )
+    if not sites.lines and not sites.functions:
+        base.reason = "no changed line is code a test's translation units instrument"
+        return base
+    deciding = [n for n in names if per_test[n].runs_change]
+    if not deciding:
+        base.reason = "no test runs the change"
+        return base
+    base.used, base.deciding = True, deciding
+    base.controls = [n for n in names if not per_test[n].runs_change]
+    return base
+
+
+# ------------------------------------------------------------------------------ the decision
+def _ctest_name(name: str, known: Mapping[str, object]) -> str:
+    """A case `<test>::<case>` (builder.split_cases) belongs to its CTest test."""
+    if name in known:
+        return name
+    parents = [t for t in known if name.startswith(t + "::")]
+    return max(parents, key=len, default=name)
+
+
+def split_family(cov: Coverage | None, names: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The tests that decide and the controls among `names` (every test decides without a used
+    coverage)."""
+    if cov is None or not cov.used:
+        return list(names), []
+    deciding = set(cov.deciding)
+    family = [
+        n
+        for n in names
+        if _ctest_name(n, cov.tests) in deciding or _ctest_name(n, cov.tests) not in cov.tests
+    ]
+    return family, [n for n in names if n not in set(family)]
+
+
+def flag_controls(cov: Coverage, controls: Sequence[TestStats], *, improved: str, regressed: str) -> None:
+    """Record the controls that moved by the deciding rule (attribute names `improved`/`regressed`
+    of `TestStats`); any makes the measurement suspect."""
+    moved = {
+        t.name: "improved" if getattr(t, improved) else "regressed"
+        for t in controls
+        if getattr(t, improved) or getattr(t, regressed)
+    }
+    cov.moved_controls, cov.suspect = moved, bool(moved)
