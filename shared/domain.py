@@ -277,7 +277,7 @@ class Coverage(msgspec.Struct, kw_only=True):
     moved_controls: dict[str, str] = msgspec.field(default_factory=dict)  # control -> improved | regressed
     suspect: bool = False  # a control moved: the measurement is flagged (the verdict stands)
     seconds: float = 0.0  # the coverage build, runs and gcov
-    build_log: str = ""
+    build_log: str = ""  # the coverage build's log, by name in the instance's logs folder
 
 
 class InstanceMeta(msgspec.Struct, kw_only=True):

@@ -371,7 +371,9 @@ def _run(
         return limits_for(t, s.builder, timeout=ev.test_timeout, cpu=cpu, instructions=instructions)
 
     info = {"applied": True, "applied_with": applied_with, "builds": True, "tests": common}
-    timed = [n for n in common if n in set(inst.improved_tests)] or common
+    # the expert's improved tests, else the tests that run its change (coverage), else every test
+    timed = [n for n in common if n in set(inst.improved_tests)]
+    timed = timed or [n for n in common if n in set(inst.deciding_tests)] or common
     count = check_metric(backend, s.builder)
     exact = exact_metric(s.builder)
     # correctness runs are untimed: on the build cores, before the timing core is leased, so a

@@ -1,7 +1,7 @@
 """Which tests run the change: gcc's own coverage (`--coverage`, `gcov --json-format`) on the new side.
 
 The new side's tree is copied to a third side, `cov`, and built once more in the same jail, limits
-and build type with `--coverage` added to the C/C++ flags and every linker's (`COVERAGE_ARGS`).
+and build type with `--coverage` added to the C/C++ flags and every linker's (`coverage_args`).
 Each test runs once there (untimed, on the build cores) with its own `GCOV_PREFIX`, so its
 `.gcda` counts land in a directory of its own; the `.gcno` notes are copied beside them and
 `gcov -j -x` (in the jail too) writes one `.gcov.json.gz` per translation unit: per source line
@@ -49,16 +49,21 @@ from cppperf.shared.settings import BuilderSettings
 log = get_logger(__name__)
 
 COV_SIDE = "cov"
-COVERAGE_ARGS = tuple(
-    f"-D{var}=--coverage"
-    for var in (
-        "CMAKE_C_FLAGS",
-        "CMAKE_CXX_FLAGS",
-        "CMAKE_EXE_LINKER_FLAGS",
-        "CMAKE_SHARED_LINKER_FLAGS",
-        "CMAKE_MODULE_LINKER_FLAGS",
-    )
-)
+_FLAG_ENV = {  # the variable CMake initialises each one from: kept, --coverage added
+    "CMAKE_C_FLAGS": "CFLAGS",
+    "CMAKE_CXX_FLAGS": "CXXFLAGS",
+    "CMAKE_EXE_LINKER_FLAGS": "LDFLAGS",
+    "CMAKE_SHARED_LINKER_FLAGS": "LDFLAGS",
+    "CMAKE_MODULE_LINKER_FLAGS": "LDFLAGS",
+}
+
+
+def coverage_args(env: Mapping[str, str]) -> tuple[str, ...]:
+    """`-D<flags>=... --coverage` for the compilers and every linker (a -D replaces what CMake
+    would take from CFLAGS/CXXFLAGS/LDFLAGS: those are kept in front)."""
+    return tuple(f"-D{var}={(env.get(e, '') + ' --coverage').strip()}" for var, e in _FLAG_ENV.items())
+
+
 GCOV_DIR = ".cppperf-gcov"  # in the coverage tree: <n>/ one test's counts, <n>.json/ its gcov output
 SLOWDOWN = 3.0  # a test's timeout under coverage counters
 GCOV_TIMEOUT = 600.0
@@ -208,7 +213,7 @@ def coverage_backend(backend: Backend) -> LocalBackend | str:
     dest = backend.side_dir(COV_SIDE)
     shutil.rmtree(dest, ignore_errors=True)
     shutil.copytree(src, dest / "src", symlinks=True)
-    spec = replace(backend.spec, extra_args=(*backend.spec.extra_args, *COVERAGE_ARGS))
+    spec = replace(backend.spec, extra_args=(*backend.spec.extra_args, *coverage_args(os.environ)))
     return replace(backend, spec=spec, readonly_tests=False)
 
 
@@ -321,7 +326,7 @@ def _measure(
     cov = made
     phase("coverage build", 0, 1)
     steps = cov.build(COV_SIDE)
-    build_log = str(steps[-1].log_path or "")
+    build_log = steps[-1].log_path.name if steps[-1].log_path else ""  # kept in the instance's logs
     if not steps[-1].ok:
         lines = " | ".join(first_error_lines(steps[-1].result.output)[:3])[:400]
         return Coverage(

@@ -1,0 +1,181 @@
+"""Which tests run the change (`builder.coverage`): the diff's changed lines as new-side sites,
+gcov's counts attributed per test, the deciding family and the A/A controls; on a real generated
+project the test that calls the changed function decides alone, the one that does not is a
+control and is not flagged; a project that does not build with --coverage falls back to every
+test deciding, with the reason recorded; the evaluator times the deciding family."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cppperf.demo import DemoRepo
+from cppperf.services.builder.service import build_patch
+from cppperf.services.evaluator.instances import from_record
+from cppperf.shared.domain import InstanceMeta, to_struct
+from cppperf.shared.engine.coverage import (
+    Counts,
+    Function,
+    Hunk,
+    changed_sites,
+    family_from_counts,
+    split_family,
+)
+from cppperf.shared.engine.stats import benjamini_hochberg
+from tests.conftest import commit_for, make_settings
+from tests.gitrepo import commit_files
+
+DIFF = """\
+diff --git a/src/a.cpp b/src/a.cpp
+index 1111111..2222222 100644
+--- a/src/a.cpp
++++ b/src/a.cpp
+@@ -3 +3 @@ int f() {
+-  return 1;
++  return 2;
+@@ -10,2 +9,0 @@ void g() {
+-  dead();
+-  dead();
+diff --git a/old.cpp b/old.cpp
+deleted file mode 100644
+index 3333333..0000000
+--- a/old.cpp
++++ /dev/null
+@@ -1 +0,0 @@
+-int gone;
+"""
+
+
+def test_changed_sites_are_new_side_lines_and_deletion_anchors() -> None:
+    sites = changed_sites(DIFF)
+    assert list(sites) == ["src/a.cpp"]  # a deleted file has no new side
+    assert sites["src/a.cpp"] == [Hunk(frozenset({3})), Hunk(frozenset(), frozenset({9, 10}))]
+    assert changed_sites("not a diff at all") == {}
+
+
+def _counts(lines: dict[int, int], g_runs: int = 0) -> Counts:
+    c = Counts()
+    c.lines = {("src/a.cpp", n): k for n, k in lines.items()}
+    c.functions = {
+        ("src/a.cpp", Function("f()", 1, 4)): lines.get(3, 0),
+        ("src/a.cpp", Function("g()", 8, 11)): g_runs,
+    }
+    return c
+
+
+def test_family_from_counts_attributes_lines_functions_and_failed_runs() -> None:
+    hunks = changed_sites(DIFF)
+    counts = {"calls_f": _counts({3: 5}), "calls_g": _counts({3: 0, 9: 1}, g_runs=1), "none": _counts({3: 0})}
+    cov = family_from_counts(hunks, counts, {"crashed"}, ["calls_f", "calls_g", "crashed", "none"])
+    assert cov.used and cov.reason == ""
+    f, g, none = cov.tests["calls_f"], cov.tests["calls_g"], cov.tests["none"]
+    assert (f.runs_change, f.lines_hit, f.lines_total, f.functions_hit) == (True, 1, 1, [])
+    # the deletion's hunk has no instrumented line: the function around it (line 9 is not a
+    # changed line, only its neighbour) says g() ran it
+    assert g.runs_change and g.lines_hit == 0 and g.functions_hit == ["g()"]
+    assert not none.runs_change
+    assert cov.tests["crashed"].runs_change and not cov.tests["crashed"].ran  # kept in the family
+    assert cov.deciding == ["calls_f", "calls_g", "crashed"] and cov.controls == ["none"]
+    assert split_family(cov, ["calls_f", "none"]) == (["calls_f"], ["none"])
+    nobody = family_from_counts(hunks, {"none": _counts({3: 0})}, set(), ["none"])
+    assert not nobody.used and nobody.reason == "no test runs the change"
+    assert split_family(nobody, ["none"]) == (["none"], [])  # fallback: every test decides
+
+
+def test_split_cases_belong_to_their_ctest_test() -> None:
+    cov = family_from_counts(
+        changed_sites(DIFF), {"unit": _counts({3: 1}), "other": _counts({})}, set(), ["other", "unit"]
+    )
+    assert split_family(cov, ["other", "unit::A.one", "unit::B.two"]) == (
+        ["unit::A.one", "unit::B.two"],
+        ["other"],
+    )
+
+
+@pytest.mark.build
+@pytest.mark.slow
+def test_the_covering_test_decides_and_the_other_is_a_control(demo_repo: DemoRepo, tmp_path: Path) -> None:
+    s = make_settings(tmp_path, builder={"coverage": True})
+    built = build_patch(
+        commit_for(demo_repo.path, demo_repo.shas["perf"]),
+        demo_repo.path,
+        s.builder,
+        work_dir=tmp_path / "work",
+        out_dir=tmp_path / "out",
+    )
+    meta = to_struct(built.record["cppperf"], InstanceMeta)  # typed: the record's schema holds
+    cov = meta.coverage
+    assert cov is not None and cov.used, cov
+    assert cov.tests["spin"].runs_change and cov.tests["spin"].lines_hit >= 1
+    assert not cov.tests["other"].runs_change and cov.tests["other"].lines_hit == 0
+    assert cov.deciding == ["spin"] and cov.controls == ["other"]
+    assert not cov.suspect and cov.moved_controls == {}  # the A/A control did not move
+    assert meta.verdict == "improved" and built.record["tests"]["significant_improvements_tests"] == ["spin"]
+    spin = next(t for t in meta.tests if t.name == "spin")
+    # the correction ran over the deciding family only: spin's two one-sided hypotheses
+    assert spin.p_improve_adj == pytest.approx(benjamini_hochberg([spin.p_improve, spin.p_regress])[0])
+    other = next(t for t in meta.tests if t.name == "other")
+    assert not (other.improved or other.regressed or other.paper_improved)  # a control never decides
+    assert cov.build_log == "cov-build.log"
+    assert (tmp_path / "out" / "logs" / meta.instance_id / cov.build_log).is_file()
+    assert from_record(built.record).deciding_tests == ["spin"]  # what the evaluator times
+
+
+NO_COVERAGE = """\
+cmake_minimum_required(VERSION 3.16)
+project(nocov CXX)
+if(CMAKE_CXX_FLAGS MATCHES "coverage")
+  message(FATAL_ERROR "this project refuses coverage builds")
+endif()
+enable_testing()
+add_executable(t t.cpp)
+add_test(NAME t COMMAND t)
+"""
+
+
+@pytest.mark.build
+@pytest.mark.slow
+def test_a_project_that_does_not_build_with_coverage_falls_back(tmp_path: Path) -> None:
+    repo = tmp_path / "nocov"
+    # ~60 ms a run: above builder.sample_floor, so a sample is one run (few sandboxed launches)
+    src = "static volatile int sink;\nint main() {{ for (int i = 0; i < {n}; ++i) sink = i; return 0; }}\n"
+    commit_files(repo, {"CMakeLists.txt": NO_COVERAGE, "t.cpp": src.format(n=60_000_000)}, "one")
+    head = commit_files(repo, {"t.cpp": src.format(n=59_000_000)}, "two")
+    s = make_settings(tmp_path, builder={"coverage": True, "runs": 6, "early_stop_min_rounds": 4})
+    built = build_patch(
+        commit_for(repo, head, "local/nocov"),
+        repo,
+        s.builder,
+        work_dir=tmp_path / "work",
+        out_dir=tmp_path / "out",
+    )
+    c = built.record["cppperf"]
+    assert c["verdict"] != "rejected", c["failure_detail"]
+    assert c["coverage"]["used"] is False
+    assert "does not configure with --coverage" in c["coverage"]["reason"]
+    assert "refuses coverage builds" in c["coverage"]["reason"]
+    assert [t["name"] for t in c["tests"]] == ["t"]  # every test decided, as without coverage
+    assert from_record(built.record).deciding_tests == []
+
+
+def test_a_control_that_moves_makes_the_measurement_suspect() -> None:
+    from cppperf.shared.engine.coverage import flag_controls
+    from cppperf.shared.engine.stats import compare_all
+
+    cov = family_from_counts(
+        changed_sites(DIFF),
+        {"f": _counts({3: 1}), "c1": _counts({}), "c2": _counts({})},
+        set(),
+        ["c1", "c2", "f"],
+    )
+    fast = [1.0 + 0.01 * i for i in range(10)]
+    controls = compare_all(
+        {"c1": (fast, [x * 0.5 for x in fast]), "c2": (fast, list(reversed(fast)))},
+        alpha=0.05,
+        min_improvement=0.05,
+        resamples=200,
+        seed=1,
+    )
+    flag_controls(cov, controls, improved="improved", regressed="regressed")
+    assert cov.suspect and cov.moved_controls == {"c1": "improved"}
