@@ -179,3 +179,24 @@ def test_a_control_that_moves_makes_the_measurement_suspect() -> None:
     )
     flag_controls(cov, controls, improved="improved", regressed="regressed")
     assert cov.suspect and cov.moved_controls == {"c1": "improved"}
+
+
+def test_the_host_follows_no_link_a_test_left_in_the_coverage_tree(tmp_path: Path) -> None:
+    from cppperf.shared.engine.coverage import TreeChanged, _fresh, _place, _real
+
+    host, outside = tmp_path / "cov", tmp_path / "outside.txt"
+    outside.write_text("keep me")
+    (host / "build").mkdir(parents=True)
+    (host / "build" / "a.cpp.gcno").write_bytes(b"notes")
+    counts = host / "g" / "0"
+    counts.mkdir(parents=True)
+    (counts / "a.cpp.gcno").symlink_to(outside)  # planted where the notes are copied
+    assert _place(host / "build" / "a.cpp.gcno", counts / "a.cpp.gcno", host)
+    assert outside.read_text() == "keep me" and (counts / "a.cpp.gcno").read_bytes() == b"notes"
+    (host / "build" / "b.cpp.gcno").symlink_to(outside)  # notes that are a link: not read
+    assert not _place(host / "build" / "b.cpp.gcno", counts / "b.cpp.gcno", host)
+    (host / "h").symlink_to(tmp_path)  # a folder swapped for a link
+    with pytest.raises(TreeChanged):
+        _real(host, Path("h"))
+    fresh = _fresh(host, Path("h"))
+    assert fresh.is_dir() and not fresh.is_symlink() and outside.exists()

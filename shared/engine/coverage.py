@@ -25,6 +25,7 @@ import gzip
 import json
 import os
 import shutil
+import stat
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -43,6 +44,7 @@ from cppperf.shared.engine.errorlines import first_error_lines
 from cppperf.shared.engine.limits import limits_for
 from cppperf.shared.engine.sandbox import RunResult, hand_over
 from cppperf.shared.engine.stats import TestStats
+from cppperf.shared.errors import InfraFailure
 from cppperf.shared.logging import get_logger
 from cppperf.shared.settings import BuilderSettings
 
@@ -217,13 +219,55 @@ def coverage_backend(backend: Backend) -> LocalBackend | str:
     return replace(backend, spec=spec, readonly_tests=False)
 
 
+class TreeChanged(Exception):
+    """A path cppperf made in the coverage tree is no longer a plain directory: a test changed it."""
+
+
+def _real(host: Path, rel: Path) -> Path:
+    """`host / rel` when each component below `host` is a directory, not a link (`lstat`): the
+    tests wrote this tree, so the host follows no link in it. Called only when none runs."""
+    p = host
+    for part in rel.parts:
+        p = p / part
+        if not stat.S_ISDIR(os.lstat(p).st_mode):
+            raise TreeChanged(f"{p.relative_to(host)} is no longer a directory")
+    return p
+
+
+def _fresh(host: Path, rel: Path) -> Path:
+    """An empty directory at `host / rel` (whatever was there removed, links not followed)."""
+    p = _real(host, rel.parent) / rel.name
+    if p.is_symlink() or (p.exists() and not p.is_dir()):
+        p.unlink()
+    elif p.exists():
+        shutil.rmtree(p)
+    p.mkdir(mode=0o755)
+    return p
+
+
 def _walk_files(root: Path, suffix: str) -> Iterator[Path]:
-    """Regular files under `root` (never through a symlink: a test wrote this tree)."""
+    """Regular files under `root` (never through a link)."""
     for dirpath, _dirs, files in os.walk(root, followlinks=False):
         for name in files:
             p = Path(dirpath) / name
-            if name.endswith(suffix) and p.is_file() and not p.is_symlink():
+            if name.endswith(suffix) and stat.S_ISREG(os.lstat(p).st_mode):
                 yield p
+
+
+def _place(notes: Path, dest: Path, host: Path) -> bool:
+    """Copy the build's `.gcno` beside a test's `.gcda`: the source only inside the tree, the
+    destination created afresh (a link a test left there is removed, never written through)."""
+    if not notes.is_file() or notes.is_symlink() or host.resolve() not in notes.resolve().parents:
+        return False
+    if dest.is_symlink() or dest.is_file():
+        dest.unlink()
+    elif dest.exists():
+        return False
+    data = notes.read_bytes()
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    return True
 
 
 def _read_doc(path: Path) -> dict[str, Any] | None:
@@ -236,49 +280,77 @@ def _read_doc(path: Path) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-def _gcov(cov: LocalBackend, prefix: Path, out: Path, settings: BuilderSettings) -> Counts | str:
-    """gcov over one test's counts (host `prefix`), in the jail; its documents read back."""
-    host, view = cov.side_dir(COV_SIDE), Path(cov.tree_root(COV_SIDE))
-    seen_data: list[str] = []
-    for gcda in _walk_files(prefix, ".gcda"):
-        seen = Path("/") / gcda.relative_to(prefix)  # the object's path as the build saw it
-        if view not in seen.parents:
-            continue
-        notes = (host / seen.relative_to(view)).with_suffix(".gcno")
-        if notes.is_file() and not notes.is_symlink():
-            shutil.copyfile(notes, gcda.with_suffix(".gcno"))
-            seen_data.append(str(view / gcda.relative_to(host)))
-    counts = Counts()
-    if not seen_data:
-        return counts  # it ran no instrumented code of the tree
-    out.mkdir(parents=True, exist_ok=True)
-    hand_over(prefix, out)
-    tool = TestCase(
-        name="gcov", command=["gcov", "-j", "-x", *seen_data], cwd=str(view / out.relative_to(host))
-    )
-    res = cov.run_test(COV_SIDE, tool, replace(limits_for(tool, settings), timeout=GCOV_TIMEOUT))
-    if not res.ok:
-        return f"gcov failed (exit {res.returncode}): {' '.join(first_error_lines(res.output)[:3])[:300]}"
-    src_root = str(view / "src")
-    for doc_path in _walk_files(out, ".gcov.json.gz"):
-        doc = _read_doc(doc_path)
-        if doc is None:
-            return f"gcov wrote an unreadable document: {doc_path.name}"
-        counts.add(doc, src_root)
-    return counts
+@dataclass(frozen=True)
+class _Tree:
+    """The coverage side: host and seen paths, and the folder of counts (ours, not the tests')."""
 
+    cov: LocalBackend
+    settings: BuilderSettings
 
-def _run_one(cov: LocalBackend, test: TestCase, i: int, settings: BuilderSettings) -> tuple[Path, RunResult]:
-    host, view = cov.side_dir(COV_SIDE), Path(cov.tree_root(COV_SIDE))
-    prefix = host / GCOV_DIR / str(i)
-    prefix.mkdir(parents=True, exist_ok=True)
-    hand_over(prefix)
-    env = {**test.env, "GCOV_PREFIX": str(view / GCOV_DIR / str(i)), "GCOV_PREFIX_STRIP": "0"}
-    limits = limits_for(test, settings)
-    limits = replace(
-        limits, timeout=limits.timeout * SLOWDOWN, cpu_seconds=int(limits.timeout * SLOWDOWN * 2) + 1
-    )
-    return prefix, normalise(test, cov.run_test(COV_SIDE, replace(test, env=env), limits))
+    @property
+    def host(self) -> Path:
+        return self.cov.side_dir(COV_SIDE)
+
+    @property
+    def view(self) -> Path:
+        return Path(self.cov.tree_root(COV_SIDE))
+
+    def seen(self, p: Path) -> str:
+        return str(self.view / p.relative_to(self.host))
+
+    def check(self) -> None:
+        """The counts folder is still ours (a test cannot have swapped it: it is not the sandbox
+        uid's, but its parent is)."""
+        if os.lstat(_real(self.host, Path(GCOV_DIR))).st_uid != os.geteuid():
+            raise TreeChanged(f"{GCOV_DIR} was replaced")
+
+    def run(self, test: TestCase, i: int) -> tuple[Path, RunResult]:
+        """`test` once with its counts under `<GCOV_DIR>/<i>`."""
+        prefix = _fresh(self.host, Path(GCOV_DIR, str(i)))
+        hand_over(prefix)  # the folder only (empty): the test writes there
+        env = {**test.env, "GCOV_PREFIX": self.seen(prefix), "GCOV_PREFIX_STRIP": "0"}
+        limits = limits_for(test, self.settings)
+        slow = limits.timeout * SLOWDOWN
+        limits = replace(limits, timeout=slow, cpu_seconds=int(slow * 2) + 1)
+        res = normalise(test, self.cov.run_test(COV_SIDE, replace(test, env=env), limits))
+        self.check()
+        return _real(self.host, Path(GCOV_DIR, str(i))), res
+
+    def gcov(self, prefix: Path, i: int) -> Counts | str:
+        """gcov over one test's counts, in the jail; its documents read back; both folders gone."""
+        data: list[str] = []
+        for gcda in _walk_files(prefix, ".gcda"):
+            seen = Path("/") / gcda.relative_to(prefix)  # the object's path as the build saw it
+            if self.view in seen.parents:
+                notes = (self.host / seen.relative_to(self.view)).with_suffix(".gcno")
+                if _place(notes, gcda.with_suffix(".gcno"), self.host):
+                    data.append(self.seen(gcda))
+        counts = Counts()
+        if not data:
+            shutil.rmtree(prefix)
+            return counts  # it ran no instrumented code of the tree
+        out = _fresh(self.host, Path(GCOV_DIR, f"{i}.json"))
+        hand_over(prefix, out)
+        tool = TestCase(name="gcov", command=["gcov", "-j", "-x", *data], cwd=self.seen(out))
+        limits = replace(limits_for(tool, self.settings), timeout=GCOV_TIMEOUT)
+        res = self.cov.run_test(COV_SIDE, tool, limits)
+        self.check()
+        out = _real(self.host, Path(GCOV_DIR, f"{i}.json"))
+        try:
+            if not res.ok:
+                return f"gcov failed (exit {res.returncode}): {' '.join(first_error_lines(res.output)[:3])[:300]}"
+            for doc_path in _walk_files(out, ".gcov.json.gz"):
+                doc = _read_doc(doc_path)
+                try:
+                    counts.add(doc or {}, str(self.view / "src"))
+                except (KeyError, TypeError, ValueError):
+                    doc = None
+                if doc is None:
+                    return f"gcov wrote an unreadable document: {doc_path.name}"
+            return counts
+        finally:
+            shutil.rmtree(prefix)
+            shutil.rmtree(out)
 
 
 def measure_coverage(
@@ -294,7 +366,7 @@ def measure_coverage(
     start = time.monotonic()
     try:
         cov = _measure(backend, repo_path, sides, tests, settings, phase)
-    except OSError as exc:  # the workspace: a copy or a read failed
+    except (OSError, InfraFailure, TreeChanged) as exc:  # a copy, a read, a run that could not start
         cov = Coverage(reason=f"coverage failed: {exc}")
     cov.seconds = round(time.monotonic() - start, 3)
     if isinstance(backend, LocalBackend):
@@ -333,6 +405,8 @@ def _measure(
             reason=f"the new side does not {steps[-1].step} with --coverage: {lines}", build_log=build_log
         )
     by_name = {t.name: t for t in cov.tests(COV_SIDE)}
+    tree = _Tree(cov, settings)
+    _fresh(tree.host, Path(GCOV_DIR))  # root's when cppperf is root: no test can add to it
     counts: dict[str, Counts] = {}
     failed: set[str] = set()
     names = sorted(tests)
@@ -342,8 +416,8 @@ def _measure(
         if t is None:
             failed.add(name)
             continue
-        prefix, res = _run_one(cov, t, i, settings)
-        got = _gcov(cov, prefix, cov.side_dir(COV_SIDE) / GCOV_DIR / f"{i}.json", settings)
+        prefix, res = tree.run(t, i)
+        got = tree.gcov(prefix, i)
         if isinstance(got, str):
             return Coverage(reason=got, build_log=build_log)
         if not res.ok:
