@@ -6,6 +6,9 @@ test deciding, with the reason recorded; the evaluator times the deciding family
 
 from __future__ import annotations
 
+import copy
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ import pytest
 from cppperf.demo import DemoRepo
 from cppperf.services.builder.service import build_patch
 from cppperf.services.evaluator.instances import from_record
+from cppperf.services.evaluator.pipeline import EvalRequest, evaluate
 from cppperf.shared.domain import InstanceMeta, to_struct
 from cppperf.shared.engine.coverage import (
     Counts,
@@ -23,7 +27,7 @@ from cppperf.shared.engine.coverage import (
     split_family,
 )
 from cppperf.shared.engine.stats import benjamini_hochberg
-from tests.conftest import commit_for, make_settings
+from tests.conftest import Proven, commit_for, make_settings
 from tests.gitrepo import commit_files
 
 DIFF = """\
@@ -200,3 +204,25 @@ def test_the_host_follows_no_link_a_test_left_in_the_coverage_tree(tmp_path: Pat
         _real(host, Path("h"))
     fresh = _fresh(host, Path("h"))
     assert fresh.is_dir() and not fresh.is_symlink() and outside.exists()
+
+
+@pytest.mark.build
+@pytest.mark.slow
+def test_the_evaluator_times_the_tests_that_run_the_expert_change(
+    proven: Callable[[str], Proven], tmp_path: Path
+) -> None:
+    """No improved test recorded (a `not-improved` proof, say): the deciding family is timed, not
+    every test; the evaluator needs no coverage build of its own."""
+    record = copy.deepcopy(proven("perf").record)
+    record["tests"]["significant_improvements_tests"] = []
+    record["cppperf"]["coverage"] = {"used": True, "deciding": ["spin"], "controls": ["other"]}
+    s = make_settings(
+        tmp_path, evaluator={"runs": 4, "runs_dir": str(tmp_path / "runs"), "test_timeout": 5.0}
+    )
+    iid = record["cppperf"]["instance_id"]
+    dest = Path(s.out_dir) / "instances" / f"{iid}.json"
+    dest.parent.mkdir(parents=True)
+    dest.write_text(json.dumps(record))
+    patch = record["commit_info"]["patch"][0]
+    rep = evaluate(EvalRequest(run_id="t", model="expert", instance_id=iid, patch=patch), s)
+    assert rep["tests"] == ["other", "spin"] and rep["timed_tests"] == ["spin"], rep.get("reason")
