@@ -226,3 +226,19 @@ def test_the_evaluator_times_the_tests_that_run_the_expert_change(
     patch = record["commit_info"]["patch"][0]
     rep = evaluate(EvalRequest(run_id="t", model="expert", instance_id=iid, patch=patch), s)
     assert rep["tests"] == ["other", "spin"] and rep["timed_tests"] == ["spin"], rep.get("reason")
+
+
+def test_every_instantiation_of_the_function_around_a_change_counts() -> None:
+    def ran(name: str) -> Counts:
+        c = Counts()
+        c.functions = {("src/a.cpp", Function(n, 8, 11)): int(n == name) for n in ("g<int>()", "g<float>()")}
+        return c
+
+    cov = family_from_counts(
+        {"src/a.cpp": [Hunk(frozenset(), frozenset({9}))]},
+        {"i": ran("g<int>()"), "f": ran("g<float>()")},
+        set(),
+        ["f", "i"],
+    )
+    assert cov.deciding == ["f", "i"]
+    assert cov.tests["f"].functions_hit == ["g<float>()"] and cov.tests["i"].functions_hit == ["g<int>()"]

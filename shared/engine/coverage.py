@@ -158,9 +158,14 @@ def _relative(file: str, cwd: str, src_root: str) -> str | None:
     return os.path.relpath(full, root) if full.startswith(root + os.sep) else None
 
 
-def _enclosing(path: str, line: int, functions: Sequence[tuple[str, Function]]) -> Function | None:
+def _enclosing(path: str, line: int, functions: Sequence[tuple[str, Function]]) -> list[Function]:
+    """The innermost function around `line`: every instantiation of it (a template's or an
+    inline function's copies share its lines)."""
     around = [f for p, f in functions if p == path and f.start <= line <= f.end]
-    return min(around, key=lambda f: f.end - f.start, default=None)
+    if not around:
+        return []
+    inner = min(around, key=lambda f: f.end - f.start)
+    return [f for f in around if (f.start, f.end) == (inner.start, inner.end)]
 
 
 @dataclass(frozen=True)
@@ -187,7 +192,7 @@ def map_sites(hunks: Mapping[str, Sequence[Hunk]], seen: Sequence[Counts]) -> Si
             if code:
                 lines |= code
                 continue
-            around = {f for n in sorted(h.lines | h.anchors) if (f := _enclosing(path, n, functions))}
+            around = {f for n in sorted(h.lines | h.anchors) for f in _enclosing(path, n, functions)}
             funcs |= {(path, f) for f in around}
             unmapped += not around
     return Sites(frozenset(lines), frozenset(funcs), changed, unmapped)
