@@ -31,6 +31,16 @@ MetricOpt = Annotated[
     ),
 ]
 
+CoverageOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--coverage/--no-coverage",
+        help="decide on the tests that run the change (a --coverage build of the new side); "
+        "the others are A/A controls",
+        envvar="CPPPERF_BUILDER_COVERAGE",
+    ),
+]
+
 
 def _commit_from_repo(repo: Path, sha: str, parent: str | None, name: str | None = None) -> Any:
     """The commit as a `CommitSelected`; bad input is a usage error (exit 2)."""
@@ -100,10 +110,28 @@ def _print_instance(record: dict[str, Any]) -> None:
             out.print(f"  | {line}", markup=False, highlight=False)
         for what in c.get("tried", []):
             out.print(f"tried: {what}", markup=False, highlight=False)
+    _print_coverage(c.get("coverage"))
     if c["missing_packages"]:
         out.print(f"missing Debian packages: {' '.join(c['missing_packages'])}")
     if c.get("rounds_saved_by_early_stop"):
         out.print(f"early stop saved {c['rounds_saved_by_early_stop']} test rounds")
+
+
+def _print_coverage(cov: dict[str, Any] | None) -> None:
+    if not cov:
+        return
+    if not cov.get("used"):
+        out.print(f"coverage not used (every test decided): {cov.get('reason', '')}", markup=False)
+        return
+    deciding, controls = cov.get("deciding", []), cov.get("controls", [])
+    out.print(
+        f"coverage: decided on the {len(deciding)} tests that run the change; "
+        f"controls: {', '.join(controls) or 'none'}",
+        markup=False,
+    )
+    if cov.get("suspect"):
+        moved = ", ".join(f"{n} {how}" for n, how in cov.get("moved_controls", {}).items())
+        out.print(f"[yellow]suspect measurement[/yellow]: a control moved ({moved})")
 
 
 @app.command()
@@ -154,6 +182,7 @@ def build(
     out_dir: OutDir = None,
     profile: ProfileOpt = None,
     metric: MetricOpt = None,
+    coverage: CoverageOpt = None,
     as_json: AsJson = False,
     config: Config = None,
 ) -> None:
@@ -162,6 +191,7 @@ def build(
 
     Example: cppperf build --repo /tmp/demo --sha HEAD~12 --runs 11
              cppperf build --repo /tmp/bvh --sha e5047b9 --profile paper   # the paper's way
+             cppperf build --repo /tmp/bvh --sha 1c94c25 --coverage   # decide on the tests that run it
     """
     from cppperf.services.builder.service import build_patch
 
@@ -174,6 +204,7 @@ def build(
         builder__keep=keep or None,
         builder__profile=profile,
         builder__metric=metric,
+        builder__coverage=coverage,
     )
     progress, on_phase = _phase_progress()
     try:
