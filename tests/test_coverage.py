@@ -29,6 +29,7 @@ from cppperf.shared.engine.coverage import (
 from cppperf.shared.engine.stats import benjamini_hochberg
 from tests.conftest import Proven, commit_for, make_settings
 from tests.gitrepo import commit_files
+from tests.test_cli import run_cli
 
 DIFF = """\
 diff --git a/src/a.cpp b/src/a.cpp
@@ -146,21 +147,20 @@ def test_a_project_that_does_not_build_with_coverage_falls_back(tmp_path: Path) 
     src = "static volatile int sink;\nint main() {{ for (int i = 0; i < {n}; ++i) sink = i; return 0; }}\n"
     commit_files(repo, {"CMakeLists.txt": NO_COVERAGE, "t.cpp": src.format(n=60_000_000)}, "one")
     head = commit_files(repo, {"t.cpp": src.format(n=59_000_000)}, "two")
-    s = make_settings(tmp_path, builder={"coverage": True, "runs": 6, "early_stop_min_rounds": 4})
-    built = build_patch(
-        commit_for(repo, head, "local/nocov"),
-        repo,
-        s.builder,
-        work_dir=tmp_path / "work",
-        out_dir=tmp_path / "out",
-    )
-    c = built.record["cppperf"]
+    proc = run_cli(
+        "build", "--repo", str(repo), "--sha", head, "--name", "local/nocov", "--coverage", "--runs", "6",
+        "--out", str(tmp_path / "out"), env={"CPPPERF_BUILDER_WORK_DIR": str(tmp_path / "work")}, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "coverage not used (every test decided): the new side does not configure" in proc.stdout
+    record = json.loads(next((tmp_path / "out" / "instances").glob("local__nocov-*.json")).read_text())
+    c = record["cppperf"]
     assert c["verdict"] != "rejected", c["failure_detail"]
     assert c["coverage"]["used"] is False
     assert "does not configure with --coverage" in c["coverage"]["reason"]
     assert "refuses coverage builds" in c["coverage"]["reason"]
     assert [t["name"] for t in c["tests"]] == ["t"]  # every test decided, as without coverage
-    assert from_record(built.record).deciding_tests == []
+    assert from_record(record).deciding_tests == []
 
 
 def test_a_control_that_moves_makes_the_measurement_suspect() -> None:
