@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 
 from cppperf.demo import DemoRepo
+from cppperf.services.builder.instance import prove
 from cppperf.services.builder.service import build_patch
 from cppperf.services.evaluator.instances import from_record
 from cppperf.services.evaluator.pipeline import EvalRequest, evaluate
-from cppperf.shared.domain import InstanceMeta, to_struct
+from cppperf.shared.domain import Coverage, InstanceMeta, to_struct
+from cppperf.shared.engine.backends import make_backend
 from cppperf.shared.engine.coverage import (
     Counts,
     Function,
@@ -242,3 +244,19 @@ def test_every_instantiation_of_the_function_around_a_change_counts() -> None:
     )
     assert cov.deciding == ["f", "i"]
     assert cov.tests["f"].functions_hit == ["g<float>()"] and cov.tests["i"].functions_hit == ["g<int>()"]
+
+
+@pytest.mark.build
+@pytest.mark.slow
+def test_a_recorded_coverage_decides_a_reproduction(demo_repo: DemoRepo, tmp_path: Path) -> None:
+    """`reproduce` hands the record's coverage to `prove`: its family decides, nothing is rebuilt."""
+    s = make_settings(tmp_path, builder={"runs": 6, "early_stop_min_rounds": 4, "confirm": False})
+    backend = make_backend(s.builder, tmp_path / "ws")
+    recorded = Coverage(used=True, deciding=["other"], controls=["spin"], suspect=True)
+    sides = {"old": demo_repo.shas["base"], "new": demo_repo.shas["perf"]}
+    res = prove("local__demo-x", backend, s.builder, sides=sides, repo_path=demo_repo.path, coverage=recorded)
+    assert res.coverage is not None and res.coverage.deciding == ["other"]
+    assert not (backend.logs / "cov-build.log").exists()  # no coverage build
+    assert res.verdict == "not-improved"  # spin's 2x is a control's move, not the verdict
+    assert res.coverage.suspect and res.coverage.moved_controls == {"spin": "improved"}
+    assert recorded.moved_controls == {}  # the recorded struct is not changed

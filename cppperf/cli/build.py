@@ -125,7 +125,7 @@ def _print_coverage(cov: dict[str, Any] | None) -> None:
         return
     deciding, controls = cov.get("deciding", []), cov.get("controls", [])
     out.print(
-        f"coverage: decided on the {len(deciding)} tests that run the change; "
+        f"coverage: decided on the {len(deciding)} test{'' if len(deciding) == 1 else 's'} that run the change; "
         f"controls: {', '.join(controls) or 'none'}",
         markup=False,
     )

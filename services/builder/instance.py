@@ -202,14 +202,16 @@ def prove(
     seed: int | None = None,
     llm_propose: Callable[[str], list[str]] | None = None,
     time_identical: bool = False,
+    coverage: Coverage | None = None,
 ) -> InstanceResult:
     """Run the whole protocol for instance `iid`: `sides` `{"old": parent, "new": sha}` exported from
     `repo_path`, or None when the backend holds the trees already (an instance image). With
     `time_identical` byte-identical binaries are timed anyway (an A/A calibration run). When a test
-    fails on both sides, once more in `settings.fallback_build_type` (both attempts recorded)."""
+    fails on both sides, once more in `settings.fallback_build_type` (both attempts recorded).
+    `coverage`: a recorded one (reproducing an instance) decides instead of a new measurement."""
     if sides is not None and repo_path is None:
         raise ValueError("prove: sides to export need the repository they come from")
-    once = _Once(iid, sides, repo_path, backend, on_phase, seed, llm_propose, time_identical)
+    once = _Once(iid, sides, repo_path, backend, on_phase, seed, llm_propose, time_identical, coverage)
     current = once.prove(settings)
     current.attempts = [current.attempt_summary(settings.effective_build_type())]
     if (
@@ -297,6 +299,7 @@ class _Once:
     seed: int | None
     llm_propose: Callable[[str], list[str]] | None
     time_identical: bool
+    coverage: Coverage | None = None  # a recorded one: decides instead of a measurement
 
     def prove(self, settings: BuilderSettings) -> InstanceResult:
         return _prove_once(self, settings)
@@ -396,7 +399,9 @@ def _before_timing(
 ) -> tuple[dict[SideName, dict[str, TestCase]], list[str]]:
     """Untimed work on the build cores: which tests run the change (`builder.coverage`, on the
     CTest tests, before they are split), then each test split into its cases."""
-    if settings.coverage:
+    if once.coverage is not None:
+        result.coverage = msgspec.structs.replace(once.coverage, moved_controls={}, suspect=False)
+    elif settings.coverage:
         new_tests = {n: tests_by_side["new"][n] for n in common}
         result.coverage = measure_coverage(
             once.backend, once.repo_path, once.sides, new_tests, settings, phase

@@ -475,17 +475,14 @@ def _ctest_name(name: str, known: Mapping[str, object]) -> str:
 
 
 def split_family(cov: Coverage | None, names: Sequence[str]) -> tuple[list[str], list[str]]:
-    """The tests that decide and the controls among `names` (every test decides without a used
-    coverage)."""
+    """The tests that decide and the controls among `names`: every test decides without a used
+    coverage; a test coverage does not know (neither deciding nor a control) decides."""
     if cov is None or not cov.used:
         return list(names), []
-    deciding = set(cov.deciding)
-    family = [
-        n
-        for n in names
-        if _ctest_name(n, cov.tests) in deciding or _ctest_name(n, cov.tests) not in cov.tests
-    ]
-    return family, [n for n in names if n not in set(family)]
+    known = dict.fromkeys([*cov.deciding, *cov.controls])
+    controls = set(cov.controls) - set(cov.deciding)
+    ctl = [n for n in names if _ctest_name(n, known) in controls]
+    return [n for n in names if n not in set(ctl)], ctl
 
 
 def flag_controls(cov: Coverage, controls: Sequence[TestStats], *, improved: str, regressed: str) -> None:
