@@ -103,7 +103,8 @@ def test_split_cases_belong_to_their_ctest_test() -> None:
 @pytest.mark.build
 @pytest.mark.slow
 def test_the_covering_test_decides_and_the_other_is_a_control(demo_repo: DemoRepo, tmp_path: Path) -> None:
-    s = make_settings(tmp_path, builder={"coverage": True})
+    # 8 rounds: a lone test's family (2 hypotheses) can reach alpha from 4 samples a side
+    s = make_settings(tmp_path, builder={"coverage": True, "runs": 8, "early_stop_min_rounds": 5})
     built = build_patch(
         commit_for(demo_repo.path, demo_repo.shas["perf"]),
         demo_repo.path,
