@@ -175,9 +175,9 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, default=str, indent=1) + "\n")
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str, *, mode: int | None = None) -> None:
     """Write `path` whole or not at all (`shared.files.write_atomic`)."""
-    files.write_atomic(path, text)
+    files.write_atomic(path, text, mode=mode)
 
 
 # ------------------------------------------------------------------------------------------ NATS
