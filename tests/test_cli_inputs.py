@@ -461,8 +461,9 @@ def test_repo_id_from_github_origin(git_repo: Path) -> None:
 def test_python_api_scan_and_commit(git_repo: Path) -> None:
     import cppperf
 
-    found = cppperf.scan(git_repo)
-    assert found.scanned == 2
+    seen: list[int] = []
+    found = list(cppperf.scan(git_repo, until="2999-12-31", progress=lambda p: seen.append(p.scanned)))
+    assert seen == [1, 2] and [c.message for c in found] == ["two", "one"]  # newest first
     commit = cppperf.commit_from_repo(git_repo, "HEAD", name="o/n")
     assert commit.repo == "o/n"
     with pytest.raises(ValueError, match="not a git repository"):
