@@ -777,3 +777,27 @@ def test_every_option_of_every_verb_is_described() -> None:
 
     walk(typer.main.get_command(app), "cppperf")
     assert not missing, missing
+
+
+def test_evaluate_json_leaves_out_every_sample_key(tmp_path: Path) -> None:
+    """`evaluate --json` strips what the bus strips (handlers.SAMPLE_KEYS), not only `samples`."""
+    from cppperf.services.evaluator.handlers import SAMPLE_KEYS
+    from cppperf.services.evaluator.pipeline import patch_sha256
+
+    out_dir = _store_with(tmp_path)
+    iid = "someowner__a-rather-long-repository-name-" + "b" * 12
+    patch = tmp_path / "p.diff"
+    patch.write_text("diff --git a/x.cpp b/x.cpp\n")
+    cached = out_dir / "runs" / "r" / "m" / iid / "report.json"
+    cached.parent.mkdir(parents=True)
+    samples = {k: {"t": [1.0, 2.0]} for k in SAMPLE_KEYS}
+    cached.write_text(
+        json.dumps({"verdict": "correct", "patch_sha256": patch_sha256(patch.read_text())} | samples)
+    )
+    res = cli(
+        "evaluate", "--instance", iid, "--patch", str(patch), "--model", "m", "--run-id", "r",
+        "--json", "--out", str(out_dir),
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    (report,) = json.loads(res.stdout)["reports"]
+    assert report["verdict"] == "correct" and not SAMPLE_KEYS & report.keys()
