@@ -11,6 +11,6 @@ The Python API (details in `cppperf.api`):
 - `cppperf.settings(**overrides)` -- the typed settings these take as `s=`.
 """
 
-from cppperf.api import commit_from_repo, evaluate, prove, scan, settings
+from cppperf.api import Proof, ScanProgress, commit_from_repo, evaluate, prove, scan, settings
 
-__all__ = ["commit_from_repo", "evaluate", "prove", "scan", "settings"]
+__all__ = ["Proof", "ScanProgress", "commit_from_repo", "evaluate", "prove", "scan", "settings"]

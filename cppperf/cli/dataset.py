@@ -314,7 +314,8 @@ def dataset_report(
     out_dir: OutDir = None,
     config: Config = None,
 ) -> None:
-    """Static HTML report with inline SVG plots (no network needed to view it).
+    """Static HTML report with inline SVG plots (no network needed to view it). The overview's
+    instance table sorts (click a header) and filters (repository, verdict, files, speed-up).
 
     Examples: cppperf dataset report --all overview.html --pages; cppperf dataset report ID report.html
     """
