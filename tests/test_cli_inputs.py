@@ -801,3 +801,14 @@ def test_evaluate_json_leaves_out_every_sample_key(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     (report,) = json.loads(res.stdout)["reports"]
     assert report["verdict"] == "correct" and not SAMPLE_KEYS & report.keys()
+
+
+@pytest.mark.parametrize("verb", ["build", "mine"])
+def test_runs_that_cannot_decide_one_test_are_refused(git_repo: Path, tmp_path: Path, verb: str) -> None:
+    """--runs 4 (3 samples a side): no rank test can reach alpha=0.05, so no verdict but
+    `not-improved` is possible; refused before anything runs, with the smallest --runs."""
+    where = ["--sha", "HEAD"] if verb == "build" else []
+    res = cli(verb, "--repo", str(git_repo), *where, "--runs", "4", "--out", str(tmp_path / "o"))
+    assert res.exit_code == USAGE
+    assert "--runs 4 cannot decide even one test" in error_text(res) and "use --runs 5 or more" in error_text(res)
+    assert not (tmp_path / "o" / "instances").exists()

@@ -34,6 +34,7 @@ from cppperf.cli.common import (
     console,
     out,
     print_json,
+    refuse_powerless,
     run_async,
 )
 from cppperf.cli.repos import check_name, git_repo, local_repo_id, looks_like_path
@@ -304,6 +305,7 @@ def mine(
         builder__runs=runs,
         builder__profile=profile,
     )
+    refuse_powerless(s, runs)
     live_view = not as_json and console.is_terminal
     if live_view:
         log_path = _log_file(s)
