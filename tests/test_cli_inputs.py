@@ -810,5 +810,7 @@ def test_runs_that_cannot_decide_one_test_are_refused(git_repo: Path, tmp_path: 
     where = ["--sha", "HEAD"] if verb == "build" else []
     res = cli(verb, "--repo", str(git_repo), *where, "--runs", "4", "--out", str(tmp_path / "o"))
     assert res.exit_code == USAGE
-    assert "--runs 4 cannot decide even one test" in error_text(res) and "use --runs 5 or more" in error_text(res)
+    assert "--runs 4 cannot decide even one test" in error_text(res) and "use --runs 5 or more" in error_text(
+        res
+    )
     assert not (tmp_path / "o" / "instances").exists()
