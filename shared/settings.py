@@ -244,6 +244,7 @@ class EvaluatorSettings(msgspec.Struct, kw_only=True):
     agent_max_pending: int = 16  # an agent's requests queued or running; the next is refused
     agent_max_patch_bytes: int = 512 * 1024  # an agent's inline patch (checked before any write)
     lease_priority: int = 0  # evaluations go before proofs in the timing-core queue
+    keep_failed: bool = False  # debugging: keep work_dir/eval/<hash> of an evaluation that failed
 
 
 class Settings(msgspec.Struct, kw_only=True):

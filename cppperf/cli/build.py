@@ -11,7 +11,19 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cppperf.cli.common import AsJson, Config, OutDir, Runs, _fail, _settings, app, console, out, print_json
+from cppperf.cli.common import (
+    AsJson,
+    Config,
+    OutDir,
+    Runs,
+    _fail,
+    _settings,
+    app,
+    console,
+    out,
+    print_json,
+    refuse_powerless,
+)
 from cppperf.cli.repos import check_name, git_repo
 from cppperf.shared.errors import CppPerfError
 
@@ -206,6 +218,7 @@ def build(
         builder__metric=metric,
         builder__coverage=coverage,
     )
+    refuse_powerless(s, runs)
     progress, on_phase = _phase_progress()
     try:
         with progress:
