@@ -159,7 +159,9 @@ def test_no_secret_is_an_environment_variable(rendered: list[dict[str, Any]]) ->
     files, each pod mounting only the keys it needs."""
     for d in workloads(rendered):
         for c in pod_spec(d)["containers"]:
-            assert not [e for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})], d["metadata"]
+            assert not [e for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})], d[
+                "metadata"
+            ]
             assert not [s for s in c.get("envFrom", []) if "secretRef" in s], d["metadata"]
         for v in pod_spec(d).get("volumes", []):
             if "secret" in v:
@@ -218,10 +220,10 @@ def test_dev_overlay_runs_without_gpus_and_has_every_secret_key(tmp_path: Path) 
     # each namespace holds only its own services' creds, and each creds file is one the code
     # reads whose seed is the public key the servers know
     users = find(docs, "ConfigMap", "cppperf-nats-users", CORE_NS)["data"]
-    assert set(users) == {f"NKEY_{s.upper()}" for s in ("admin", "crawler", "filter", "classifier", *SERVICES)}
-    held = {
-        ns: _secret_data(find(docs, "Secret", "cppperf-nats-creds", ns)) for ns in (CORE_NS, BUILD_NS)
+    assert set(users) == {
+        f"NKEY_{s.upper()}" for s in ("admin", "crawler", "filter", "classifier", *SERVICES)
     }
+    held = {ns: _secret_data(find(docs, "Secret", "cppperf-nats-creds", ns)) for ns in (CORE_NS, BUILD_NS)}
     assert set(held[BUILD_NS]) == {"builder.creds", "evaluator.creds"}
     assert set(held[CORE_NS]) == {"admin.creds", "crawler.creds", "filter.creds", "classifier.creds"}
     for files in held.values():
