@@ -22,7 +22,7 @@ import nkeys
 import pytest
 import yaml
 
-from cppperf.agents import service_keys
+from cppperf.agents import k8s_objects, new_service_keys, service_keys
 from cppperf.shared.bus import read_creds
 from cppperf.shared.embedded import find_nats_server
 from cppperf.shared.settings import env_names
@@ -32,6 +32,7 @@ from tests.k8s_manifests import (
     OVERLAYS,
     ROOT,
     base_resources,
+    docs_of,
     env_of,
     find,
     mounted_file,
@@ -255,3 +256,32 @@ def test_every_setting_passed_is_read_by_the_code(rendered: list[dict[str, Any]]
         "CPPPERF_BUILDER_LEASE_DIR",
         "CPPPERF_HEALTH_DIR",
     } <= cppperf
+
+
+def test_service_keys_k8s_output_is_what_the_pods_mount(
+    rendered: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """`cppperf agents service-keys --k8s | kubectl apply -f -` makes the objects the manifests
+    read: every creds file a pod mounts in the Secret of its namespace (and no other service's),
+    every public key the servers' config names in the ConfigMap, each matching its seed."""
+    made = docs_of(k8s_objects(new_service_keys(tmp_path)))
+    for d in workloads(rendered):
+        ns = d["metadata"]["namespace"]
+        for v in pod_spec(d).get("volumes", []):
+            if v.get("secret", {}).get("secretName") == "cppperf-nats-creds":
+                held = find(made, "Secret", "cppperf-nats-creds", ns)["stringData"]
+                assert {i["key"] for i in v["secret"]["items"]} <= set(held)
+    assert set(find(made, "Secret", "cppperf-nats-creds", BUILD_NS)["stringData"]) == {
+        "builder.creds",
+        "evaluator.creds",
+    }
+    users = find(made, "ConfigMap", "cppperf-nats-users", CORE_NS)["data"]
+    conf = find(rendered, "StatefulSet", "nats")  # the servers read NKEY_* from this ConfigMap
+    assert pod_spec(conf)["containers"][0]["envFrom"] == [{"configMapRef": {"name": "cppperf-nats-users"}}]
+    accounts = (ROOT / "deploy" / "nats" / "accounts.conf").read_text()
+    assert set(re.findall(r"\$(NKEY_\w+)", accounts)) <= set(users)
+    for ns in (CORE_NS, BUILD_NS):
+        for key, text in find(made, "Secret", "cppperf-nats-creds", ns)["stringData"].items():
+            (tmp_path / key).write_text(text)
+            _, seed = read_creds(str(tmp_path / key))
+            assert nkeys.from_seed(seed.encode()).public_key.decode() == users[f"NKEY_{key[:-6].upper()}"]
