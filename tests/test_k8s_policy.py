@@ -37,6 +37,7 @@ from tests.k8s_manifests import (
     K8S,
     OVERLAYS,
     ROOT,
+    WORKLOADS,
     docs_of,
     env_of,
     find,
@@ -54,6 +55,8 @@ JAILED = {"builder", "evaluator"}
 # seccomp and AppArmor unconfined, /proc unmasked for bwrap; the lease dir's hostPath; no CPU limit.
 JAIL_EXCEPTIONS = {"CKV_K8S_31", "CKV2_CPPPERF_3", "CKV2_CPPPERF_2", "CKV2_CPPPERF_1", "CKV_K8S_11"}
 RENDERINGS = ("base", *OVERLAYS)
+# the annotation names checkov reads as skips (any key containing one: checkov/kubernetes/kubernetes_utils.py)
+SKIP_PREFIXES = ("checkov.io/skip", "bridgecrew.io/skip", "cortex.io/skip")
 
 
 def checkov_path() -> str:
@@ -145,11 +148,8 @@ def test_the_named_exceptions_are_the_jailed_pods_only(scan: Scan) -> None:
     annotated = {
         (d["kind"], d["metadata"]["name"])
         for d in scan.docs
-        for meta in (
-            d["metadata"],
-            pod_template(d)["metadata"] if d["kind"] in ("Deployment", "CronJob", "StatefulSet") else {},
-        )
-        if any(k.startswith("checkov.io/skip") for k in (meta.get("annotations") or {}))
+        for meta in (d["metadata"], pod_template(d)["metadata"] if d["kind"] in WORKLOADS else {})
+        if any(p in k for k in (meta.get("annotations") or {}) for p in SKIP_PREFIXES)
     }
     assert annotated == {("Deployment", n) for n in JAILED}
 
