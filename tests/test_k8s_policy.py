@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -401,3 +402,25 @@ def test_every_pod_is_denied_by_default_and_https_leaves_only_where_labelled(
         assert rule[0]["ports"] == [{"protocol": "TCP", "port": 443}]
         v4 = rule[0]["to"][0]["ipBlock"]
         assert v4["cidr"] == "0.0.0.0/0" and {"10.0.0.0/8", "169.254.0.0/16"} <= set(v4["except"])
+
+
+# The exceptions against the real image ---------------------------------------------------------
+@pytest.mark.docker
+@pytest.mark.slow
+def test_the_jail_works_in_the_build_pods_context_and_needs_each_exception() -> None:
+    """deploy/k8s/jail-check.sh: the service image's jail under the builder pod's security context
+    (uid 10001, no capabilities, no-new-privileges, read-only root, own user namespace) probes and
+    compiles; without the seccomp or the /proc exception bwrap fails."""
+    image = "cppperf/service:latest"
+    podman = shutil.which("podman")
+    if podman is None:
+        pytest.skip("podman not installed (.ci/run installs it)")
+    if subprocess.run([podman, "image", "exists", image], check=False).returncode != 0:
+        pytest.skip(f"no {image} image here (docker compose build, or podman build -f deploy/Dockerfile .)")
+    conf = Path(os.environ.get("CPPPERF_ENGINE_DIR", "/tmp/cppperf-engine")) / "containers.conf"
+    env = {**os.environ, **({"CONTAINERS_CONF": str(conf)} if conf.exists() else {})}  # .ci/run's engine
+    proc = subprocess.run(
+        [str(K8S / "jail-check.sh"), image], capture_output=True, text=True, check=False, timeout=600, env=env
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("as expected") == 4
