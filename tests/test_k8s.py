@@ -199,6 +199,17 @@ def test_vllm_runs_on_gpu_nodes() -> None:
     assert find(docs, "Deployment", "builder")["spec"]["replicas"] == 16
 
 
+def assert_creds_match(files: dict[str, str], users: dict[str, str], tmp_path: Path) -> None:
+    """Each `<service>.creds` file is one the code reads, and its seed is the public key the
+    servers know as NKEY_<SERVICE>."""
+    for key, text in files.items():
+        path = tmp_path / key
+        path.write_text(text)
+        _, seed = read_creds(str(path))
+        public = nkeys.from_seed(seed.encode()).public_key.decode()
+        assert users[f"NKEY_{key.removesuffix('.creds').upper()}"] == public, key
+
+
 def _secret_data(secret: dict[str, Any]) -> dict[str, str]:
     data = {k: base64.b64decode(v).decode() for k, v in secret.get("data", {}).items()}
     return data | secret.get("stringData", {})
@@ -228,12 +239,7 @@ def test_dev_overlay_runs_without_gpus_and_has_every_secret_key(tmp_path: Path) 
     assert set(held[BUILD_NS]) == {"builder.creds", "evaluator.creds"}
     assert set(held[CORE_NS]) == {"admin.creds", "crawler.creds", "filter.creds", "classifier.creds"}
     for files in held.values():
-        for key, text in files.items():
-            path = tmp_path / key
-            path.write_text(text)
-            _, seed = read_creds(str(path))
-            public = nkeys.from_seed(seed.encode()).public_key.decode()
-            assert users[f"NKEY_{key.removesuffix('.creds').upper()}"] == public, key
+        assert_creds_match(files, users, tmp_path)
     github = _secret_data(find(docs, "Secret", "cppperf-secrets", CORE_NS))["github.toml"]
     assert github.startswith("[github]")
 
@@ -281,7 +287,4 @@ def test_service_keys_k8s_output_is_what_the_pods_mount(
     accounts = (ROOT / "deploy" / "nats" / "accounts.conf").read_text()
     assert set(re.findall(r"\$(NKEY_\w+)", accounts)) <= set(users)
     for ns in (CORE_NS, BUILD_NS):
-        for key, text in find(made, "Secret", "cppperf-nats-creds", ns)["stringData"].items():
-            (tmp_path / key).write_text(text)
-            _, seed = read_creds(str(tmp_path / key))
-            assert nkeys.from_seed(seed.encode()).public_key.decode() == users[f"NKEY_{key[:-6].upper()}"]
+        assert_creds_match(find(made, "Secret", "cppperf-nats-creds", ns)["stringData"], users, tmp_path)
