@@ -268,8 +268,28 @@ def run_async(coro: Coroutine[Any, Any, T], *, waiting_for: str = "the services 
             loop.add_signal_handler(signal.SIGTERM, on_sigint)  # `kill`, `docker stop`: the same
         return await coro
 
+    from nats.js.errors import APIError
+
     try:
         return asyncio.run(main())
     except (asyncio.CancelledError, KeyboardInterrupt):
         console.print("stopped")
         raise typer.Exit(130) from None
+    except APIError as exc:  # JetStream refused a call: one line with its reason, never a traceback
+        raise _fail(jetstream_refusal(exc)) from None
+
+
+# JetStream's error codes that have a remedy worth saying (nats-server's errors.json)
+_JS_REMEDIES = {
+    10047: "the bus's store has no room: free disk where its store lives (OUT/.state/nats for the"
+    " embedded server) or give the server more (jetstream max_file_store)",
+}
+
+
+def jetstream_refusal(exc: Exception) -> str:
+    """One line for a JetStream API error: what the server said, its code, and a remedy if known."""
+    description = getattr(exc, "description", None) or str(exc)
+    err_code = getattr(exc, "err_code", None)
+    line = f"the bus refused: {description} (JetStream error {err_code})"
+    remedy = _JS_REMEDIES.get(err_code) if isinstance(err_code, int) else None
+    return f"{line}; {remedy}" if remedy else line
