@@ -62,6 +62,15 @@ class WorkQueue:
     def subjects(self) -> list[str]:
         return [self.subject, self.subject + ".>"] if self.per_agent else [self.subject]
 
+    def agent_subject(self, agent: str | None) -> str:
+        """What one consumer takes: `<subject>.<agent>`, or the bare subject for `None`."""
+        return self.subject if agent is None else f"{self.subject}.{agent}"
+
+    def agent_durable(self, agent: str | None) -> str:
+        """`evaluator` for the bare subject, `evaluator-<agent>` for an agent's own queue (agent
+        names are one subject token without dots: a valid durable name)."""
+        return self.durable if agent is None else f"{self.durable}-{agent}"
+
 
 WORK_QUEUES: dict[str, WorkQueue] = {
     q.subject: q
@@ -108,17 +117,19 @@ def stream_for(subject: str) -> str:
     raise KeyError(f"no stream carries subject {subject!r}")
 
 
-def consumer_config(q: WorkQueue, settings: BusSettings) -> js_api.ConsumerConfig:
+def consumer_config(q: WorkQueue, settings: BusSettings, agent: str | None = None) -> js_api.ConsumerConfig:
     # No delivery limit on the server: the handler counts deliveries and moves a message into the
     # DLQ at `max_deliver` (also one whose earlier attempts crashed the process). A message whose
     # dead letter could not be written is nak'ed and comes back, instead of staying pending forever.
+    # A per-agent queue has one consumer per agent (`<subject>.<agent>`) beside the bare subject's:
+    # their filters never overlap, which a work-queue stream requires (shared/fair.py).
     return js_api.ConsumerConfig(
-        durable_name=q.durable,
+        durable_name=q.agent_durable(agent),
         ack_policy=js_api.AckPolicy.EXPLICIT,
         ack_wait=settings.ack_wait,
         max_deliver=-1,
         max_ack_pending=settings.max_ack_pending,
-        filter_subject=None if q.per_agent else q.subject,
+        filter_subject=q.agent_subject(agent),
         deliver_policy=js_api.DeliverPolicy.ALL,
     )
 
@@ -267,12 +278,14 @@ class Bus:
         ):
             await self.js.update_stream(config)
 
-    async def ensure_consumer(self, q: WorkQueue, *, update: bool = True) -> bool:
+    async def ensure_consumer(self, q: WorkQueue, *, update: bool = True, agent: str | None = None) -> bool:
         """The owning service's durable consumer with its settings; True when created now.
-        `update=False`: create it when missing, leave an existing one as it is."""
-        config = consumer_config(q, self.settings)
+        `update=False`: create it when missing, leave an existing one as it is. `agent`: that
+        agent's own consumer of a per-agent queue."""
+        config = consumer_config(q, self.settings, agent)
+        assert config.durable_name is not None
         try:
-            info = await self.js.consumer_info(q.stream, q.durable)
+            info = await self.js.consumer_info(q.stream, config.durable_name)
         except NotFoundError:
             await self.js.add_consumer(q.stream, config)
             return True
@@ -280,9 +293,13 @@ class Bus:
         if diff and update:
             try:
                 await self.js.add_consumer(q.stream, config)  # create-or-update on current servers
-                log.info("consumer_config_updated", stream=q.stream, consumer=q.durable, changes=diff)
+                log.info(
+                    "consumer_config_updated", stream=q.stream, consumer=config.durable_name, changes=diff
+                )
             except BadRequestError as exc:
-                log.warning("consumer_config_kept", stream=q.stream, consumer=q.durable, error=str(exc))
+                log.warning(
+                    "consumer_config_kept", stream=q.stream, consumer=config.durable_name, error=str(exc)
+                )
         return False
 
     async def consumer_mismatch(self, q: WorkQueue) -> dict[str, tuple[Any, Any]]:
@@ -433,6 +450,8 @@ class Bus:
                 consumer, in_flight = q.durable, cinfo.num_ack_pending or 0
             except NotFoundError:  # its service has not started yet
                 consumer, in_flight = f"{q.durable} (none yet)", 0
+            if q.per_agent:
+                in_flight += await self._agents_in_flight(q)
             dead = dlq_counts.get(subject, 0)
             remaining = sinfo.state.messages
             total = sinfo.state.last_seq
@@ -464,6 +483,16 @@ class Bus:
                 )
             )
         return rows
+
+    async def _agents_in_flight(self, q: WorkQueue) -> int:
+        """Messages the per-agent consumers (`<durable>-<agent>`) hold, for agents with work queued."""
+        info = await self.js.stream_info(q.stream, subjects_filter=q.subject + ".*")
+        total = 0
+        for subject in info.state.subjects or {}:
+            with contextlib.suppress(NotFoundError):
+                agent = str(subject).removeprefix(q.subject + ".")
+                total += (await self.js.consumer_info(q.stream, q.agent_durable(agent))).num_ack_pending or 0
+        return total
 
     async def drained(self) -> bool:
         """True when no work-queue message is pending or in flight."""
