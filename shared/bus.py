@@ -43,10 +43,10 @@ from nats.js import api as js_api
 from nats.js.errors import BadRequestError, NoStreamResponseError, NotFoundError
 
 from cppperf.shared import messages as m
-from cppperf.shared.errors import BadInput
+from cppperf.shared.errors import BadInput, NotProvisioned
 from cppperf.shared.logging import get_logger, register_url, safe_url
 from cppperf.shared.settings import BusSettings
-from cppperf.shared.store import open_blobs
+from cppperf.shared.store import NOT_PROVISIONED, Action, open_blobs
 
 log = get_logger(__name__)
 
@@ -146,6 +146,9 @@ class Bus:
         self.nc = nc
         self.js = js
         self.settings = settings
+        # creates/updates streams itself (the embedded/open bus; `cppperf bus provision`), or
+        # only checks that they exist (a secured bus: `BusSettings.self_provisioning`)
+        self.provisioning = settings.self_provisioning
         # when the connection was lost (None: connected); the live view and `wait_drained` say so
         self.lost_since: float | None = None
 
@@ -195,16 +198,20 @@ class Bus:
             await self.nc.drain()
 
     # ------------------------------------------------------------------ provisioning
-    async def provision(self, *, owner: bool = True, services: list[str] | None = None) -> None:
-        """Declare every stream and durable consumer; a no-op when they already match.
+    async def provision(
+        self, *, owner: bool = True, services: list[str] | None = None
+    ) -> list[tuple[str, Action]]:
+        """Declare every stream and durable consumer; a no-op when they already match. Returns
+        what happened to each stream (`created`, `updated`, `unchanged`).
 
         `owner=True`: the consumers of `services` (all when None) get these settings; other
         missing consumers are created, existing ones left alone. `owner=False` (read-only
         commands): create missing streams only; never create, change or delete a consumer, never
         update a stream; a consumer differing from these settings is reported in a log line."""
         s = self.settings
+        done: list[tuple[str, Action]] = []
         for q in WORK_QUEUES.values():
-            await self._ensure_stream(
+            action = await self._ensure_stream(
                 js_api.StreamConfig(
                     name=q.stream,
                     subjects=q.subjects,
@@ -217,22 +224,24 @@ class Bus:
                 ),
                 owner=owner,
             )
+            done.append((q.stream, action))
             if owner and (services is None or owning_service(q) in services):
                 await self.ensure_consumer(q)
             elif owner:
                 await self.ensure_consumer(q, update=False)
             else:
                 await self.consumer_mismatch(q)
-        await self._provision_outputs(owner=owner)
+        return done + await self._provision_outputs(owner=owner)
 
     async def provision_streams(self) -> None:
         """Re-create missing streams (never touching existing ones or any consumer)."""
         await self.provision(owner=False)
 
-    async def _provision_outputs(self, *, owner: bool) -> None:
+    async def _provision_outputs(self, *, owner: bool) -> list[tuple[str, Action]]:
         s = self.settings
+        done: list[tuple[str, Action]] = []
         for subject, stream in OUTPUT_STREAMS.items():
-            await self._ensure_stream(
+            action = await self._ensure_stream(
                 js_api.StreamConfig(
                     name=stream,
                     subjects=output_subjects(subject),
@@ -248,7 +257,8 @@ class Bus:
                 ),
                 owner=owner,
             )
-        await self._ensure_stream(
+            done.append((stream, action))
+        action = await self._ensure_stream(
             js_api.StreamConfig(
                 name=DLQ_STREAM,
                 subjects=[m.DLQ_PREFIX + ">"],
@@ -260,23 +270,33 @@ class Bus:
             ),
             owner=owner,
         )
+        return [*done, (DLQ_STREAM, action)]
 
-    async def _ensure_stream(self, config: js_api.StreamConfig, *, owner: bool = True) -> None:
+    async def _ensure_stream(self, config: js_api.StreamConfig, *, owner: bool = True) -> Action:
+        """Create or update one stream. A process that does not provision (a secured bus) only
+        checks: a missing stream is `NotProvisioned`, a differing one a log line."""
         assert config.name is not None
         try:
             info = await self.js.stream_info(config.name)
         except NotFoundError:
+            if not self.provisioning:
+                raise NotProvisioned(f"stream {config.name} is missing: {NOT_PROVISIONED}") from None
             await self.js.add_stream(config)
-            return
+            return "created"
         current = info.config
-        if owner and (
-            current.subjects != config.subjects
-            or current.duplicate_window != config.duplicate_window
-            or current.num_replicas != config.num_replicas
-            or current.max_bytes != config.max_bytes
-            or current.max_msgs != config.max_msgs
-        ):
-            await self.js.update_stream(config)
+        fields = ("subjects", "duplicate_window", "num_replicas", "max_bytes", "max_msgs", "max_age")
+        diff = {
+            f: (getattr(current, f), getattr(config, f))
+            for f in fields
+            if getattr(config, f) is not None and getattr(current, f) != getattr(config, f)
+        }
+        if not (owner and diff):
+            return "unchanged"
+        if not self.provisioning:
+            log.info("stream_config_differs", stream=config.name, live_vs_ours=diff)
+            return "unchanged"
+        await self.js.update_stream(config)
+        return "updated"
 
     async def ensure_consumer(self, q: WorkQueue, *, update: bool = True, agent: str | None = None) -> bool:
         """The owning service's durable consumer with its settings; True when created now.
@@ -350,7 +370,7 @@ class Bus:
         inline = payload
         if len(payload) > self.settings.dlq_inline_limit:
             ref = f"dlq/{subject}/{stream_seq if stream_seq is not None else 'x'}-{digest[:16]}"
-            blobs = await open_blobs(self.js, self.settings.replicas)
+            blobs = await open_blobs(self.js, self.settings.replicas, create=self.provisioning)
             await blobs.put(ref, payload)
             inline = b""
         letter = m.DeadLetter(
@@ -375,7 +395,7 @@ class Bus:
         """The original payload of a dead letter (from the object store when it was large)."""
         if not letter.payload_ref:
             return letter.payload
-        blobs = await open_blobs(self.js, self.settings.replicas)
+        blobs = await open_blobs(self.js, self.settings.replicas, create=self.provisioning)
         res = await blobs.get(letter.payload_ref)
         return bytes(res.data or b"")
 

@@ -10,7 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cppperf.agents import SERVICE_USERS, add_agent, service_keys
+from cppperf.shared.bus import Bus
 from cppperf.shared.embedded import EmbeddedNats, free_port
+from cppperf.shared.provision import Provisioned, provision_all
+from cppperf.shared.settings import Settings
+from tests.conftest import make_settings
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "nats"
 
@@ -58,3 +62,29 @@ def start_secured_bus(root: Path, agents: list[str]) -> SecuredBus:
     )
     server = EmbeddedNats(store, port=port, config=conf_dir / "nats.conf", env=env).start()
     return SecuredBus(server=server, dir=conf_dir)
+
+
+def as_user(
+    secured: SecuredBus,
+    tmp_path: Path,
+    who: str,
+    *,
+    bus: dict[str, object] | None = None,
+    **overrides: object,
+) -> Settings:
+    """Settings of a process connecting as `who` (a service user or `admin`)."""
+    return make_settings(
+        tmp_path, nats_url=secured.url, bus={"creds": secured.creds(who), **(bus or {})}, **overrides
+    )
+
+
+async def fresh_bus(secured: SecuredBus, tmp_path: Path, *, wipe: bool = True) -> list[Provisioned]:
+    """As admin: every stream deleted (`wipe`), then `cppperf bus provision`'s code."""
+    bus = await Bus.connect(secured.url, as_user(secured, tmp_path, "admin").bus)
+    try:
+        if wipe:
+            for info in await bus.js.streams_info():
+                await bus.js.delete_stream(info.config.name)
+        return await provision_all(bus)
+    finally:
+        await bus.close()

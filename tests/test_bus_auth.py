@@ -27,7 +27,7 @@ from cppperf.shared import messages as m
 from cppperf.shared.bus import credential_options
 from cppperf.shared.service import ServiceContext
 from tests.conftest import make_settings
-from tests.secured_bus import SecuredBus, start_secured_bus
+from tests.secured_bus import SecuredBus, fresh_bus, start_secured_bus
 
 INSTANCE = "local__demo-0123456789ab"
 
@@ -62,11 +62,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredBus]:
 @pytest.fixture
 async def evaluator(secured: SecuredBus, tmp_path: Path) -> AsyncIterator[tuple[ServiceContext, FakeOps]]:
     """A clean JetStream (wiped as admin), then the evaluator service with only its own user."""
-    admin = make_settings(tmp_path, nats_url=secured.url, bus={"creds": secured.creds("admin")})
-    async with connect(admin, secured.url) as ctx:
-        for info in await ctx.bus.js.streams_info():
-            await ctx.bus.js.delete_stream(info.config.name)
-        await ctx.bus.provision()
+    await fresh_bus(secured, tmp_path)
     settings = make_settings(
         tmp_path,
         nats_url=secured.url,

@@ -17,7 +17,7 @@ import pytest
 
 from cppperf.agents import add_agent
 from cppperf.client import AgentClient
-from cppperf.runtime import connect, run_services
+from cppperf.runtime import run_services
 from cppperf.services.evaluator import app as evaluator_app
 from cppperf.services.evaluator.instances import EvalInstance
 from cppperf.services.evaluator.pipeline import EvalRequest
@@ -25,7 +25,7 @@ from cppperf.shared.bus import WORK_QUEUES
 from cppperf.shared.fair import turn_order, waiting_queues
 from cppperf.shared.service import ServiceContext
 from tests.conftest import make_settings
-from tests.secured_bus import SecuredBus, start_secured_bus
+from tests.secured_bus import SecuredBus, fresh_bus, start_secured_bus
 from tests.test_bus_auth import INSTANCE, FakeOps
 
 pytestmark = pytest.mark.nats
@@ -73,11 +73,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredBus]:
 
 @pytest.fixture
 async def evaluator(secured: SecuredBus, tmp_path: Path) -> AsyncIterator[tuple[ServiceContext, GatedOps]]:
-    admin = make_settings(tmp_path, nats_url=secured.url, bus={"creds": secured.creds("admin")})
-    async with connect(admin, secured.url) as ctx:
-        for info in await ctx.bus.js.streams_info():
-            await ctx.bus.js.delete_stream(info.config.name)
-        await ctx.bus.provision()
+    await fresh_bus(secured, tmp_path)
     settings = make_settings(tmp_path, nats_url=secured.url, bus={"creds": secured.creds("evaluator")})
     ops = GatedOps()
     register = {"evaluator": lambda b, c: evaluator_app.register(b, c, ops=ops)}
