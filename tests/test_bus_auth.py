@@ -18,7 +18,7 @@ from nats.aio.client import Client as NatsClient
 
 from cppperf.agents import list_agents, remove_agent
 from cppperf.client import AgentClient, Refused
-from cppperf.runtime import connect, run_services
+from cppperf.runtime import run_services
 from cppperf.services.evaluator import app as evaluator_app
 from cppperf.services.evaluator.gateway import dedup_id
 from cppperf.services.evaluator.instances import EvalInstance

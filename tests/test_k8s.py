@@ -88,6 +88,7 @@ def test_base_resources_are_valid_kubernetes_objects() -> None:
             "PodDisruptionBudget",
             "Deployment",
             "CronJob",
+            "Job",
             "PersistentVolumeClaim",
         }
     )
@@ -166,6 +167,22 @@ def test_services_probe_their_health_and_reach_every_nats_pod(rendered: list[dic
     assert pod_spec(crawler)["containers"][0]["args"] == ["serve", "crawler"]
 
 
+def test_a_job_provisions_the_bus_as_admin(rendered: list[dict[str, Any]]) -> None:
+    c = pod_spec(find(rendered, "Job", "provision"))["containers"][0]
+    assert c["args"] == ["bus", "provision"]
+    seed = env_of(c)["CPPPERF_BUS_NKEY_SEED"]["valueFrom"]["secretKeyRef"]
+    assert seed == {"name": "cppperf-nats-keys", "key": "SEED_ADMIN"}
+    for d in rendered:  # no service holds the admin's key
+        if d["kind"] in ("Deployment", "CronJob", "StatefulSet"):
+            for container in pod_spec(d)["containers"]:
+                refs = [
+                    e["valueFrom"]["secretKeyRef"]["key"]
+                    for e in container.get("env", [])
+                    if "valueFrom" in e and "secretKeyRef" in e["valueFrom"]
+                ]
+                assert "SEED_ADMIN" not in refs, d["metadata"]["name"]
+
+
 def test_builders_share_the_hosts_core_lease_directory(rendered: list[dict[str, Any]]) -> None:
     for name in ("builder", "evaluator"):
         spec = pod_spec(find(rendered, "Deployment", name))
@@ -207,7 +224,7 @@ def test_dev_overlay_runs_without_gpus_and_has_every_secret_key() -> None:
     used = {
         e["valueFrom"]["secretKeyRef"]["key"]
         for d in docs
-        if d["kind"] in ("Deployment", "StatefulSet", "CronJob")
+        if d["kind"] in ("Deployment", "StatefulSet", "CronJob", "Job")
         for c in pod_spec(d)["containers"]
         for e in c.get("env", [])
         if "secretKeyRef" in e.get("valueFrom", {})
@@ -221,7 +238,7 @@ def test_every_setting_passed_is_read_by_the_code(rendered: list[dict[str, Any]]
     for d in rendered:
         if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("cppperf-env"):
             passed |= set(d["data"])
-        if d["kind"] in ("Deployment", "CronJob"):
+        if d["kind"] in ("Deployment", "CronJob", "Job"):
             for c in pod_spec(d)["containers"]:
                 passed |= set(env_of(c))
     cppperf = {n for n in passed if n.startswith("CPPPERF_")}
