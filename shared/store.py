@@ -230,12 +230,27 @@ class Store:
             return False
         return True
 
-    async def ids(self, bucket: str) -> list[str]:
+    async def ids(self, bucket: str, *, under: str | None = None) -> list[str]:
+        """Every id in the bucket; `under`: only ids whose first dot-separated part is `under`
+        (an agent's evaluations, `<agent>.<run>/…`), selected by the server (a subject filter),
+        so the rest of the bucket is never read."""
+
         async def op(kv: KeyValue) -> list[str]:
+            if under is None:
+                try:
+                    return list(await kv.keys())
+                except NoKeysError:
+                    return []
+            watcher = await kv.watch(f"{encode_key(under)}.>", ignore_deletes=True, meta_only=True)
+            keys: list[str] = []
             try:
-                return list(await kv.keys())
-            except NoKeysError:
-                return []
+                async for entry in watcher:
+                    if entry is None:  # the end of what is stored now
+                        break
+                    keys.append(entry.key)
+            finally:
+                await watcher.stop()  # type: ignore[no-untyped-call]  # nats-py leaves it unannotated
+            return keys
 
         return [decode_key(k) for k in await self._on_kv(bucket, op)]
 

@@ -82,7 +82,6 @@ def test_base_resources_are_valid_kubernetes_objects() -> None:
     assert kinds == sorted(
         {
             "Namespace",
-            "ConfigMap",
             "Service",
             "StatefulSet",
             "PodDisruptionBudget",
@@ -135,6 +134,9 @@ def test_nats_is_a_three_pod_jetstream_cluster_with_volumes(
     for name in ("accounts.conf", "agents.conf"):  # the same permissions as compose's
         assert conf_map["data"][name] == (ROOT / "deploy" / "nats" / name).read_text()
         (tmp_path / name).write_text(conf_map["data"][name])
+    # one copy: generated from deploy/nats (deploy/nats/kustomization.yaml), none kept in deploy/k8s
+    for manifest in K8S.rglob("*.yaml"):
+        assert "accounts {" not in manifest.read_text(), manifest
     assert any(m["mountPath"] == "/data" and m["name"] == "data" for m in container["volumeMounts"])
     # the config is one a real nats-server accepts (the variables come from the pod's env)
     path = tmp_path / "nats.conf"
