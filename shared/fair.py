@@ -97,7 +97,6 @@ class FairQueue:
         self.running = True
         self.tasks: list[asyncio.Task[None]] = []
         self.last_served: dict[Key, float] = {}
-        self.served: list[Key] = []  # in the order served (tests, logs)
         self._subs: dict[Key, Any] = {}  # nats-py PullSubscription per queue
         self.tracked: Tracked | None = None
 
@@ -140,7 +139,6 @@ class FairQueue:
             if msg is None:
                 continue  # its messages are being handled by another replica
             self.last_served[key] = time.monotonic()
-            self.served.append(key)
             await self._handle(msg)
             return True
         return False

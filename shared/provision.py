@@ -56,11 +56,12 @@ class Provisioned:
 
 
 async def provision_all(bus: Bus) -> list[Provisioned]:
-    """`cppperf bus provision`: every stream (with every durable consumer), KV bucket and the
-    object store created, or updated to the configured limits; idempotent."""
+    """`cppperf bus provision`: every stream, KV bucket and the object store created, or updated
+    to the configured limits; missing durable consumers created (their settings stay with their
+    services); idempotent."""
     s: BusSettings = bus.settings
     bus.provisioning = True
-    streams = await bus.provision(owner=True)
+    streams = await bus.provision(owner=True, services=[])  # consumers: created, never changed
     stores = await ensure_buckets(
         bus.js, replicas=s.replicas, kv_max_bytes=s.kv_max_bytes, blob_max_bytes=s.blob_max_bytes
     )
