@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -65,6 +65,20 @@ class WorkQueue:
     def agent_subject(self, agent: str | None) -> str:
         """What one consumer takes: `<subject>.<agent>`, or the bare subject for `None`."""
         return self.subject if agent is None else f"{self.subject}.{agent}"
+
+    def waiting(self, counts: Mapping[str, int]) -> list[str | None]:
+        """The queues holding messages, from the stream's per-subject counts: the bare subject
+        (None) and each `<subject>.<agent>` whose agent is a valid name (others: never served)."""
+        keys: list[str | None] = []
+        for subject, count in counts.items():
+            agent = subject.removeprefix(self.subject + ".")
+            if count <= 0:
+                continue
+            if subject == self.subject:
+                keys.append(None)
+            elif agent != subject and m.AGENT_NAME.fullmatch(agent):
+                keys.append(agent)
+        return keys
 
     def agent_durable(self, agent: str | None) -> str:
         """`evaluator` for the bare subject, `evaluator-<agent>` for an agent's own queue (agent
@@ -506,13 +520,19 @@ class Bus:
 
     async def _agents_in_flight(self, q: WorkQueue) -> int:
         """Messages the per-agent consumers (`<durable>-<agent>`) hold, for agents with work queued."""
-        info = await self.js.stream_info(q.stream, subjects_filter=q.subject + ".*")
         total = 0
-        for subject in info.state.subjects or {}:
-            with contextlib.suppress(NotFoundError):
-                agent = str(subject).removeprefix(q.subject + ".")
-                total += (await self.js.consumer_info(q.stream, q.agent_durable(agent))).num_ack_pending or 0
+        for agent in q.waiting(await self.subject_counts(q)):
+            if agent is not None:
+                with contextlib.suppress(NotFoundError):
+                    total += (
+                        await self.js.consumer_info(q.stream, q.agent_durable(agent))
+                    ).num_ack_pending or 0
         return total
+
+    async def subject_counts(self, q: WorkQueue) -> dict[str, int]:
+        """Messages per subject of the queue's stream (queued or being handled, not yet acked)."""
+        info = await self.js.stream_info(q.stream, subjects_filter=">")
+        return {str(k): int(v) for k, v in (info.state.subjects or {}).items()}
 
     async def drained(self) -> bool:
         """True when no work-queue message is pending or in flight."""

@@ -30,14 +30,13 @@ import msgspec
 import nats.errors
 from nats.js.errors import NotFoundError
 
-from cppperf.shared import messages as m
 from cppperf.shared.bus import AWAY_ERRORS, WORK_QUEUES, WorkQueue
 from cppperf.shared.logging import get_logger
+from cppperf.shared.service import handle_tracked
 from cppperf.shared.tasks import stop_task
-from cppperf.shared.worker import handle
 
 if TYPE_CHECKING:
-    from nats.js.client import JetStreamContext
+    from nats.aio.msg import Msg
 
     from cppperf.shared.health import Tracked
     from cppperf.shared.service import ServiceContext
@@ -51,28 +50,6 @@ FETCH_WAIT = 0.2  # seconds a pull waits on a queue whose messages are all in fl
 def turn_order(waiting: Iterable[Key], last_served: Mapping[Key, float]) -> list[Key]:
     """The queues with work, least recently served first (never served first, then by name)."""
     return sorted(waiting, key=lambda k: (last_served.get(k, 0.0), k or ""))
-
-
-def waiting_queues(q: WorkQueue, subjects: Mapping[str, int]) -> list[Key]:
-    """The queues holding messages, from a stream's per-subject counts: the bare subject (None)
-    and each `<subject>.<agent>` whose agent is a valid name (anything else is never served)."""
-    keys: list[Key] = []
-    for subject, count in subjects.items():
-        if count <= 0:
-            continue
-        if subject == q.subject:
-            keys.append(None)
-            continue
-        agent = subject.removeprefix(q.subject + ".")
-        if agent != subject and m.AGENT_NAME.fullmatch(agent):
-            keys.append(agent)
-    return keys
-
-
-async def subject_counts(js: JetStreamContext, q: WorkQueue) -> dict[str, int]:
-    """Messages per subject of the queue's stream (queued or being handled, not yet acked)."""
-    info = await js.stream_info(q.stream, subjects_filter=">")
-    return {str(k): int(v) for k, v in (info.state.subjects or {}).items()}
 
 
 class FairQueue:
@@ -131,7 +108,7 @@ class FairQueue:
     async def serve_one(self) -> bool:
         """Pull and handle one message, the next queue's in turn; False when none was waiting."""
         bus = self.ctx.bus
-        waiting = waiting_queues(self.q, await subject_counts(bus.js, self.q))
+        waiting = self.q.waiting(await bus.subject_counts(self.q))
         for key in turn_order(waiting, self.last_served):
             if not self.running:
                 return False
@@ -162,28 +139,22 @@ class FairQueue:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
             return None
+        finally:
+            if self.tracked is not None:  # the pull loop is alive (health probe), however many agents
+                self.tracked.last_fetch = time.monotonic()
         return msgs[0] if msgs else None
 
-    async def _handle(self, msg: Any) -> None:
-        t = self.tracked
-        if t is not None and t.stopping:  # fetched while shutting down: hand it straight back
-            await msg.nak()
-            return
-        if t is not None:
-            t.in_flight += 1
-        try:
-            await handle(
-                msg,
-                bus=self.ctx.bus,
-                service=self.service,
-                subject=self.q.subject,
-                typ=self.typ,
-                work=self.work,
-                abort=t.abort if t is not None else None,
-            )
-        finally:
-            if t is not None:
-                t.in_flight -= 1
+    async def _handle(self, msg: Msg) -> None:
+        assert self.tracked is not None, "subscribe_fair tracks it"
+        await handle_tracked(
+            self.tracked,
+            msg,
+            bus=self.ctx.bus,
+            service=self.service,
+            subject=self.q.subject,
+            typ=self.typ,
+            work=self.work,
+        )
 
 
 def subscribe_fair(

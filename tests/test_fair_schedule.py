@@ -22,7 +22,7 @@ from cppperf.services.evaluator import app as evaluator_app
 from cppperf.services.evaluator.instances import EvalInstance
 from cppperf.services.evaluator.pipeline import EvalRequest
 from cppperf.shared.bus import WORK_QUEUES
-from cppperf.shared.fair import turn_order, waiting_queues
+from cppperf.shared.fair import turn_order
 from cppperf.shared.service import ServiceContext
 from tests.conftest import make_settings
 from tests.secured_bus import SecuredBus, fresh_bus, start_secured_bus
@@ -59,7 +59,7 @@ def test_waiting_queues_reads_subject_counts() -> None:
         "eval.requested.bob": 0,
         "eval.requested.a.b": 1,
     }
-    assert sorted(waiting_queues(Q, counts), key=str) == [None, "alice"]
+    assert sorted(Q.waiting(counts), key=str) == [None, "alice"]
 
 
 @pytest.fixture(scope="module")
