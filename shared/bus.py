@@ -8,6 +8,9 @@ configuration (`provision(owner=True)` applies it, logging what changed); read-o
 (`status`, `dlq list`) never create or change a consumer or a stream's settings
 (`provision(owner=False)` only creates missing streams), and report a mismatch in a log line.
 A publish to a stream that has gone missing re-creates the streams once (`stream_reprovisioned`).
+On a bus only the admin provisions (`BusSettings.self_provisioning` false: a secured bus) nothing
+here creates or updates a stream: a missing one is `NotProvisioned` (shared/provision.py,
+`cppperf bus provision`); services still create their durable consumers.
 
 Limits (README "Who can do what on the bus"): every stream has `max_bytes`/`max_msgs`. Work queues
 and the DLQ never age out and refuse new messages when full (`discard: new`): the publisher gets an
@@ -15,7 +18,8 @@ error and retries (a service naks its own message), so pipeline work is never dr
 their messages cannot be purged. The announcement streams (`patch.built`, `eval.completed`) drop
 their oldest messages past `output_max_age` (the records live in the KV buckets).
 `eval.requested` and `eval.completed` carry the agent as the last subject token
-(`eval.requested.<agent>`), which is how the evaluator counts an agent's pending requests.
+(`eval.requested.<agent>`), which is how the evaluator counts an agent's pending requests and
+serves agents in turn (one consumer per agent, shared/fair.py).
 
 Dead letters always fit: a payload over `dlq_inline_limit` goes to the object store and the
 letter keeps its reference, size, SHA-256 and first bytes.
