@@ -6,6 +6,7 @@ embedded/open bus still provisions itself."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -79,13 +80,18 @@ async def test_provision_is_idempotent_and_raises_limits(secured: SecuredBus, tm
     assert (await fresh_bus(secured, tmp_path, wipe=False))[0].action == "updated"  # back to defaults
 
 
-async def test_service_on_an_unprovisioned_bus_names_the_fix(secured: SecuredBus, tmp_path: Path) -> None:
+async def wipe(secured: SecuredBus, tmp_path: Path) -> None:
+    """Every stream deleted, nothing provisioned (as admin)."""
     admin = await Bus.connect(secured.url, as_user(secured, tmp_path, "admin").bus)
     try:
         for info in await admin.js.streams_info():
             await admin.js.delete_stream(info.config.name)
     finally:
         await admin.close()
+
+
+async def test_service_on_an_unprovisioned_bus_names_the_fix(secured: SecuredBus, tmp_path: Path) -> None:
+    await wipe(secured, tmp_path)
     with pytest.raises(NotProvisioned, match=r"missing: REPO_CANDIDATE, .*run `cppperf bus provision`"):
         async with connect(as_user(secured, tmp_path, "evaluator"), secured.url, owner=True):
             pass
@@ -132,3 +138,32 @@ async def test_open_bus_still_provisions_itself(nats_server: object, tmp_path: P
         assert ctx.bus.provisioning
         for name in required_streams():
             await ctx.bus.js.stream_info(name)
+
+
+@pytest.mark.slow  # the refused call is only known after nats-py's 10 s JetStream timeout
+def test_provision_with_a_service_users_creds_is_one_line(secured: SecuredBus, tmp_path: Path) -> None:
+    asyncio.run(wipe(secured, tmp_path))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CPPPERF_")}
+    verb = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cppperf",
+            "bus",
+            "provision",
+            "--nats-url",
+            secured.url,
+            "--creds",
+            secured.creds("builder"),
+        ],
+        env={**env, "CPPPERF_OUT_DIR": str(tmp_path / "out")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert verb.returncode == 1 and "Traceback" not in verb.stderr
+    assert verb.stderr.strip().splitlines() == [
+        "error: the server refused provisioning (nats: permissions violation for publish to "
+        '"$js.api.stream.create.repo_candidate"): use the admin\'s credentials'
+    ]

@@ -59,6 +59,13 @@ def provision(
         bus = await Bus.connect(url, s.bus, name="cppperf-provision")
         try:
             return [(p.name, p.action) for p in await provision_all(bus)]
+        except AWAY_ERRORS:
+            refused = str(bus.nc.last_error or "")
+            if "permissions violation" in refused.lower():  # the server said why the call went unanswered
+                raise CppPerfError(
+                    f"the server refused provisioning ({refused}): use the admin's credentials"
+                ) from None
+            raise
         finally:
             await bus.close()
 
