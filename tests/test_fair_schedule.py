@@ -2,7 +2,8 @@
 secured configuration, the evaluator as its own service user: one agent's backlog does not hold
 another agent's request back; an agent added (server reload) while the evaluator runs is served
 without a restart; the evaluator's user creates the per-agent consumers with its own rights.
-The evaluation itself is a stand-in (a fake `EvaluatorOps`) that can be held busy."""
+a failing evaluation is retried and dead-lettered as on any queue. The evaluation itself is a
+stand-in (a fake `EvaluatorOps`) that can be held busy."""
 
 from __future__ import annotations
 
@@ -21,11 +22,12 @@ from cppperf.runtime import run_services
 from cppperf.services.evaluator import app as evaluator_app
 from cppperf.services.evaluator.instances import EvalInstance
 from cppperf.services.evaluator.pipeline import EvalRequest
-from cppperf.shared.bus import WORK_QUEUES
+from cppperf.shared import messages as m
+from cppperf.shared.bus import WORK_QUEUES, Bus
 from cppperf.shared.fair import turn_order
 from cppperf.shared.service import ServiceContext
 from tests.conftest import make_settings
-from tests.secured_bus import SecuredBus, fresh_bus, start_secured_bus
+from tests.secured_bus import SecuredBus, as_user, fresh_bus, start_secured_bus
 from tests.test_bus_auth import INSTANCE, FakeOps
 
 pytestmark = pytest.mark.nats
@@ -43,6 +45,9 @@ class GatedOps(FakeOps):
     def evaluate(self, req: EvalRequest, instance: EvalInstance | None) -> dict[str, Any]:
         self.started.set()
         assert self.gate.wait(30), "gate never opened"
+        if req.patch.startswith("boom"):
+            self.ran.append(req)
+            raise RuntimeError("the stand-in evaluation failed")
         return super().evaluate(req, instance)
 
 
@@ -132,3 +137,32 @@ async def test_an_agent_added_while_running_is_served(
         eid = await carol.submit(INSTANCE, "fast carol", run_id="new", model="m")
         assert (await carol.wait(eid, poll=0.1, max_wait=30))["verdict"] == "opt"
     assert (await ctx.bus.js.consumer_info(Q.stream, "evaluator-carol")).config.filter_subject
+
+
+async def test_a_failing_request_is_retried_then_dead_lettered_as_before(
+    secured: SecuredBus, evaluator: tuple[ServiceContext, GatedOps], tmp_path: Path
+) -> None:
+    """The per-agent consumers keep the worker's policy: nak with backoff, then at `max_deliver`
+    (3 here) a dead letter with the reason; meanwhile another agent is still served."""
+    _, ops = evaluator
+    ops.gate.set()
+    async with (
+        await AgentClient.connect(secured.url, secured.creds("alice")) as alice,
+        await AgentClient.connect(secured.url, secured.creds("bob")) as bob,
+    ):
+        await alice.submit(INSTANCE, "boom", run_id="bad", model="m")
+        ok = await bob.submit(INSTANCE, "fast", run_id="good", model="m")
+        assert (await bob.wait(ok, poll=0.1, max_wait=30))["verdict"] == "opt"
+    admin = await Bus.connect(secured.url, as_user(secured, tmp_path, "admin").bus)
+    try:
+        for _ in range(100):
+            letters = await admin.dead_letters(m.EVAL_REQUESTED)
+            if letters:
+                break
+            await asyncio.sleep(0.1)
+        assert [(d.letter.attempts, d.letter.service) for d in letters] == [(3, "evaluator")]
+        assert "the stand-in evaluation failed" in letters[0].letter.error
+        assert (await admin.js.stream_info(Q.stream)).state.messages == 0  # term'd, not pending
+    finally:
+        await admin.close()
+    assert [r.run_id for r in ops.ran].count("alice.bad") == 3
