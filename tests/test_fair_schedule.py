@@ -1,7 +1,7 @@
 """Fair scheduling of `eval.requested` (shared/fair.py) on a real nats-server running the shipped
 secured configuration, the evaluator as its own service user: one agent's backlog does not hold
 another agent's request back; an agent added (server reload) while the evaluator runs is served
-without a restart; the evaluator's user creates the per-agent consumers with its own rights.
+without a restart; the evaluator's user creates the per-agent consumers with its own rights;
 a failing evaluation is retried and dead-lettered as on any queue. The evaluation itself is a
 stand-in (a fake `EvaluatorOps`) that can be held busy."""
 
