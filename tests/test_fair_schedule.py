@@ -18,16 +18,13 @@ import pytest
 
 from cppperf.agents import add_agent
 from cppperf.client import AgentClient
-from cppperf.runtime import run_services
-from cppperf.services.evaluator import app as evaluator_app
 from cppperf.services.evaluator.instances import EvalInstance
 from cppperf.services.evaluator.pipeline import EvalRequest
 from cppperf.shared import messages as m
 from cppperf.shared.bus import WORK_QUEUES, Bus
 from cppperf.shared.fair import turn_order
 from cppperf.shared.service import ServiceContext
-from tests.conftest import make_settings
-from tests.secured_bus import SecuredBus, as_user, fresh_bus, start_secured_bus
+from tests.secured_bus import SecuredBus, as_user, evaluator_service, start_secured_bus
 from tests.test_bus_auth import INSTANCE, FakeOps
 
 pytestmark = pytest.mark.nats
@@ -78,13 +75,10 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredBus]:
 
 @pytest.fixture
 async def evaluator(secured: SecuredBus, tmp_path: Path) -> AsyncIterator[tuple[ServiceContext, GatedOps]]:
-    await fresh_bus(secured, tmp_path)
-    settings = make_settings(tmp_path, nats_url=secured.url, bus={"creds": secured.creds("evaluator")})
     ops = GatedOps()
-    register = {"evaluator": lambda b, c: evaluator_app.register(b, c, ops=ops)}
-    async with run_services(settings, secured.url, ["evaluator"], register=register) as running:
+    async with evaluator_service(secured, tmp_path, ops) as ctx:
         try:
-            yield running.ctx, ops
+            yield ctx, ops
         finally:
             ops.gate.set()
 
