@@ -29,6 +29,7 @@ from cppperf.shared.bus import Bus, credential_options, servers
 from cppperf.shared.embedded import EmbeddedNats, running_url, stop_all
 from cppperf.shared.health import Liveness, heartbeat_loop
 from cppperf.shared.logging import get_logger, register_url
+from cppperf.shared.provision import require_provisioned
 from cppperf.shared.service import ServiceContext
 from cppperf.shared.settings import Settings
 from cppperf.shared.store import Store
@@ -64,15 +65,19 @@ async def connect(
 ) -> AsyncIterator[ServiceContext]:
     """Bus + store. `owner=True` (services) applies the configuration of the consumers of
     `services` (all when None); the default (read-only commands) only creates missing streams
-    and never changes a consumer."""
+    and never changes a consumer. On a bus the admin provisions (`BusSettings.self_provisioning`
+    false) nothing is created but consumers: a missing stream or bucket is `NotProvisioned`."""
     bus = await Bus.connect(url, settings.bus)
     try:
+        if not bus.provisioning:  # a secured bus: only `cppperf bus provision` creates streams
+            await require_provisioned(bus.js)
         await bus.provision(owner=owner, services=services)
         store = await Store.open(
             bus.js,
             replicas=settings.bus.replicas,
             kv_max_bytes=settings.bus.kv_max_bytes,
             blob_max_bytes=settings.bus.blob_max_bytes,
+            create=bus.provisioning,
         )
         yield ServiceContext(settings=settings, bus=bus, store=store)
     finally:

@@ -74,9 +74,20 @@ class BusSettings(msgspec.Struct, kw_only=True):
     output_max_age: float = 30 * 24 * 3600.0  # patch.built / eval.completed announcements kept
     kv_max_bytes: int = 256 * 1024 * 1024  # per KV bucket; a full bucket refuses writes
     blob_max_bytes: int = 4 * 1024 * 1024 * 1024  # the `blobs` object store
+    # who creates/updates streams, buckets and the object store: "self" (each process on connect:
+    # the embedded/open bus), "admin" (`cppperf bus provision`; services only check and stop with
+    # one line when something is missing), "auto" (admin when `creds`/`nkey_seed` is set)
+    provision: Literal["auto", "self", "admin"] = "auto"
 
     def effective_heartbeat(self) -> float:
         return self.heartbeat_interval or max(self.ack_wait / 3.0, 0.05)
+
+    @property
+    def self_provisioning(self) -> bool:
+        """True when this process creates and updates streams and buckets itself."""
+        if self.provision == "auto":
+            return not (self.creds or self.nkey_seed)
+        return self.provision == "self"
 
 
 class GitHubSettings(msgspec.Struct, kw_only=True):

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = ("dev", "production")
 CORE_NS, BUILD_NS = "cppperf", "cppperf-build"
-WORKLOADS = ("Deployment", "StatefulSet", "CronJob")
+WORKLOADS = ("Deployment", "StatefulSet", "CronJob", "Job")
 
 
 def docs_of(text: str) -> list[dict[str, Any]]:

@@ -29,6 +29,7 @@ from cppperf.shared.settings import env_names
 from tests.k8s_manifests import (
     BUILD_NS,
     CORE_NS,
+    K8S,
     OVERLAYS,
     ROOT,
     base_resources,
@@ -59,13 +60,13 @@ def test_base_resources_are_valid_kubernetes_objects() -> None:
     assert kinds == sorted(
         {
             "Namespace",
-            "ConfigMap",
             "Service",
             "ServiceAccount",
             "StatefulSet",
             "PodDisruptionBudget",
             "Deployment",
             "CronJob",
+            "Job",
             "PersistentVolumeClaim",
             "NetworkPolicy",
         }
@@ -121,6 +122,9 @@ def test_nats_is_a_three_pod_jetstream_cluster_with_volumes(
     for name in ("accounts.conf", "agents.conf"):  # the same permissions as compose's
         assert conf_map["data"][name] == (ROOT / "deploy" / "nats" / name).read_text()
         (tmp_path / name).write_text(conf_map["data"][name])
+    # one copy: generated from deploy/nats (deploy/nats/kustomization.yaml), none kept in deploy/k8s
+    for manifest in K8S.rglob("*.yaml"):
+        assert "accounts {" not in manifest.read_text(), manifest
     assert any(m["mountPath"] == "/data" and m["name"] == "data" for m in container["volumeMounts"])
     # the config is one a real nats-server accepts (the variables come from the pod's env)
     path = tmp_path / "nats.conf"
@@ -168,6 +172,25 @@ def test_no_secret_is_an_environment_variable(rendered: list[dict[str, Any]]) ->
             if "secret" in v:
                 assert v["secret"]["items"], (d["metadata"]["name"], v)  # never the whole Secret
                 assert v["secret"]["defaultMode"] == 0o400
+
+
+def test_a_job_provisions_the_bus_as_admin(rendered: list[dict[str, Any]]) -> None:
+    """Only the provision Job holds the admin's creds; every service pod mounts its own only."""
+    job = find(rendered, "Job", "provision")
+    c = pod_spec(job)["containers"][0]
+    assert c["args"] == ["bus", "provision"]
+    assert env_of(c)["CPPPERF_BUS_CREDS"]["value"].endswith("/admin.creds")
+    for d in workloads(rendered):
+        mounted = {
+            i["key"]
+            for v in pod_spec(d).get("volumes", [])
+            if "secret" in v
+            for i in v["secret"].get("items", [])
+        }
+        if d is job:
+            assert mounted == {"admin.creds"}
+        else:
+            assert "admin.creds" not in mounted, d["metadata"]["name"]
 
 
 def test_builders_share_the_hosts_core_lease_directory(rendered: list[dict[str, Any]]) -> None:

@@ -140,7 +140,7 @@ async def results(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer
         return refused(error)
     prefix = m.evaluation_id(m.agent_run(agent, q.run_id), "x", "x").rsplit("/", 2)[0] + "/"
     rows: list[dict[str, Any]] = []
-    for eid in sorted(await ctx.store.ids("evaluations")):
+    for eid in sorted(await ctx.store.ids("evaluations", under=agent)):  # only this agent's keys
         if not eid.startswith(prefix):
             continue
         report = await _report(ctx, eid)
