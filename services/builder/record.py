@@ -18,8 +18,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from cppperf.services.builder.bench_record import benchmark_keys
 from cppperf.services.builder.instance import InstanceResult
 from cppperf.shared.domain import Verdict
+from cppperf.shared.engine.benchmarks import is_benchmark
 from cppperf.shared.engine.cmake import BuildSpec, configure_argv
 from cppperf.shared.messages import CommitSelected
 from cppperf.shared.settings import BuilderSettings
@@ -53,15 +55,17 @@ def build_record(
     commit: CommitSelected, res: InstanceResult, *, diff: str, settings: BuilderSettings
 ) -> dict[str, Any]:
     meas = res.measurement
+    tests = [t for t in res.tests if not is_benchmark(t.name)]  # the CTest tests (published keys)
     per_test: list[dict[str, Any]] = []
     old_total: list[float] = []
     new_total: list[float] = []
     if meas is not None and meas.failure is None:
-        full = [s for s in meas.samples.values() if len(s.old) == len(next(iter(meas.samples.values())).old)]
+        timed = [s for n, s in meas.samples.items() if not is_benchmark(n)]
+        full = [s for s in timed if len(s.old) == len(timed[0].old)] if timed else []
         if full:
             old_total = [sum(v) for v in zip(*(s.old for s in full), strict=False)]
             new_total = [sum(v) for v in zip(*(s.new for s in full), strict=False)]
-    for t in res.tests:
+    for t in tests:
         s = meas.samples[t.name] if meas else None
         old_ms, new_ms = (_ms(s.old), _ms(s.new)) if s else ([], [])
         per_test.append(
@@ -86,10 +90,10 @@ def build_record(
                 "new_times": new_ms,
             }
         )
-    improved = [t.name for t in res.tests if t.improved]
-    regressed = [t.name for t in res.tests if t.regressed]
-    paper_imp = [t.name for t in res.tests if t.paper_improved]
-    paper_reg = [t.name for t in res.tests if t.paper_regressed]
+    improved = [t.name for t in tests if t.improved]
+    regressed = [t.name for t in tests if t.regressed]
+    paper_imp = [t.name for t in tests if t.paper_improved]
+    paper_reg = [t.name for t in tests if t.paper_regressed]
     old_mean = statistics.fmean(old_total) if old_total else 0.0
     new_mean = statistics.fmean(new_total) if new_total else 0.0
     issues = [
@@ -164,7 +168,7 @@ def build_record(
             "new_times_s": new_total,
         },
         "tests": {
-            "total_tests": len(res.tests) or len(res.compared_tests),
+            "total_tests": len(tests) or len(res.compared_tests),
             "significant_improvements": len(improved),
             "significant_improvements_tests": improved,
             "significant_regressions": len(regressed),
@@ -217,7 +221,7 @@ def build_record(
             "missing_packages": res.missing_packages,
             "llm_proposed_packages": res.llm_proposed_packages,
             "build_steps": res.build_steps,
-            "tests": [t.as_dict() for t in res.tests],
+            "tests": [t.as_dict() for t in tests],
             "confirmations": res.confirmations,
             "samples": {
                 n: {
@@ -233,5 +237,6 @@ def build_record(
                 for n, s in (meas.samples.items() if meas else [])
             },
             "linked_texts_fetched": commit.links_fetched,
+            **benchmark_keys(res),
         },
     }

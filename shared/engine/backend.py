@@ -43,6 +43,7 @@ from cppperf.shared.engine.cmake import (
     tool_env,
 )
 from cppperf.shared.engine.fetchcontent import archive
+from cppperf.shared.engine.fileapi import write_query
 from cppperf.shared.engine.runner_script import instructions_unsupported, valgrind_unsupported
 from cppperf.shared.engine.sandbox import (
     JAIL_TMP,
@@ -239,6 +240,8 @@ class LocalBackend:
         d, mount = self._view(side), self._mount(side)
         env = self._env(side)
         jail = self._jail(side, building=True)
+        if self.spec.benchmarks:  # CMake's file API answers it at configure (engine/benchmarks.py)
+            write_query(self.side_dir(side) / "build")
         if jail is not None:
             (self.side_dir(side) / "build").mkdir(parents=True, exist_ok=True)
             self.ccache.mkdir(parents=True, exist_ok=True)
@@ -266,6 +269,10 @@ class LocalBackend:
             mount=self._mount(side),
             jail=self._jail(side, building=False),
         )
+
+    def host_build_dir(self, side: SideName) -> Path:
+        """The side's build tree on this host (its CMake file API reply is read here)."""
+        return self.side_dir(side) / "build"
 
     def tree_root(self, side: SideName) -> str:
         """The side's tree as its builds and tests see it."""

@@ -1,0 +1,391 @@
+"""The project's own benchmarks as workloads: discovered through CMake's file API, run by their
+own JSON output, fed to the same interleaved protocol and statistics as the tests.
+
+Discovery. Before configure the build tree gets a stateless file-API query
+(`.cmake/api/v1/query/codemodel-v2`); configure (with the tree's benchmark switches on, see
+`cmake.benchmark_options`) answers it under `.cmake/api/v1/reply/`. Every `EXECUTABLE` target
+whose link line or dependencies name Google Benchmark (`benchmark::benchmark`,
+`benchmark_main`, `libbenchmark.{a,so}`, `-lbenchmark`) is a benchmark executable; it is asked
+for its benchmarks (`--benchmark_list_tests=true`, untimed, in the tests' jail) and each
+benchmark becomes one workload `bench:<target>/<benchmark>`. Targets linking nanobench are
+recorded as skipped: nanobench has no command-line switch for machine-readable output (the
+program picks its renderer), so nothing generic can read it. Catch2's `BENCHMARK` cases run
+inside CTest tests, which are timed already.
+
+Running. A workload is an ordinary `TestCase` (so it runs in the same jail, limits and core
+lease as a test): the executable with `--benchmark_filter=^<name>$ --benchmark_format=json
+--benchmark_repetitions=N --benchmark_min_time=T`, cut at `builder.benchmark_timeout`. Its sample
+is read from the JSON (`benchmarks[]`, `run_type` `iteration` only, aggregates skipped): the
+median over the repetitions of the per-iteration `real_time` (the wall sample) and `cpu_time`
+(the CPU sample), in seconds. One process run is one sample: repetitions inside a process share
+its code layout and allocator state, so they are not independent samples; the rounds (processes)
+are, and the protocol interleaves them with the other side's exactly like tests. A sample is
+never repeated by the sample floor (it is Google Benchmark's own timing, already long enough:
+`pinned` repeats of 1). A probe run per side first (untimed) drops a benchmark that crashes,
+reports an error or prints no JSON, with a `BenchmarkSkip` reason instead of a rejection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from cppperf.shared.domain import BenchmarkSkip, BenchmarkWorkload, SkippedBenchmark
+from cppperf.shared.engine.backend import Backend
+from cppperf.shared.engine.cmake import TestCase
+from cppperf.shared.engine.fileapi import codemodel_targets
+from cppperf.shared.engine.leases import core_plan
+from cppperf.shared.engine.sandbox import Limits, RunResult
+from cppperf.shared.settings import BuilderSettings
+
+PREFIX = "bench:"
+FRAMEWORK = "google-benchmark"
+_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+_GBENCH_LINK = re.compile(r"(?:^|[/\s])(?:-l|lib)?benchmark(?:_main)?(?:\.a|\.so[.\d]*)?$")
+_NANOBENCH = re.compile(r"nanobench", re.IGNORECASE)
+_ERE_SPECIAL = set(".[]()*+?{}|^$\\")
+
+Run = Callable[[TestCase], RunResult]
+
+
+def is_benchmark(name: str) -> bool:
+    return name.startswith(PREFIX)
+
+
+@dataclass(frozen=True)
+class BenchTarget:
+    target: str
+    executable: str  # relative to the build tree
+    framework: str  # google-benchmark | nanobench
+
+
+def _framework(target: dict[str, Any]) -> str | None:
+    link = target.get("link") if isinstance(target.get("link"), dict) else {}
+    fragments = [
+        str(f.get("fragment", "")) for f in (link or {}).get("commandFragments", []) if isinstance(f, dict)
+    ]
+    deps = [
+        str(d.get("id", "")).split("::@")[0] for d in target.get("dependencies", []) if isinstance(d, dict)
+    ]
+    words = [w for frag in fragments for w in frag.split()] + deps
+    if any(_GBENCH_LINK.search(w) or w in ("benchmark", "benchmark_main") for w in words):
+        return FRAMEWORK
+    if any(_NANOBENCH.search(w) for w in words):
+        return "nanobench"
+    return None
+
+
+def benchmark_targets(build_dir: Path) -> list[BenchTarget]:
+    """The executables of the build tree (on this host) that link a benchmark library, by name."""
+    out = []
+    for t in codemodel_targets(build_dir):
+        artifacts = [a.get("path") for a in t.get("artifacts", []) if isinstance(a, dict)]
+        if t.get("type") != "EXECUTABLE" or not artifacts or not artifacts[0]:
+            continue
+        framework = _framework(t)
+        if framework is not None:
+            out.append(BenchTarget(str(t.get("name", "")), str(artifacts[0]), framework))
+    return sorted(out, key=lambda b: b.target)
+
+
+def ere_escape(text: str) -> str:
+    """`text` matched literally by a POSIX extended regex (Google Benchmark's filter)."""
+    return "".join(f"\\{c}" if c in _ERE_SPECIAL else c for c in text)
+
+
+def workload_name(target: str, benchmark: str) -> str:
+    return f"{PREFIX}{target}/{benchmark}"
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    repetitions: int
+    min_time: float
+    timeout: float
+
+
+def workload(exe: str, cwd: str, target: str, benchmark: str, s: BenchSettings) -> TestCase:
+    return TestCase(
+        name=workload_name(target, benchmark),
+        command=[
+            exe,
+            f"--benchmark_filter=^{ere_escape(benchmark)}$",
+            "--benchmark_format=json",
+            f"--benchmark_repetitions={s.repetitions}",
+            f"--benchmark_min_time={s.min_time:g}",
+        ],
+        cwd=cwd,
+        timeout=s.timeout,
+    )
+
+
+def listed(output: str) -> list[str]:
+    """Benchmark names from `--benchmark_list_tests=true` (one per line)."""
+    return [ln.strip() for ln in output.splitlines() if ln.strip() and not ln.startswith(("*", " "))]
+
+
+class BenchOutputError(ValueError):
+    """A benchmark's output is not the Google Benchmark JSON of its run (the reason)."""
+
+    def __init__(self, reason: BenchmarkSkip, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+def _json_document(output: str) -> dict[str, Any]:
+    """The first JSON object in `output` with a `benchmarks` list (stderr lines may surround it)."""
+    decoder = json.JSONDecoder()
+    for mt in re.finditer(r"^\{", output, re.MULTILINE):
+        try:
+            doc, _end = decoder.raw_decode(output, mt.start())
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("benchmarks"), list):
+            return doc
+    raise BenchOutputError(BenchmarkSkip.MALFORMED_OUTPUT, "no Google Benchmark JSON in the output")
+
+
+def parse_run(output: str, benchmark: str) -> tuple[float, float, int]:
+    """(median real time, median CPU time) per iteration in seconds over the repetitions of
+    `benchmark` in a `--benchmark_format=json` output, and how many repetitions there were."""
+    doc = _json_document(output)
+    real, cpu = [], []
+    for b in doc["benchmarks"]:
+        if not isinstance(b, dict) or b.get("run_type", "iteration") != "iteration":
+            continue  # aggregates (mean, median, stddev, cv) are computed, not measured
+        if b.get("run_name", b.get("name")) != benchmark and b.get("name") != benchmark:
+            continue
+        if b.get("error_occurred") or b.get("skipped"):
+            raise BenchOutputError(
+                BenchmarkSkip.ERROR_REPORTED, str(b.get("error_message") or "skipped")[:300]
+            )
+        unit = _UNITS.get(str(b.get("time_unit", "ns")))
+        try:
+            r, c = float(b["real_time"]), float(b["cpu_time"])
+        except (KeyError, TypeError, ValueError):
+            raise BenchOutputError(
+                BenchmarkSkip.MALFORMED_OUTPUT, f"{benchmark}: no real_time/cpu_time"
+            ) from None
+        if unit is None or r < 0 or c < 0:
+            raise BenchOutputError(BenchmarkSkip.MALFORMED_OUTPUT, f"{benchmark}: unknown time_unit or time")
+        real.append(r * unit)
+        cpu.append(c * unit)
+    if not real:
+        raise BenchOutputError(
+            BenchmarkSkip.MALFORMED_OUTPUT, f"no iteration run of {benchmark!r} in the JSON"
+        )
+    return statistics.median(real), statistics.median(cpu), len(real)
+
+
+def as_sample(name: str, res: RunResult) -> RunResult:
+    """A workload's run as one protocol sample: wall and CPU seconds from its JSON. A run that
+    failed stays failed; one whose output cannot be read fails too (returncode 1, the reason in
+    its output), so the protocol names the workload and the side."""
+    if not res.ok:
+        return res
+    benchmark = name[len(PREFIX) :].partition("/")[2]
+    try:
+        real, cpu, _n = parse_run(res.output, benchmark)
+    except BenchOutputError as exc:
+        return replace(res, returncode=1, output=f"{exc.reason}: {exc}\n{res.output[-1500:]}")
+    return replace(res, wall_s=real, cpu_s=cpu, instructions=None, ir=None)
+
+
+def probe_problem(res: RunResult, name: str) -> SkippedBenchmark | None:
+    """Why an untimed probe run of a workload disqualifies it (None: it can be timed)."""
+    if res.timed_out:
+        return SkippedBenchmark(name=name, reason=BenchmarkSkip.TIMEOUT, detail=res.output[-300:])
+    if not res.ok:
+        return SkippedBenchmark(
+            name=name, reason=BenchmarkSkip.CRASHED, detail=f"exit {res.returncode}: {res.output[-300:]}"
+        )
+    try:
+        parse_run(res.output, name[len(PREFIX) :].partition("/")[2])
+    except BenchOutputError as exc:
+        return SkippedBenchmark(name=name, reason=exc.reason, detail=str(exc))
+    return None
+
+
+@dataclass
+class Discovered:
+    """Per side, the workloads to time (by name); the benchmarks found and not timed."""
+
+    by_side: dict[str, dict[str, TestCase]]
+    skipped: list[SkippedBenchmark]
+    targets: dict[str, BenchTarget]  # workload name -> its target
+
+    @property
+    def common(self) -> list[str]:
+        sides = list(self.by_side.values())
+        return sorted(set.intersection(*(set(s) for s in sides))) if sides else []
+
+    def records(self, s: BenchSettings) -> list[BenchmarkWorkload]:
+        return [
+            BenchmarkWorkload(
+                name=n,
+                target=self.targets[n].target,
+                executable=self.targets[n].executable,
+                benchmark=n[len(PREFIX) :].partition("/")[2],
+                framework=self.targets[n].framework,
+                repetitions=s.repetitions,
+                min_time_s=s.min_time,
+            )
+            for n in self.common
+        ]
+
+
+def discover(
+    targets: list[BenchTarget],
+    build_roots: Mapping[str, str],
+    run_on: Mapping[str, Run],
+    s: BenchSettings,
+    *,
+    limit: int,
+    only: Iterable[str] | None = None,
+) -> Discovered:
+    """The workloads of `targets` (read from one side's file API) on every side: `build_roots`
+    is each side's build tree as its runs see it, `run_on` runs a command there untimed. Each
+    side lists its benchmarks; the ones on every side are probed once per side; at most `limit`
+    are kept (`only`: just these names, e.g. the evaluator's instance's benchmarks)."""
+    wanted = set(only) if only is not None else None
+    found = Discovered(by_side={side: {} for side in build_roots}, skipped=[], targets={})
+    names_by_side: dict[str, set[str]] = {side: set() for side in build_roots}
+    for t in targets:
+        if t.framework != FRAMEWORK:
+            found.skipped.append(
+                SkippedBenchmark(
+                    name=workload_name(t.target, "*"),
+                    reason=BenchmarkSkip.UNSUPPORTED_FRAMEWORK,
+                    detail=f"{t.framework}: no command-line switch for machine-readable output",
+                )
+            )
+            continue
+        for side, root in build_roots.items():
+            exe = f"{root}/{t.executable}"
+            res = run_on[side](
+                TestCase(name=t.target, command=[exe, "--benchmark_list_tests=true"], cwd=root)
+            )
+            names = listed(res.output) if res.ok else []
+            if not names:
+                why = f"on the {side} side: exit {res.returncode}: {res.output[-300:]}"
+                found.skipped.append(
+                    SkippedBenchmark(
+                        name=workload_name(t.target, "*"), reason=BenchmarkSkip.LIST_FAILED, detail=why
+                    )
+                )
+                continue
+            for b in names:
+                n = workload_name(t.target, b)
+                if wanted is None or n in wanted:
+                    found.by_side[side][n] = workload(exe, root, t.target, b, s)
+                    names_by_side[side].add(n)
+                    found.targets[n] = t
+    everywhere = set.intersection(*names_by_side.values()) if names_by_side else set()
+    for n in sorted(set.union(set(), *names_by_side.values()) - everywhere):
+        found.skipped.append(SkippedBenchmark(name=n, reason=BenchmarkSkip.ONE_SIDE_ONLY))
+    kept = sorted(everywhere)
+    for n in kept[limit:]:
+        found.skipped.append(
+            SkippedBenchmark(name=n, reason=BenchmarkSkip.OVER_LIMIT, detail=f"limit {limit}")
+        )
+    timed: list[str] = []
+    for n in kept[:limit]:
+        problem = next(
+            (
+                p
+                for side in build_roots
+                if (p := probe_problem(run_on[side](_probe(found.by_side[side][n])), n))
+            ),
+            None,
+        )
+        if problem is None:
+            timed.append(n)
+        else:
+            found.skipped.append(problem)
+    found.by_side = {side: {n: tests[n] for n in timed} for side, tests in found.by_side.items()}
+    return found
+
+
+def _probe(t: TestCase) -> TestCase:
+    """The workload once, as short as Google Benchmark allows (one repetition, minimal time)."""
+    cmd = [a for a in t.command if not a.startswith(("--benchmark_repetitions=", "--benchmark_min_time="))]
+    return replace(t, command=[*cmd, "--benchmark_repetitions=1", "--benchmark_min_time=0.001"])
+
+
+def files_identical(old: Path, new: Path, old_prefix: bytes, new_prefix: bytes) -> bool:
+    """Whether two benchmark executables are the same bytes once `old_prefix` reads `new_prefix`."""
+    try:
+        a = old.read_bytes().replace(old_prefix, new_prefix) if old_prefix else old.read_bytes()
+        b = new.read_bytes()
+    except OSError:
+        return False
+    return hashlib.sha256(a).digest() == hashlib.sha256(b).digest()
+
+
+@runtime_checkable
+class HostBuilds(Protocol):
+    """A backend whose build trees are on this host (the local backend): its file API is readable."""
+
+    def host_build_dir(self, side: str) -> Path: ...
+
+
+def bench_settings(settings: BuilderSettings) -> BenchSettings:
+    return BenchSettings(
+        settings.benchmark_repetitions, settings.benchmark_min_time, settings.benchmark_timeout
+    )
+
+
+def find(
+    backend: Backend, sides: Sequence[str], settings: BuilderSettings, *, only: Iterable[str] | None = None
+) -> Discovered:
+    """The benchmark workloads of `backend`'s built `sides` (targets from the first side's file
+    API), listed and probed untimed on the build cores; none when `builder.benchmarks` is off."""
+    none = Discovered(by_side={side: {} for side in sides}, skipped=[], targets={})
+    if not settings.benchmarks or (only is not None and not list(only)):
+        return none
+    if not isinstance(backend, HostBuilds):
+        none.skipped.append(
+            SkippedBenchmark(
+                name=f"{PREFIX}*", reason=BenchmarkSkip.BACKEND, detail=f"{backend.name} backend"
+            )
+        )
+        return none
+    targets = benchmark_targets(backend.host_build_dir(sides[0]))
+    if targets and settings.metric == "cachegrind":
+        none.skipped.append(SkippedBenchmark(name=f"{PREFIX}*", reason=BenchmarkSkip.EXACT_METRIC))
+        return none
+    cores = core_plan(settings).build if settings.pin_cpu else ()
+
+    def run_on(side: str) -> Run:
+        def run(t: TestCase) -> RunResult:
+            return backend.run_test(side, t, Limits(timeout=settings.benchmark_timeout, cpus=cores))
+
+        return run
+
+    roots = {side: f"{backend.tree_root(side)}/build" for side in sides}
+    return discover(
+        targets,
+        roots,
+        {side: run_on(side) for side in sides},
+        bench_settings(settings),
+        limit=settings.max_benchmarks,
+        only=only,
+    )
+
+
+def executables_identical(
+    backend: Backend, found: Discovered, sides: tuple[str, str] = ("old", "new")
+) -> bool:
+    """Whether every timed benchmark's executable is byte-identical on both sides (paths mapped)."""
+    if not isinstance(backend, HostBuilds):
+        return False
+    old, new = (backend.host_build_dir(side) for side in sides)
+    prefixes = str(old.parent).encode(), str(new.parent).encode()
+    exes = {found.targets[n].executable for n in found.common}
+    return all(files_identical(old / exe, new / exe, *prefixes) for exe in exes)

@@ -1,0 +1,268 @@
+"""The project's own benchmarks as workloads (shared/engine/benchmarks.py): Google Benchmark's JSON
+read into samples (aggregates skipped, errors and garbage categorized), benchmark switches turned
+on at configure, executables found through CMake's file API, and — on a generated CMake project
+built with the real Google Benchmark (libbenchmark-dev) — a commit that speeds up only a
+benchmarked function is proven with `proven_by` = `benchmark` while no CTest test shows it, the
+unchanged benchmark beside it is an A/A control that is not improved, a crashing benchmark and one
+reporting an error are skipped with their reason, and the evaluator scores the expert's patch
+`opt` on the benchmark (gold validation: oracle `benchmark`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cppperf.services.builder.service import build_patch
+from cppperf.shared.domain import BenchmarkSkip, InstanceMeta, Oracle, to_struct
+from cppperf.shared.engine.benchmarks import (
+    BenchOutputError,
+    as_sample,
+    benchmark_targets,
+    ere_escape,
+    parse_run,
+    probe_problem,
+)
+from cppperf.shared.engine.cmake import benchmark_options_from_text
+from cppperf.shared.engine.fileapi import write_query
+from cppperf.shared.engine.sandbox import RunResult
+from cppperf.shared.settings import Settings
+from tests.conftest import commit_for, make_settings
+from tests.gitrepo import commit_files
+
+
+def _gb_json(*entries: dict[str, Any]) -> str:
+    return json.dumps({"context": {"date": "x", "num_cpus": 2}, "benchmarks": list(entries)}, indent=2)
+
+
+def _it(name: str, real: float, cpu: float, rep: int = 0, unit: str = "ns") -> dict[str, Any]:
+    return {
+        "name": name,
+        "run_name": name,
+        "run_type": "iteration",
+        "repetitions": 3,
+        "repetition_index": rep,
+        "iterations": 1000,
+        "real_time": real,
+        "cpu_time": cpu,
+        "time_unit": unit,
+    }
+
+
+def test_the_sample_is_the_median_of_the_repetitions_aggregates_skipped() -> None:
+    agg = {**_it("BM_a", 1e9, 1e9), "name": "BM_a_mean", "run_type": "aggregate", "aggregate_name": "mean"}
+    out = "2026-01-01 stderr noise\n" + _gb_json(
+        _it("BM_a", 100.0, 90.0, 0),
+        _it("BM_a", 300.0, 290.0, 1),
+        _it("BM_a", 200.0, 190.0, 2),
+        agg,
+        _it("BM_b", 5.0, 5.0, 0, unit="ms"),
+    )
+    real, cpu, n = parse_run(out, "BM_a")
+    assert (real, cpu, n) == (pytest.approx(200e-9), pytest.approx(190e-9), 3)
+    assert parse_run(out, "BM_b")[:2] == (pytest.approx(5e-3), pytest.approx(5e-3))
+    res = as_sample("bench:t/BM_a", RunResult(0, 1.5, 1.4, out, False, False, instructions=7))
+    assert res.ok and res.wall_s == pytest.approx(200e-9) and res.cpu_s == pytest.approx(190e-9)
+    assert res.instructions is None  # the process's count is not the benchmark's
+
+
+def test_garbage_errors_and_crashes_are_categorized_never_raised() -> None:
+    with pytest.raises(BenchOutputError) as exc:
+        parse_run("Segmentation fault\n{not json", "BM_a")
+    assert exc.value.reason == BenchmarkSkip.MALFORMED_OUTPUT
+    errored = _gb_json({**_it("BM_a", 1.0, 1.0), "error_occurred": True, "error_message": "no input"})
+    with pytest.raises(BenchOutputError) as exc:
+        parse_run(errored, "BM_a")
+    assert exc.value.reason == BenchmarkSkip.ERROR_REPORTED and "no input" in str(exc.value)
+    with pytest.raises(BenchOutputError):
+        parse_run(_gb_json(_it("BM_other", 1.0, 1.0)), "BM_a")  # not this benchmark
+    bad = as_sample("bench:t/BM_a", RunResult(0, 1.0, 1.0, "hello", False, False))
+    assert not bad.ok and bad.output.startswith("malformed-output")
+    crashed = probe_problem(RunResult(-6, 0.1, 0.1, "terminate called", False, False), "bench:t/BM_a")
+    assert crashed is not None and crashed.reason == BenchmarkSkip.CRASHED and "exit -6" in crashed.detail
+    assert (
+        probe_problem(RunResult(0, 0.1, 0.1, _gb_json(_it("BM_a", 1, 1)), False, False), "bench:t/BM_a")
+        is None
+    )
+
+
+def test_benchmark_switches_are_turned_on_and_the_librarys_own_tests_off() -> None:
+    text = """
+    option(FOO_BUILD_BENCHMARKS "b" OFF)
+    option(BAR_ENABLE_BENCHMARK "b" OFF)
+    option(BENCHMARK_ENABLE_LTO "the library's own" OFF)
+    option(FOO_BUILD_TESTS "t" OFF)
+    """
+    opts = benchmark_options_from_text([text])
+    assert "-DFOO_BUILD_BENCHMARKS=ON" in opts and "-DBAR_ENABLE_BENCHMARK=ON" in opts
+    assert "-DBENCHMARK_ENABLE_TESTING=OFF" in opts and "-DBENCHMARK_ENABLE_GTEST_TESTS=OFF" in opts
+    assert not any("LTO" in o or "FOO_BUILD_TESTS" in o for o in opts)
+    assert benchmark_options_from_text(["project(x)\nadd_executable(a a.cpp)"]) == []  # commands unchanged
+
+
+def test_the_filter_matches_the_name_literally() -> None:
+    assert ere_escape("BM_x<int>/8/real_time") == "BM_x<int>/8/real_time"
+    assert ere_escape("BM_a.b*(c)") == "BM_a\\.b\\*\\(c\\)"
+
+
+HAS_GBENCH = Path("/usr/include/benchmark/benchmark.h").is_file()
+needs_gbench = pytest.mark.skipif(not HAS_GBENCH, reason="libbenchmark-dev not installed")
+
+CMAKELISTS = """cmake_minimum_required(VERSION 3.16)
+project(benchdemo CXX)
+option(BENCHDEMO_BUILD_BENCHMARKS "build the benchmarks" OFF)
+add_library(work STATIC work.cpp)
+add_executable(unit unit.cpp)
+target_link_libraries(unit work)
+enable_testing()
+add_test(NAME unit COMMAND unit)
+if(BENCHDEMO_BUILD_BENCHMARKS)
+  find_package(benchmark REQUIRED)
+  add_executable(bench_work bench.cpp)
+  target_link_libraries(bench_work work benchmark::benchmark)
+endif()
+"""
+UNIT = """int checksum(int n);
+int main() { return checksum(10) == 45 ? 0 : 1; }
+"""
+WORK_SLOW = """int checksum(int n) { int s = 0; for (int i = 0; i < n; ++i) s += i; return s; }
+long spin(int n) {
+  volatile long acc = 0;
+  for (int k = 0; k < 40; ++k)
+    for (int i = 0; i < n; ++i) acc = acc + i;
+  return acc / 40;
+}
+"""
+WORK_FAST = WORK_SLOW.replace("k < 40", "k < 1").replace("acc / 40", "acc")
+BENCH = """#include <benchmark/benchmark.h>
+#include <cstdlib>
+long spin(int n);
+static void BM_spin(benchmark::State& st) { for (auto _ : st) benchmark::DoNotOptimize(spin(2000)); }
+BENCHMARK(BM_spin);
+static void BM_flat(benchmark::State& st) {
+  for (auto _ : st) { long x = 0; for (int i = 0; i < 2000; ++i) benchmark::DoNotOptimize(x += i); }
+}
+BENCHMARK(BM_flat);
+static void BM_boom(benchmark::State& st) { for (auto _ : st) { if (BOOM) std::abort(); } }
+BENCHMARK(BM_boom);
+static void BM_needs_input(benchmark::State& st) { st.SkipWithError("no input file"); for (auto _ : st) {} }
+BENCHMARK(BM_needs_input);
+BENCHMARK_MAIN();
+"""
+
+
+def _bench_repo(root: Path) -> tuple[Path, str, str]:
+    repo = root / "benchdemo"
+    files = {"CMakeLists.txt": CMAKELISTS, "unit.cpp": UNIT, "work.cpp": WORK_SLOW}
+    base = commit_files(repo, {**files, "bench.cpp": BENCH.replace("BOOM", "false")}, "base")
+    # the speed-up: only the benchmarked function; BM_boom starts crashing on the new side
+    fast = commit_files(
+        repo, {"work.cpp": WORK_FAST, "bench.cpp": BENCH.replace("BOOM", "true")}, "faster spin"
+    )
+    return repo, base, fast
+
+
+def _settings(tmp_path: Path, **builder: object) -> Settings:
+    return make_settings(
+        tmp_path,
+        builder={
+            "benchmark_repetitions": 3,
+            "benchmark_min_time": 0.01,
+            "bootstrap_resamples": 400,
+            "lease_dir": str(tmp_path / "leases"),
+            **builder,
+        },
+    )
+
+
+@needs_gbench
+@pytest.mark.build
+def test_the_file_api_finds_the_benchmark_executable(tmp_path: Path) -> None:
+    repo, _base, _fast = _bench_repo(tmp_path)
+    build = tmp_path / "build"
+    write_query(build)
+    subprocess.run(
+        ["cmake", "-S", str(repo), "-B", str(build), "-DBENCHDEMO_BUILD_BENCHMARKS=ON"],
+        check=True,
+        capture_output=True,
+    )
+    found = benchmark_targets(build)
+    assert [(t.target, t.executable, t.framework) for t in found] == [
+        ("bench_work", "bench_work", "google-benchmark")
+    ]  # `unit` links only `work`: not a benchmark
+
+
+def _prove(repo: Path, sha: str, settings: Settings, tmp_path: Path) -> dict[str, Any]:
+    built = build_patch(
+        commit_for(repo, sha, "local/benchdemo"),
+        repo,
+        settings.builder,
+        work_dir=tmp_path / "work",
+        out_dir=tmp_path / "out",
+    )
+    return built.record
+
+
+@needs_gbench
+@pytest.mark.build
+@pytest.mark.slow
+def test_a_speed_up_only_a_benchmark_shows_is_proven_by_the_benchmark(tmp_path: Path) -> None:
+    repo, _base, fast = _bench_repo(tmp_path)
+    record = _prove(repo, fast, _settings(tmp_path), tmp_path)
+    ours = record["cppperf"]
+    meta = to_struct(ours, InstanceMeta)  # the typed section reads it
+    assert ours["verdict"] == "improved", ours.get("failure_detail")
+    assert meta.proven_by == Oracle.BENCHMARK
+    assert ours["improved_benchmarks"] == ["bench:bench_work/BM_spin"]
+    assert record["tests"]["significant_improvements_tests"] == []  # no CTest test shows it
+    assert [t["name"] for t in ours["tests"]] == ["unit"]
+    stats = {b.name: b for b in meta.benchmarks}
+    assert stats["bench:bench_work/BM_spin"].improved
+    assert stats["bench:bench_work/BM_spin"].median_change > 0.5
+    assert not stats["bench:bench_work/BM_flat"].improved  # the A/A control beside it
+    assert not stats["bench:bench_work/BM_flat"].regressed
+    assert [w.name for w in meta.benchmark_workloads] == [
+        "bench:bench_work/BM_flat",
+        "bench:bench_work/BM_spin",
+    ]
+    assert meta.repeats["bench:bench_work/BM_spin"] == 1  # its own timing: never repeated by the floor
+    skipped = {s.name: s.reason for s in meta.benchmarks_skipped}
+    assert skipped == {
+        "bench:bench_work/BM_boom": BenchmarkSkip.CRASHED,
+        "bench:bench_work/BM_needs_input": BenchmarkSkip.ERROR_REPORTED,
+    }
+    assert "-DBENCHDEMO_BUILD_BENCHMARKS=ON" in ours["build_steps"][0]["command"]
+    samples = ours["samples"]["bench:bench_work/BM_spin"]
+    assert len(samples["old_s"]) == len(samples["new_s"]) >= 5 and max(samples["new_s"]) < 1e-3
+
+
+@needs_gbench
+@pytest.mark.build
+@pytest.mark.slow
+def test_an_unchanged_benchmark_is_not_improved(tmp_path: Path) -> None:
+    """A/A: both sides the same commit, timed anyway: no benchmark (and no test) moves."""
+    from cppperf.services.builder.instance import prove
+    from cppperf.shared.engine.backends import make_backend
+
+    repo, base, _fast = _bench_repo(tmp_path)
+    settings = _settings(tmp_path, confirm=False)
+    backend = make_backend(settings.builder, tmp_path / "work" / "aa", source=(repo, base, ""))
+    try:
+        res = prove(
+            "local__benchdemo-aaaaaaaaaaaa",
+            backend,
+            settings.builder,
+            sides={"old": base, "new": base},
+            repo_path=repo,
+            time_identical=True,
+        )
+    finally:
+        backend.cleanup()
+    assert res.verdict == "not-improved", res.failure_detail
+    benches = [t for t in res.tests if t.name.startswith("bench:")]
+    assert {t.name for t in benches} == {"bench:bench_work/BM_flat", "bench:bench_work/BM_spin"}
+    assert not any(t.improved or t.regressed for t in benches)
+    assert res.improved_benchmarks == [] and res.regressed_benchmarks == []
