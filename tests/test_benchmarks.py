@@ -172,6 +172,7 @@ def _settings(tmp_path: Path, **builder: object) -> Settings:
             "benchmark_repetitions": 3,
             "benchmark_min_time": 0.01,
             "bootstrap_resamples": 400,
+            "sample_floor": 0.0,
             "lease_dir": str(tmp_path / "leases"),
             **builder,
         },
