@@ -14,9 +14,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from cppperf.services.builder.service import build_patch
+from cppperf.services.evaluator.gold import validate_stored
 from cppperf.shared.domain import BenchmarkSkip, InstanceMeta, Oracle, to_struct
 from cppperf.shared.engine.benchmarks import (
     BenchOutputError,
@@ -212,7 +214,8 @@ def _prove(repo: Path, sha: str, settings: Settings, tmp_path: Path) -> dict[str
 @pytest.mark.slow
 def test_a_speed_up_only_a_benchmark_shows_is_proven_by_the_benchmark(tmp_path: Path) -> None:
     repo, _base, fast = _bench_repo(tmp_path)
-    record = _prove(repo, fast, _settings(tmp_path), tmp_path)
+    settings = _settings(tmp_path)
+    record = _prove(repo, fast, settings, tmp_path)
     ours = record["cppperf"]
     meta = to_struct(ours, InstanceMeta)  # the typed section reads it
     assert ours["verdict"] == "improved", ours.get("failure_detail")
@@ -238,6 +241,17 @@ def test_a_speed_up_only_a_benchmark_shows_is_proven_by_the_benchmark(tmp_path: 
     assert "-DBENCHDEMO_BUILD_BENCHMARKS=ON" in ours["build_steps"][0]["command"]
     samples = ours["samples"]["bench:bench_work/BM_spin"]
     assert len(samples["old_s"]) == len(samples["new_s"]) >= 5 and max(samples["new_s"]) < 1e-3
+
+    # the evaluator scores a patch on the instance's benchmark: the expert's is opt, a comment is not
+    settings = msgspec.structs.replace(
+        settings,
+        evaluator=msgspec.structs.replace(settings.evaluator, runs=8, runs_dir=str(tmp_path / "runs")),
+    )
+    block = validate_stored(ours["instance_id"], settings)
+    assert block["gold"]["verdict"] == "opt", block
+    assert block["gold"]["timed_benchmarks"] == ["bench:bench_work/BM_spin"]
+    assert block["null"]["verdict"] == "correct", block
+    assert block["oracle"] == Oracle.BENCHMARK and block["can_grade"]
 
 
 @needs_gbench

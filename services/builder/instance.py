@@ -32,10 +32,10 @@ from cppperf.shared.domain import BenchmarkWorkload, FailureCategory, SkippedBen
 from cppperf.shared.engine.backend import SIDES, Backend, SideName, Sides, build_sides
 from cppperf.shared.engine.benchmarks import (
     Discovered,
-    as_sample,
     bench_settings,
     executables_identical,
     is_benchmark,
+    timed_run,
 )
 from cppperf.shared.engine.benchmarks import find as find_benchmarks
 from cppperf.shared.engine.cases import split as split_cases
@@ -44,7 +44,6 @@ from cppperf.shared.engine.cmake import (
     BuildSpec,
     StepResult,
     TestCase,
-    normalise,
     werror_only,
 )
 from cppperf.shared.engine.errorlines import first_error_lines
@@ -419,9 +418,10 @@ def _runner(
     def run_one(side: SideName, name: str) -> RunResult:
         t = workloads[side][name]
         if is_benchmark(name):
-            return as_sample(name, backend.run_test(side, t, limits_for(t, settings, cpu=turns.cpu)))
-        limits = limits_for(t, settings, cpu=turns.cpu, instructions=count, counted=exact)
-        return normalise(t, backend.run_test(side, t, limits))
+            return timed_run(backend, side, t, limits_for(t, settings, cpu=turns.cpu))
+        return timed_run(
+            backend, side, t, limits_for(t, settings, cpu=turns.cpu, instructions=count, counted=exact)
+        )
 
     return run_one
 

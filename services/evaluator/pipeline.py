@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from cppperf.services.evaluator.apply import apply_patch
 from cppperf.services.evaluator.checks import check_patch, check_tree, snapshot
 from cppperf.services.evaluator.instances import EvalInstance, load_instance
@@ -43,7 +45,9 @@ from cppperf.services.filter.rules import Rules
 from cppperf.shared.domain import EvalVerdict
 from cppperf.shared.engine.backend import Backend, SideName, build_sides, export_tree
 from cppperf.shared.engine.backends import make_backend
-from cppperf.shared.engine.cmake import StepResult, TestCase, normalise, test_description
+from cppperf.shared.engine.benchmarks import find as find_benchmarks
+from cppperf.shared.engine.benchmarks import is_benchmark, timed_run
+from cppperf.shared.engine.cmake import StepResult, TestCase, test_description
 from cppperf.shared.engine.leases import exact_metric, on_build_cores, timing_core
 from cppperf.shared.engine.limits import limits_for
 from cppperf.shared.engine.protocol import check_metric, measure
@@ -370,8 +374,13 @@ def _run(
     def limits(t: TestCase, cpu: int | None = None, instructions: bool = False) -> Limits:
         return limits_for(t, s.builder, timeout=ev.test_timeout, cpu=cpu, instructions=instructions)
 
-    info = {"applied": True, "applied_with": applied_with, "builds": True, "tests": common}
-    timed = [n for n in common if n in set(inst.improved_tests)] or common
+    info: dict[str, Any] = {"applied": True, "applied_with": applied_with, "builds": True, "tests": common}
+    # the instance's own benchmarks (those that proved it) are timed beside its improved tests
+    benches = find_benchmarks(backend, SIDES, s.builder, only=inst.improved_benchmarks)
+    if benches.skipped:
+        info["benchmarks_skipped"] = msgspec.to_builtins(benches.skipped)
+    timed = [n for n in common if n in set(inst.improved_tests)] + benches.common or common
+    workloads = {side: {**tests[side], **benches.by_side[side]} for side in SIDES}
     count = check_metric(backend, s.builder)
     exact = exact_metric(s.builder)
     # correctness runs are untimed: on the build cores, before the timing core is leased, so a
@@ -390,13 +399,15 @@ def _run(
     with timing_core(s.builder, phase, priority=s.evaluator.lease_priority) as pin:
 
         def pinned(t: TestCase) -> Limits:
+            if is_benchmark(t.name):  # timed by its own JSON, never counted
+                return limits_for(t, s.builder, cpu=pin)
             if exact:  # counted under Valgrind, on any core
                 return limits_for(t, s.builder, timeout=ev.test_timeout, counted=True)
             return limits(t, pin, count)
 
         def run_one(side: str, name: str) -> RunResult:
-            t = tests[side][name]
-            return normalise(t, backend.run_test(side, t, pinned(t)))
+            t = workloads[side][name]
+            return timed_run(backend, side, t, pinned(t))
 
         meas = measure(
             timed,
@@ -410,6 +421,7 @@ def _run(
             multithread_ratio=s.builder.multithread_ratio,
             floor=0.0 if exact else s.builder.sample_floor,
             max_repeats=s.builder.max_repeats,
+            pinned=dict.fromkeys(benches.common, 1),
         )
     if meas.failure is not None:
         f = meas.failure
@@ -441,6 +453,7 @@ def _run(
         **info,
         "tests_pass": True,
         "timed_tests": timed,
+        "timed_benchmarks": benches.common,
         "rounds": ev.runs,
         "seed": s.builder.seed,
         **scores,

@@ -38,7 +38,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from cppperf.shared.domain import BenchmarkSkip, BenchmarkWorkload, SkippedBenchmark
 from cppperf.shared.engine.backend import Backend
-from cppperf.shared.engine.cmake import TestCase
+from cppperf.shared.engine.cmake import TestCase, normalise
 from cppperf.shared.engine.fileapi import codemodel_targets
 from cppperf.shared.engine.leases import core_plan
 from cppperf.shared.engine.sandbox import Limits, RunResult
@@ -195,6 +195,12 @@ def as_sample(name: str, res: RunResult) -> RunResult:
     except BenchOutputError as exc:
         return replace(res, returncode=1, output=f"{exc.reason}: {exc}\n{res.output[-1500:]}")
     return replace(res, wall_s=real, cpu_s=cpu, instructions=None, ir=None)
+
+
+def timed_run(backend: Backend, side: str, t: TestCase, limits: Limits) -> RunResult:
+    """One timed run of a workload: a test as CTest judges it, a benchmark as its JSON's sample."""
+    res = backend.run_test(side, t, limits)
+    return as_sample(t.name, res) if is_benchmark(t.name) else normalise(t, res)
 
 
 def probe_problem(res: RunResult, name: str) -> SkippedBenchmark | None:
