@@ -156,6 +156,8 @@ class InstanceState(_Value, kw_only=True):
     parent: str = ""
     improved_tests: list[str] = msgspec.field(default_factory=list)
     regressed_tests: list[str] = msgspec.field(default_factory=list)
+    improved_benchmarks: list[str] = msgspec.field(default_factory=list)  # `bench:` workloads
+    regressed_benchmarks: list[str] = msgspec.field(default_factory=list)
     failure_category: FailureCategory | None = None
     record: str = ""  # the whole instance record (JSON) when small enough to stay inline
     record_ref: str | None = None  # else its object-store name
