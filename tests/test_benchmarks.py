@@ -22,12 +22,16 @@ from cppperf.services.evaluator.gold import validate_stored
 from cppperf.shared.domain import BenchmarkSkip, InstanceMeta, Oracle, to_struct
 from cppperf.shared.engine.benchmarks import (
     BenchOutputError,
+    BenchSettings,
+    BenchTarget,
     as_sample,
     benchmark_targets,
+    discover,
     ere_escape,
     parse_run,
     probe_problem,
 )
+from cppperf.shared.engine.cmake import TestCase as Case
 from cppperf.shared.engine.cmake import benchmark_options_from_text
 from cppperf.shared.engine.fileapi import write_query
 from cppperf.shared.engine.sandbox import RunResult
@@ -103,6 +107,72 @@ def test_benchmark_switches_are_turned_on_and_the_librarys_own_tests_off() -> No
     assert "-DBENCHMARK_ENABLE_TESTING=OFF" in opts and "-DBENCHMARK_ENABLE_GTEST_TESTS=OFF" in opts
     assert not any("LTO" in o or "FOO_BUILD_TESTS" in o for o in opts)
     assert benchmark_options_from_text(["project(x)\nadd_executable(a a.cpp)"]) == []  # commands unchanged
+
+
+def _reply(build: Path, targets: dict[str, dict[str, Any]]) -> None:
+    """A CMake file-API reply with these target objects (what configure writes)."""
+    reply = build / ".cmake/api/v1/reply"
+    reply.mkdir(parents=True)
+    refs = []
+    for i, (name, body) in enumerate(targets.items()):
+        (reply / f"target-{i}.json").write_text(json.dumps({"name": name, **body}))
+        refs.append({"name": name, "jsonFile": f"target-{i}.json"})
+    refs.append({"name": "escape", "jsonFile": "../../../../secret.json"})  # never followed
+    (build / "secret.json").write_text(json.dumps({"name": "secret", "type": "EXECUTABLE"}))
+    (reply / "codemodel-v2-1.json").write_text(json.dumps({"configurations": [{"targets": refs}]}))
+    objects = [{"kind": "codemodel", "jsonFile": "codemodel-v2-1.json"}]
+    (reply / "index-1.json").write_text(json.dumps({"objects": objects}))
+
+
+def _exe(path: str, fragments: list[str], deps: list[str] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+    return {
+        "type": "EXECUTABLE",
+        "artifacts": [{"path": path}],
+        "link": {"commandFragments": [{"fragment": f, "role": "libraries"} for f in fragments]},
+        "dependencies": [{"id": d} for d in deps],
+    }
+
+
+def test_benchmark_executables_are_told_by_what_they_link(tmp_path: Path) -> None:
+    _reply(
+        tmp_path,
+        {
+            "gb_system": _exe("bench/gb_system", ["/usr/lib/x86_64-linux-gnu/libbenchmark.so.1.7.1"]),
+            "gb_in_tree": _exe("b2", ["_deps/benchmark-build/src/libbenchmark.a"], ["benchmark::@6890"]),
+            "gb_main": _exe("b3", ["-lbenchmark_main", "-lbenchmark"]),
+            "nano": _exe("nano", [], ["nanobench::@123"]),
+            "unit": _exe("unit", ["libwork.a", "-lmybenchmarkutils"]),
+            "lib": {"type": "STATIC_LIBRARY", "artifacts": [{"path": "libbenchmark.a"}]},
+        },
+    )
+    found = {t.target: (t.executable, t.framework) for t in benchmark_targets(tmp_path)}
+    assert found == {
+        "gb_system": ("bench/gb_system", "google-benchmark"),
+        "gb_in_tree": ("b2", "google-benchmark"),
+        "gb_main": ("b3", "google-benchmark"),
+        "nano": ("nano", "nanobench"),
+    }
+    assert benchmark_targets(tmp_path / "never-configured") == []
+
+
+def test_nanobench_is_recorded_as_unsupported_not_run() -> None:
+    ran: list[list[str]] = []
+
+    def run(t: Case) -> RunResult:
+        ran.append(t.command)
+        return RunResult(0, 0.1, 0.1, "", False, False)
+
+    found = discover(
+        [BenchTarget("nano", "nano", "nanobench")],
+        {"old": "/b/old", "new": "/b/new"},
+        {"old": run, "new": run},
+        BenchSettings(repetitions=3, min_time=0.01, timeout=10),
+        limit=5,
+    )
+    assert ran == [] and found.common == []
+    assert [(s.name, s.reason) for s in found.skipped] == [
+        ("bench:nano/*", BenchmarkSkip.UNSUPPORTED_FRAMEWORK)
+    ]
 
 
 def test_the_filter_matches_the_name_literally() -> None:
@@ -282,3 +352,33 @@ def test_an_unchanged_benchmark_is_not_improved(tmp_path: Path) -> None:
     assert {t.name for t in benches} == names  # BM_boom crashes only after the speed-up commit
     assert not any(t.improved or t.regressed for t in benches)
     assert res.improved_benchmarks == [] and res.regressed_benchmarks == []
+
+
+GARBLED_MAIN = """#include <cstdio>
+#include <cstring>
+int main(int argc, char** argv) {  // its JSON breaks once timed (the probe has 1 repetition)
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--benchmark_repetitions=3") == 0) { std::puts("{ not json"); return 0; }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  return 0;
+}
+"""
+
+
+@needs_gbench
+@pytest.mark.build
+@pytest.mark.slow
+def test_a_benchmark_whose_output_breaks_while_timed_is_a_categorized_rejection(tmp_path: Path) -> None:
+    repo = tmp_path / "garbled"
+    bench = BENCH.replace("BOOM", "false")
+    files = {"CMakeLists.txt": CMAKELISTS, "unit.cpp": UNIT, "work.cpp": WORK_SLOW, "bench.cpp": bench}
+    commit_files(repo, files, "base")
+    garbled = bench.replace("BENCHMARK_MAIN();", GARBLED_MAIN)
+    sha = commit_files(repo, {"work.cpp": WORK_FAST, "bench.cpp": garbled}, "faster, but the JSON breaks")
+    ours = _prove(repo, sha, _settings(tmp_path, confirm=False), tmp_path)["cppperf"]
+    assert ours["verdict"] == "rejected"
+    assert ours["failure_category"] == "test-failure"  # the new side only: the commit broke it
+    assert "bench:bench_work/BM_" in ours["failure_detail"] and "malformed-output" in ours["failure_detail"]
+    assert "Traceback" not in ours["failure_detail"]
+    assert ours["proven_by"] is None
