@@ -93,6 +93,7 @@ class BenchmarkSkip(StrEnum):
     MALFORMED_OUTPUT = "malformed-output"  # no Google Benchmark JSON for it in the output
     ERROR_REPORTED = "error-reported"  # the benchmark reported an error (SkipWithError)
     ONE_SIDE_ONLY = "one-side-only"  # built on one side only
+    CHANGED = "changed"  # the commit changes the benchmark's own sources: each side times other code
     OVER_LIMIT = "over-limit"  # beyond `builder.max_benchmarks`
     UNSUPPORTED_FRAMEWORK = "unsupported-framework"  # nanobench: no generic machine-readable output
     EXACT_METRIC = "exact-metric"  # `builder.metric=cachegrind`: benchmarks time, they do not count

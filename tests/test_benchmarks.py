@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from cppperf.shared.engine.benchmarks import (
     as_sample,
     benchmark_targets,
     discover,
+    edited_sources,
     ere_escape,
     parse_run,
     probe_problem,
@@ -124,9 +126,10 @@ def _reply(build: Path, targets: dict[str, dict[str, Any]]) -> None:
     (reply / "index-1.json").write_text(json.dumps({"objects": objects}))
 
 
-def _exe(path: str, fragments: list[str], deps: list[str] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+def _exe(path: str, fragments: list[str], deps: list[str] = (), sources: list[str] = ()) -> dict[str, Any]:  # type: ignore[assignment]
     return {
         "type": "EXECUTABLE",
+        "sources": [{"path": p} for p in sources],
         "artifacts": [{"path": path}],
         "link": {"commandFragments": [{"fragment": f, "role": "libraries"} for f in fragments]},
         "dependencies": [{"id": d} for d in deps],
@@ -137,11 +140,15 @@ def test_benchmark_executables_are_told_by_what_they_link(tmp_path: Path) -> Non
     _reply(
         tmp_path,
         {
-            "gb_system": _exe("bench/gb_system", ["/usr/lib/x86_64-linux-gnu/libbenchmark.so.1.7.1"]),
+            "gb_system": _exe(
+                "bench/gb_system",
+                ["/usr/lib/x86_64-linux-gnu/libbenchmark.so.1.7.1"],
+                sources=["bench/gb.cpp", "src/work.cpp", "/usr/include/x.h"],
+            ),
             "gb_in_tree": _exe("b2", ["_deps/benchmark-build/src/libbenchmark.a"], ["benchmark::@6890"]),
             "gb_main": _exe("b3", ["-lbenchmark_main", "-lbenchmark"]),
             "nano": _exe("nano", [], ["nanobench::@123"]),
-            "unit": _exe("unit", ["libwork.a", "-lmybenchmarkutils"]),
+            "unit": _exe("unit", ["libwork.a", "-lmybenchmarkutils"], sources=["src/work.cpp", "unit.cpp"]),
             "lib": {"type": "STATIC_LIBRARY", "artifacts": [{"path": "libbenchmark.a"}]},
         },
     )
@@ -153,6 +160,31 @@ def test_benchmark_executables_are_told_by_what_they_link(tmp_path: Path) -> Non
         "nano": ("nano", "nanobench"),
     }
     assert benchmark_targets(tmp_path / "never-configured") == []
+    gb = next(t for t in benchmark_targets(tmp_path) if t.target == "gb_system")
+    assert gb.sources == ("bench/gb.cpp",)  # its own: not the code it measures, nothing outside the tree
+
+
+class _Trees:
+    """Host source trees per side (what `edited_sources` compares)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def host_build_dir(self, side: str) -> Path:
+        return self.root / side / "build"
+
+    def host_source_dir(self, side: str) -> Path:
+        return self.root / side / "src"
+
+
+def test_a_benchmark_whose_own_source_changed_is_told(tmp_path: Path) -> None:
+    for side, text in (("old", "a"), ("new", "a"), ("agent", "b")):
+        (tmp_path / side / "src" / "bench").mkdir(parents=True)
+        (tmp_path / side / "src" / "bench" / "gb.cpp").write_text(text)
+    t = BenchTarget("gb", "gb", "google-benchmark", ("bench/gb.cpp", "bench/gone.cpp"))
+    trees = _Trees(tmp_path)
+    assert edited_sources(trees, replace(t, sources=("bench/gb.cpp",)), "old", "new") == []
+    assert edited_sources(trees, t, "old", "agent") == ["bench/gb.cpp", "bench/gone.cpp"]  # missing counts
 
 
 def test_nanobench_is_recorded_as_unsupported_not_run() -> None:
@@ -200,7 +232,9 @@ endif()
 UNIT = """int checksum(int n);
 int main() { return checksum(10) == 45 ? 0 : 1; }
 """
-WORK_SLOW = """int checksum(int n) { int s = 0; for (int i = 0; i < n; ++i) s += i; return s; }
+WORK_SLOW = """#include <cstdlib>
+int checksum(int n) { int s = 0; for (int i = 0; i < n; ++i) s += i; return s; }
+void boom() {}
 long spin(int n) {
   volatile long acc = 0;
   for (int k = 0; k < 40; ++k)
@@ -208,17 +242,22 @@ long spin(int n) {
   return acc / 40;
 }
 """
-WORK_FAST = WORK_SLOW.replace("k < 40", "k < 1").replace("acc / 40", "acc")
+# the speed-up: only the benchmarked function; BM_boom (through `boom`) starts crashing
+WORK_FAST = (
+    WORK_SLOW.replace("k < 40", "k < 1")
+    .replace("acc / 40", "acc")
+    .replace("boom() {}", "boom() { std::abort(); }")
+)
 BENCH = """#include <benchmark/benchmark.h>
-#include <cstdlib>
 long spin(int n);
+void boom();
 static void BM_spin(benchmark::State& st) { for (auto _ : st) benchmark::DoNotOptimize(spin(2000)); }
 BENCHMARK(BM_spin);
 static void BM_flat(benchmark::State& st) {
   for (auto _ : st) { long x = 0; for (int i = 0; i < 2000; ++i) benchmark::DoNotOptimize(x += i); }
 }
 BENCHMARK(BM_flat);
-static void BM_boom(benchmark::State& st) { for (auto _ : st) { if (BOOM) std::abort(); } }
+static void BM_boom(benchmark::State& st) { for (auto _ : st) boom(); }
 BENCHMARK(BM_boom);
 static void BM_needs_input(benchmark::State& st) { st.SkipWithError("no input file"); for (auto _ : st) {} }
 BENCHMARK(BM_needs_input);
@@ -229,11 +268,8 @@ BENCHMARK_MAIN();
 def _bench_repo(root: Path) -> tuple[Path, str, str]:
     repo = root / "benchdemo"
     files = {"CMakeLists.txt": CMAKELISTS, "unit.cpp": UNIT, "work.cpp": WORK_SLOW}
-    base = commit_files(repo, {**files, "bench.cpp": BENCH.replace("BOOM", "false")}, "base")
-    # the speed-up: only the benchmarked function; BM_boom starts crashing on the new side
-    fast = commit_files(
-        repo, {"work.cpp": WORK_FAST, "bench.cpp": BENCH.replace("BOOM", "true")}, "faster spin"
-    )
+    base = commit_files(repo, {**files, "bench.cpp": BENCH}, "base")
+    fast = commit_files(repo, {"work.cpp": WORK_FAST}, "faster spin")  # the benchmark's source unchanged
     return repo, base, fast
 
 
@@ -322,6 +358,14 @@ def test_a_speed_up_only_a_benchmark_shows_is_proven_by_the_benchmark(tmp_path: 
     assert block["gold"]["timed_benchmarks"] == ["bench:bench_work/BM_spin"]
     assert block["null"]["verdict"] == "correct", block
     assert block["oracle"] == Oracle.BENCHMARK and block["can_grade"]
+    # an agent may not change the benchmark itself (its own sources, from the file API)
+    from cppperf.services.evaluator.gold import null_patch
+    from cppperf.services.evaluator.pipeline import EvalRequest, evaluate
+
+    gamed = null_patch(BENCH, "bench.cpp").replace("+// cppperf validate", "+// faster")
+    req = EvalRequest(run_id="gamed", model="m", instance_id=ours["instance_id"], patch=gamed)
+    report = evaluate(req, settings)
+    assert report["verdict"] == "test-edit" and "bench.cpp" in report["reason"], report
 
 
 @needs_gbench
@@ -354,15 +398,17 @@ def test_an_unchanged_benchmark_is_not_improved(tmp_path: Path) -> None:
     assert res.improved_benchmarks == [] and res.regressed_benchmarks == []
 
 
-GARBLED_MAIN = """#include <cstdio>
-#include <cstring>
-int main(int argc, char** argv) {  // its JSON breaks once timed (the probe has 1 repetition)
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], "--benchmark_repetitions=3") == 0) { std::puts("{ not json"); return 0; }
-  benchmark::Initialize(&argc, argv);
-  benchmark::RunSpecifiedBenchmarks();
-  return 0;
-}
+GARBLING = """#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <unistd.h>
+static const bool garbled = [] {  // a benchmark's JSON breaks once timed (the probe: 1 repetition)
+  std::ifstream in("/proc/self/cmdline");
+  std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (cmd.find("--benchmark_repetitions=3") != std::string::npos) { std::puts("{ not json"); _exit(0); }
+  return false;
+}();
 """
 
 
@@ -371,11 +417,9 @@ int main(int argc, char** argv) {  // its JSON breaks once timed (the probe has 
 @pytest.mark.slow
 def test_a_benchmark_whose_output_breaks_while_timed_is_a_categorized_rejection(tmp_path: Path) -> None:
     repo = tmp_path / "garbled"
-    bench = BENCH.replace("BOOM", "false")
-    files = {"CMakeLists.txt": CMAKELISTS, "unit.cpp": UNIT, "work.cpp": WORK_SLOW, "bench.cpp": bench}
+    files = {"CMakeLists.txt": CMAKELISTS, "unit.cpp": UNIT, "work.cpp": WORK_SLOW, "bench.cpp": BENCH}
     commit_files(repo, files, "base")
-    garbled = bench.replace("BENCHMARK_MAIN();", GARBLED_MAIN)
-    sha = commit_files(repo, {"work.cpp": WORK_FAST, "bench.cpp": garbled}, "faster, but the JSON breaks")
+    sha = commit_files(repo, {"work.cpp": GARBLING + WORK_FAST}, "faster, but the JSON breaks")
     ours = _prove(repo, sha, _settings(tmp_path, confirm=False), tmp_path)["cppperf"]
     assert ours["verdict"] == "rejected"
     assert ours["failure_category"] == "test-failure"  # the new side only: the commit broke it

@@ -431,7 +431,7 @@ def _benchmarks(
 ) -> Discovered:
     """The project's benchmarks to time beside the tests (what is not timed, and why, recorded)."""
     phase("benchmarks", 0, 1)
-    benches = find_benchmarks(backend, SIDES, settings)
+    benches = find_benchmarks(backend, SIDES, settings, unchanged=("old", "new"))
     result.benchmark_workloads = benches.records(bench_settings(settings))
     result.benchmarks_skipped = benches.skipped
     phase("benchmarks", 1, 1)

@@ -45,8 +45,8 @@ from cppperf.services.filter.rules import Rules
 from cppperf.shared.domain import EvalVerdict
 from cppperf.shared.engine.backend import Backend, SideName, build_sides, export_tree
 from cppperf.shared.engine.backends import make_backend
+from cppperf.shared.engine.benchmarks import Discovered, is_benchmark, timed_edits, timed_run
 from cppperf.shared.engine.benchmarks import find as find_benchmarks
-from cppperf.shared.engine.benchmarks import is_benchmark, timed_run
 from cppperf.shared.engine.cmake import StepResult, TestCase, test_description
 from cppperf.shared.engine.leases import exact_metric, on_build_cores, timing_core
 from cppperf.shared.engine.limits import limits_for
@@ -305,6 +305,16 @@ def _same_tests(backend: Backend, applied_with: str) -> None:
         )
 
 
+def _benchmarks(backend: Backend, s: Settings, inst: EvalInstance, applied_with: str) -> Discovered:
+    """The instance's own benchmarks (those that proved it), timed beside its improved tests; the
+    agent may not change their definitions (their own sources, from the original's file API)."""
+    benches = find_benchmarks(backend, SIDES, s.builder, only=inst.improved_benchmarks)
+    if edits := timed_edits(backend, benches, "old", "agent"):
+        why = f"edits the source of a timed benchmark: {', '.join(edits)} (benchmarks are the specification)"
+        raise _Stop(_verdict(EvalVerdict.TEST_EDIT, why, applied=True, applied_with=applied_with))
+    return benches
+
+
 def _correctness(
     backend: Backend,
     tests: dict[str, TestCase],
@@ -364,6 +374,7 @@ def _run(
         phase("prepare", 1, 1)
         _build_all(backend, out, applied_with, phase)
         _same_tests(backend, applied_with)
+        benches = _benchmarks(backend, s, inst, applied_with)
     except _Stop as stop:
         return stop.report
     tests = {side: {t.name: t for t in backend.tests(side) if not t.disabled} for side in SIDES}
@@ -375,8 +386,6 @@ def _run(
         return limits_for(t, s.builder, timeout=ev.test_timeout, cpu=cpu, instructions=instructions)
 
     info: dict[str, Any] = {"applied": True, "applied_with": applied_with, "builds": True, "tests": common}
-    # the instance's own benchmarks (those that proved it) are timed beside its improved tests
-    benches = find_benchmarks(backend, SIDES, s.builder, only=inst.improved_benchmarks)
     if benches.skipped:
         info["benchmarks_skipped"] = msgspec.to_builtins(benches.skipped)
     timed = [n for n in common if n in set(inst.improved_tests)] + benches.common or common

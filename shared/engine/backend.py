@@ -274,6 +274,9 @@ class LocalBackend:
         """The side's build tree on this host (its CMake file API reply is read here)."""
         return self.side_dir(side) / "build"
 
+    def host_source_dir(self, side: SideName) -> Path:
+        return self.side_dir(side) / "src"
+
     def tree_root(self, side: SideName) -> str:
         """The side's tree as its builds and tests see it."""
         return str(self._view(side))

@@ -63,6 +63,9 @@ class BenchTarget:
     target: str
     executable: str  # relative to the build tree
     framework: str  # google-benchmark | nanobench
+    # its own sources (relative to the source tree; none compiled into a non-benchmark target):
+    # the benchmark's definition, which a commit or an agent must not change to be timed by it
+    sources: tuple[str, ...] = ()
 
 
 def _framework(target: dict[str, Any]) -> str | None:
@@ -81,17 +84,43 @@ def _framework(target: dict[str, Any]) -> str | None:
     return None
 
 
+def _sources(target: dict[str, Any]) -> set[str]:
+    """A target's source files inside the source tree (the file API gives them relative to it)."""
+    paths = (str(s.get("path", "")) for s in target.get("sources", []) if isinstance(s, dict))
+    return {p for p in paths if p and not p.startswith(("/", "..")) and not p.startswith(".cmake")}
+
+
 def benchmark_targets(build_dir: Path) -> list[BenchTarget]:
     """The executables of the build tree (on this host) that link a benchmark library, by name."""
-    out = []
+    found: list[tuple[dict[str, Any], str, str]] = []
+    others: set[str] = set()  # sources of every other target (the code benchmarks measure)
     for t in codemodel_targets(build_dir):
         artifacts = [a.get("path") for a in t.get("artifacts", []) if isinstance(a, dict)]
-        if t.get("type") != "EXECUTABLE" or not artifacts or not artifacts[0]:
-            continue
-        framework = _framework(t)
-        if framework is not None:
-            out.append(BenchTarget(str(t.get("name", "")), str(artifacts[0]), framework))
+        framework = _framework(t) if t.get("type") == "EXECUTABLE" and artifacts and artifacts[0] else None
+        if framework is None:
+            others |= _sources(t)
+        else:
+            found.append((t, str(artifacts[0]), framework))
+    out = [
+        BenchTarget(str(t.get("name", "")), exe, framework, tuple(sorted(_sources(t) - others)))
+        for t, exe, framework in found
+    ]
     return sorted(out, key=lambda b: b.target)
+
+
+def edited_sources(backend: HostBuilds, target: BenchTarget, a: str, b: str) -> list[str]:
+    """The benchmark's own sources that differ between sides `a` and `b` (missing counts)."""
+    out = []
+    for rel in target.sources:
+        try:
+            same = (backend.host_source_dir(a) / rel).read_bytes() == (
+                backend.host_source_dir(b) / rel
+            ).read_bytes()
+        except OSError:
+            same = False
+        if not same:
+            out.append(rel)
+    return out
 
 
 def ere_escape(text: str) -> str:
@@ -339,6 +368,7 @@ class HostBuilds(Protocol):
     """A backend whose build trees are on this host (the local backend): its file API is readable."""
 
     def host_build_dir(self, side: str) -> Path: ...
+    def host_source_dir(self, side: str) -> Path: ...
 
 
 def bench_settings(settings: BuilderSettings) -> BenchSettings:
@@ -348,10 +378,17 @@ def bench_settings(settings: BuilderSettings) -> BenchSettings:
 
 
 def find(
-    backend: Backend, sides: Sequence[str], settings: BuilderSettings, *, only: Iterable[str] | None = None
+    backend: Backend,
+    sides: Sequence[str],
+    settings: BuilderSettings,
+    *,
+    only: Iterable[str] | None = None,
+    unchanged: tuple[str, str] | None = None,
 ) -> Discovered:
     """The benchmark workloads of `backend`'s built `sides` (targets from the first side's file
-    API), listed and probed untimed on the build cores; none when `builder.benchmarks` is off."""
+    API), listed and probed untimed on the build cores; none when `builder.benchmarks` is off.
+    `unchanged`: two sides whose benchmark definitions must be the same — a target whose own
+    sources differ between them times different code on each side and is skipped (`changed`)."""
     none = Discovered(by_side={side: {} for side in sides}, skipped=[], targets={})
     if not settings.benchmarks or (only is not None and not list(only)):
         return none
@@ -366,6 +403,21 @@ def find(
     if targets and settings.metric == "cachegrind":
         none.skipped.append(SkippedBenchmark(name=f"{PREFIX}*", reason=BenchmarkSkip.EXACT_METRIC))
         return none
+    skipped = []
+    if unchanged is not None:
+        kept = []
+        for t in targets:
+            edited = edited_sources(backend, t, *unchanged)
+            if edited:
+                detail = f"its own sources differ between {' and '.join(unchanged)}: {', '.join(edited)}"
+                skipped.append(
+                    SkippedBenchmark(
+                        name=workload_name(t.target, "*"), reason=BenchmarkSkip.CHANGED, detail=detail
+                    )
+                )
+            else:
+                kept.append(t)
+        targets = kept
     cores = core_plan(settings).build if settings.pin_cpu else ()
 
     def run_on(side: str) -> Run:
@@ -375,7 +427,7 @@ def find(
         return run
 
     roots = {side: f"{backend.tree_root(side)}/build" for side in sides}
-    return discover(
+    found = discover(
         targets,
         roots,
         {side: run_on(side) for side in sides},
@@ -383,6 +435,16 @@ def find(
         limit=settings.max_benchmarks,
         only=only,
     )
+    found.skipped[:0] = skipped
+    return found
+
+
+def timed_edits(backend: Backend, found: Discovered, a: str, b: str) -> list[str]:
+    """The own sources of the timed benchmarks that differ between sides `a` and `b`."""
+    if not isinstance(backend, HostBuilds):
+        return []
+    targets = {found.targets[n].target: found.targets[n] for n in found.common}
+    return sorted({rel for t in targets.values() for rel in edited_sources(backend, t, a, b)})
 
 
 def executables_identical(
