@@ -30,6 +30,7 @@ from cppperf.shared.engine.benchmarks import (
     discover,
     edited_sources,
     ere_escape,
+    listed,
     parse_run,
     probe_problem,
 )
@@ -207,9 +208,31 @@ def test_nanobench_is_recorded_as_unsupported_not_run() -> None:
     ]
 
 
+def test_a_listing_is_names_only() -> None:
+    # spdlog's formatter-bench has its own main: it echoes the flag and prints a usage error
+    out = "--benchmark_list_tests=true\n[error] Usage: formatter-bench <pattern>\n"
+    assert listed(out) == []
+    assert listed(
+        "***WARNING*** CPU scaling\nBM_a\nnull_sink_st (500_bytes c_str)\n/dev/null_st/real_time\n"
+    ) == [
+        "BM_a",
+        "null_sink_st (500_bytes c_str)",
+        "/dev/null_st/real_time",
+    ]
+
+
+def test_sub_nanosecond_samples_keep_their_ratio() -> None:
+    """A per-iteration time can be far below a nanosecond: the statistics do not floor it away."""
+    from cppperf.shared.engine.stats import compare_test
+
+    t = compare_test("bench:x/BM_tiny", [4e-10, 4.1e-10, 3.9e-10, 4e-10], [2e-10, 2.1e-10, 1.9e-10, 2e-10])
+    assert t.median_change == pytest.approx(0.5) and t.ratio == pytest.approx(0.5, rel=0.05)
+
+
 def test_the_filter_matches_the_name_literally() -> None:
     assert ere_escape("BM_x<int>/8/real_time") == "BM_x<int>/8/real_time"
     assert ere_escape("BM_a.b*(c)") == "BM_a\\.b\\*\\(c\\)"
+    assert ere_escape("null_sink_st (500_bytes c_str)") == "null_sink_st \\(500_bytes c_str\\)"
 
 
 HAS_GBENCH = Path("/usr/include/benchmark/benchmark.h").is_file()

@@ -155,8 +155,11 @@ def workload(exe: str, cwd: str, target: str, benchmark: str, s: BenchSettings) 
 
 
 def listed(output: str) -> list[str]:
-    """Benchmark names from `--benchmark_list_tests=true` (one per line)."""
-    return [ln.strip() for ln in output.splitlines() if ln.strip() and not ln.startswith(("*", " "))]
+    """Benchmark names from `--benchmark_list_tests=true` (one per line; a warning, a log line or
+    a flag echoed back by a program with its own `main` is not a name)."""
+    return [
+        ln.strip() for ln in output.splitlines() if ln.strip() and not ln.startswith(("*", " ", "-", "["))
+    ]
 
 
 class BenchOutputError(ValueError):
