@@ -95,6 +95,11 @@ def _print_instance(record: dict[str, Any]) -> None:
     out.print(t)
     if c.get("proven_by"):
         out.print(f"proven by: {c['proven_by']}")
+    for skip in c.get("benchmarks_skipped", []):
+        out.print(
+            f"benchmark not timed: {skip['name']} ({skip['reason']}) {skip.get('detail', '')[:200]}",
+            markup=False,
+        )
     if c["failure_category"]:
         out.print(f"[red]rejected ({c['failure_category']})[/red]: {c['failure_detail'][:1500]}")
         if c.get("failure_step"):
