@@ -30,6 +30,7 @@ from cppperf.shared.engine.benchmarks import (
     discover,
     edited_sources,
     ere_escape,
+    executables_identical,
     listed,
     parse_run,
     probe_problem,
@@ -38,7 +39,7 @@ from cppperf.shared.engine.cmake import TestCase as Case
 from cppperf.shared.engine.cmake import benchmark_options_from_text
 from cppperf.shared.engine.fileapi import write_query
 from cppperf.shared.engine.sandbox import RunResult
-from cppperf.shared.settings import Settings
+from cppperf.shared.settings import BuilderSettings, Settings
 from tests.conftest import commit_for, make_settings
 from tests.gitrepo import commit_files
 
@@ -206,6 +207,19 @@ def test_nanobench_is_recorded_as_unsupported_not_run() -> None:
     assert [(s.name, s.reason) for s in found.skipped] == [
         ("bench:nano/*", BenchmarkSkip.UNSUPPORTED_FRAMEWORK)
     ]
+
+
+def test_unchanged_binaries_need_the_benchmark_executables_identical(tmp_path: Path) -> None:
+    _reply(tmp_path / "old" / "build", {"gb": _exe("bench/gb", ["-lbenchmark"])})
+    for side in ("old", "new"):
+        (tmp_path / side / "build" / "bench").mkdir(parents=True, exist_ok=True)
+        (tmp_path / side / "build" / "bench" / "gb").write_bytes(f"ELF built in {tmp_path / side}".encode())
+    trees, on = _Trees(tmp_path), BuilderSettings()
+    assert executables_identical(trees, on)  # type: ignore[arg-type]  # the same once paths are mapped
+    (tmp_path / "new" / "build" / "bench" / "gb").write_bytes(b"ELF other code")
+    assert not executables_identical(trees, on)  # type: ignore[arg-type]
+    assert executables_identical(trees, BuilderSettings(benchmarks=False))  # type: ignore[arg-type]
+    assert executables_identical(object(), on)  # type: ignore[arg-type]  # no trees on this host: nothing to time
 
 
 def test_a_listing_is_names_only() -> None:

@@ -354,14 +354,14 @@ def _prove_once(once: _Once, settings: BuilderSettings) -> InstanceResult:
         result.failure_step = "tests"
         result.tried.append("enabled BUILD_TESTING and the project's own test options")
         return reject(FailureCategory.NO_TESTS, "no CTest test exists on both sides")
-    benches = _benchmarks(backend, settings, result, phase)
     if (
         not once.time_identical
         and backend.binaries_identical(common)
-        and executables_identical(backend, benches)
+        and executables_identical(backend, settings)
     ):
         result.verdict = result.verdict_paper = result.verdict_strict = Verdict.UNCHANGED_BINARIES
         return result
+    benches = _benchmarks(backend, settings, result, phase)
     if settings.split_cases:
         tests_by_side, common = _split_cases(backend, tests_by_side, common, phase, settings)
         result.compared_tests = common

@@ -451,12 +451,15 @@ def timed_edits(backend: Backend, found: Discovered, a: str, b: str) -> list[str
 
 
 def executables_identical(
-    backend: Backend, found: Discovered, sides: tuple[str, str] = ("old", "new")
+    backend: Backend, settings: BuilderSettings, sides: tuple[str, str] = ("old", "new")
 ) -> bool:
-    """Whether every timed benchmark's executable is byte-identical on both sides (paths mapped)."""
-    if not isinstance(backend, HostBuilds):
-        return False
+    """Whether every Google Benchmark executable of the build tree is byte-identical on both
+    sides (paths mapped) — read from the file API before anything is listed or probed, so an
+    unchanged build costs no benchmark run. True when no benchmark would be timed (benchmarks
+    off, a backend whose trees are not on this host)."""
+    if not settings.benchmarks or not isinstance(backend, HostBuilds):
+        return True
     old, new = (backend.host_build_dir(side) for side in sides)
     prefixes = str(old.parent).encode(), str(new.parent).encode()
-    exes = {found.targets[n].executable for n in found.common}
+    exes = {t.executable for t in benchmark_targets(old) if t.framework == FRAMEWORK}
     return all(files_identical(old / exe, new / exe, *prefixes) for exe in exes)
