@@ -22,22 +22,18 @@ from cppperf.services.builder.service import build_patch
 from cppperf.services.evaluator.gold import validate_stored
 from cppperf.shared.domain import BenchmarkSkip, InstanceMeta, Oracle, to_struct
 from cppperf.shared.engine.benchmarks import (
-    BenchOutputError,
-    BenchSettings,
     BenchTarget,
     as_sample,
     benchmark_targets,
     discover,
     edited_sources,
-    ere_escape,
     executables_identical,
-    listed,
-    parse_run,
     probe_problem,
 )
 from cppperf.shared.engine.cmake import TestCase as Case
 from cppperf.shared.engine.cmake import benchmark_options_from_text
 from cppperf.shared.engine.fileapi import write_query
+from cppperf.shared.engine.gbench import BenchOutputError, BenchSettings, ere_escape, listed, parse_run
 from cppperf.shared.engine.sandbox import RunResult
 from cppperf.shared.settings import BuilderSettings, Settings
 from tests.conftest import commit_for, make_settings

@@ -28,9 +28,7 @@ reports an error or prints no JSON, with a `BenchmarkSkip` reason instead of a r
 from __future__ import annotations
 
 import hashlib
-import json
 import re
-import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -40,16 +38,23 @@ from cppperf.shared.domain import BenchmarkSkip, BenchmarkWorkload, SkippedBench
 from cppperf.shared.engine.backend import Backend
 from cppperf.shared.engine.cmake import TestCase, normalise
 from cppperf.shared.engine.fileapi import codemodel_targets
+from cppperf.shared.engine.gbench import (
+    LIST_ARGS,
+    PROBE_ARGS,
+    BenchOutputError,
+    BenchSettings,
+    listed,
+    parse_run,
+    run_args,
+)
 from cppperf.shared.engine.leases import core_plan
 from cppperf.shared.engine.sandbox import Limits, RunResult
 from cppperf.shared.settings import BuilderSettings
 
 PREFIX = "bench:"
 FRAMEWORK = "google-benchmark"
-_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 _GBENCH_LINK = re.compile(r"(?:^|[/\s])(?:-l|lib)?benchmark(?:_main)?(?:\.a|\.so[.\d]*)?$")
 _NANOBENCH = re.compile(r"nanobench", re.IGNORECASE)
-_ERE_SPECIAL = set(".[]()*+?{}|^$\\")
 
 Run = Callable[[TestCase], RunResult]
 
@@ -123,96 +128,22 @@ def edited_sources(backend: HostBuilds, target: BenchTarget, a: str, b: str) -> 
     return out
 
 
-def ere_escape(text: str) -> str:
-    """`text` matched literally by a POSIX extended regex (Google Benchmark's filter)."""
-    return "".join(f"\\{c}" if c in _ERE_SPECIAL else c for c in text)
-
-
 def workload_name(target: str, benchmark: str) -> str:
     return f"{PREFIX}{target}/{benchmark}"
 
 
-@dataclass(frozen=True)
-class BenchSettings:
-    repetitions: int
-    min_time: float
-    timeout: float
+def benchmark_of(name: str) -> str:
+    """The benchmark's own name in a workload name (`bench:<target>/<benchmark>`)."""
+    return name[len(PREFIX) :].partition("/")[2]
 
 
 def workload(exe: str, cwd: str, target: str, benchmark: str, s: BenchSettings) -> TestCase:
     return TestCase(
         name=workload_name(target, benchmark),
-        command=[
-            exe,
-            f"--benchmark_filter=^{ere_escape(benchmark)}$",
-            "--benchmark_format=json",
-            f"--benchmark_repetitions={s.repetitions}",
-            f"--benchmark_min_time={s.min_time:g}",
-        ],
+        command=[exe, *run_args(benchmark, s)],
         cwd=cwd,
         timeout=s.timeout,
     )
-
-
-def listed(output: str) -> list[str]:
-    """Benchmark names from `--benchmark_list_tests=true` (one per line; a warning, a log line or
-    a flag echoed back by a program with its own `main` is not a name)."""
-    return [
-        ln.strip() for ln in output.splitlines() if ln.strip() and not ln.startswith(("*", " ", "-", "["))
-    ]
-
-
-class BenchOutputError(ValueError):
-    """A benchmark's output is not the Google Benchmark JSON of its run (the reason)."""
-
-    def __init__(self, reason: BenchmarkSkip, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-
-
-def _json_document(output: str) -> dict[str, Any]:
-    """The first JSON object in `output` with a `benchmarks` list (stderr lines may surround it)."""
-    decoder = json.JSONDecoder()
-    for mt in re.finditer(r"^\{", output, re.MULTILINE):
-        try:
-            doc, _end = decoder.raw_decode(output, mt.start())
-        except ValueError:
-            continue
-        if isinstance(doc, dict) and isinstance(doc.get("benchmarks"), list):
-            return doc
-    raise BenchOutputError(BenchmarkSkip.MALFORMED_OUTPUT, "no Google Benchmark JSON in the output")
-
-
-def parse_run(output: str, benchmark: str) -> tuple[float, float, int]:
-    """(median real time, median CPU time) per iteration in seconds over the repetitions of
-    `benchmark` in a `--benchmark_format=json` output, and how many repetitions there were."""
-    doc = _json_document(output)
-    real, cpu = [], []
-    for b in doc["benchmarks"]:
-        if not isinstance(b, dict) or b.get("run_type", "iteration") != "iteration":
-            continue  # aggregates (mean, median, stddev, cv) are computed, not measured
-        if b.get("run_name", b.get("name")) != benchmark and b.get("name") != benchmark:
-            continue
-        if b.get("error_occurred") or b.get("skipped"):
-            raise BenchOutputError(
-                BenchmarkSkip.ERROR_REPORTED, str(b.get("error_message") or "skipped")[:300]
-            )
-        unit = _UNITS.get(str(b.get("time_unit", "ns")))
-        try:
-            r, c = float(b["real_time"]), float(b["cpu_time"])
-        except (KeyError, TypeError, ValueError):
-            raise BenchOutputError(
-                BenchmarkSkip.MALFORMED_OUTPUT, f"{benchmark}: no real_time/cpu_time"
-            ) from None
-        if unit is None or r < 0 or c < 0:
-            raise BenchOutputError(BenchmarkSkip.MALFORMED_OUTPUT, f"{benchmark}: unknown time_unit or time")
-        real.append(r * unit)
-        cpu.append(c * unit)
-    if not real:
-        raise BenchOutputError(
-            BenchmarkSkip.MALFORMED_OUTPUT, f"no iteration run of {benchmark!r} in the JSON"
-        )
-    return statistics.median(real), statistics.median(cpu), len(real)
 
 
 def as_sample(name: str, res: RunResult) -> RunResult:
@@ -221,9 +152,8 @@ def as_sample(name: str, res: RunResult) -> RunResult:
     its output), so the protocol names the workload and the side."""
     if not res.ok:
         return res
-    benchmark = name[len(PREFIX) :].partition("/")[2]
     try:
-        real, cpu, _n = parse_run(res.output, benchmark)
+        real, cpu, _n = parse_run(res.output, benchmark_of(name))
     except BenchOutputError as exc:
         return replace(res, returncode=1, output=f"{exc.reason}: {exc}\n{res.output[-1500:]}")
     return replace(res, wall_s=real, cpu_s=cpu, instructions=None, ir=None)
@@ -244,7 +174,7 @@ def probe_problem(res: RunResult, name: str) -> SkippedBenchmark | None:
             name=name, reason=BenchmarkSkip.CRASHED, detail=f"exit {res.returncode}: {res.output[-300:]}"
         )
     try:
-        parse_run(res.output, name[len(PREFIX) :].partition("/")[2])
+        parse_run(res.output, benchmark_of(name))
     except BenchOutputError as exc:
         return SkippedBenchmark(name=name, reason=exc.reason, detail=str(exc))
     return None
@@ -269,7 +199,7 @@ class Discovered:
                 name=n,
                 target=self.targets[n].target,
                 executable=self.targets[n].executable,
-                benchmark=n[len(PREFIX) :].partition("/")[2],
+                benchmark=benchmark_of(n),
                 framework=self.targets[n].framework,
                 repetitions=s.repetitions,
                 min_time_s=s.min_time,
@@ -306,9 +236,7 @@ def discover(
             continue
         for side, root in build_roots.items():
             exe = f"{root}/{t.executable}"
-            res = run_on[side](
-                TestCase(name=t.target, command=[exe, "--benchmark_list_tests=true"], cwd=root)
-            )
+            res = run_on[side](TestCase(name=t.target, command=[exe, *LIST_ARGS], cwd=root))
             names = listed(res.output) if res.ok else []
             if not names:
                 why = f"on the {side} side: exit {res.returncode}: {res.output[-300:]}"
@@ -353,7 +281,7 @@ def discover(
 def _probe(t: TestCase) -> TestCase:
     """The workload once, as short as Google Benchmark allows (one repetition, minimal time)."""
     cmd = [a for a in t.command if not a.startswith(("--benchmark_repetitions=", "--benchmark_min_time="))]
-    return replace(t, command=[*cmd, "--benchmark_repetitions=1", "--benchmark_min_time=0.001"])
+    return replace(t, command=[*cmd, *PROBE_ARGS])
 
 
 def files_identical(old: Path, new: Path, old_prefix: bytes, new_prefix: bytes) -> bool:
