@@ -459,3 +459,25 @@ def test_a_benchmark_whose_output_breaks_while_timed_is_a_categorized_rejection(
     assert "bench:bench_work/BM_" in ours["failure_detail"] and "malformed-output" in ours["failure_detail"]
     assert "Traceback" not in ours["failure_detail"]
     assert ours["proven_by"] is None
+
+
+@pytest.mark.build
+def test_benchmarks_that_cannot_build_are_left_off_not_the_instance(tmp_path: Path) -> None:
+    """A benchmark switch needing what the host lacks: configured once more with it off, so the
+    tests still build (before benchmarks, the tree built with the switch at its default)."""
+    from cppperf.shared.engine.backends import make_backend
+
+    cmake = CMAKELISTS.replace("find_package(benchmark REQUIRED)", "find_package(NoSuchBenchLib REQUIRED)")
+    repo = tmp_path / "needs"
+    sha = commit_files(repo, {"CMakeLists.txt": cmake, "unit.cpp": UNIT, "work.cpp": WORK_SLOW}, "base")
+    settings = _settings(tmp_path)
+    backend = make_backend(settings.builder, tmp_path / "work" / "needs", source=(repo, sha, ""))
+    try:
+        backend.prepare(repo, {"old": sha})
+        steps = backend.build("old")
+    finally:
+        backend.cleanup()
+    assert [(s.step, s.ok) for s in steps] == [("configure", False), ("configure", True), ("build", True)]
+    assert "-DBENCHDEMO_BUILD_BENCHMARKS=ON" in steps[0].argv
+    assert "-DBENCHDEMO_BUILD_BENCHMARKS=OFF" in steps[1].argv
+    assert steps[1].log_path is not None and steps[1].log_path.name == "old-configure-no-benchmarks.log"

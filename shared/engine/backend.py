@@ -36,6 +36,7 @@ from cppperf.shared.engine.cmake import (
     BuildSpec,
     StepResult,
     TestCase,
+    benchmark_options,
     build,
     configure,
     ctest_json,
@@ -237,7 +238,6 @@ class LocalBackend:
         return jail_env(cc)
 
     def build(self, side: SideName) -> list[StepResult]:
-        d, mount = self._view(side), self._mount(side)
         env = self._env(side)
         jail = self._jail(side, building=True)
         if self.spec.benchmarks:  # CMake's file API answers it at configure (engine/benchmarks.py)
@@ -246,15 +246,38 @@ class LocalBackend:
             (self.side_dir(side) / "build").mkdir(parents=True, exist_ok=True)
             self.ccache.mkdir(parents=True, exist_ok=True)
             hand_over(self.side_dir(side), self.ccache)
-        log = self.logs / f"{side}-configure.log"
-        steps = [configure(d / "src", d / "build", self.spec, env=env, log=log, mount=mount, jail=jail)]
+        steps = self._configure_build(side, env, jail)
+        switched = [o for o in benchmark_options(self.side_dir(side) / "src") if o.endswith("=ON")]
+        if not steps[-1].ok and self.spec.benchmarks and switched:
+            # the benchmarks may need what this host lacks (or not compile): once more without them
+            steps += self._configure_build(side, env, jail, benchmarks=False)
+        return steps
+
+    def _configure_build(
+        self, side: SideName, env: dict[str, str], jail: Jail | None, *, benchmarks: bool = True
+    ) -> list[StepResult]:
+        d, mount = self._view(side), self._mount(side)
+        tag = "" if benchmarks else "-no-benchmarks"
+        log = self.logs / f"{side}-configure{tag}.log"
+        steps = [
+            configure(
+                d / "src",
+                d / "build",
+                self.spec,
+                env=env,
+                log=log,
+                mount=mount,
+                jail=jail,
+                benchmarks=benchmarks,
+            )
+        ]
         if steps[-1].ok:
             steps.append(
                 build(
                     d / "build",
                     self.spec,
                     env=env,
-                    log=self.logs / f"{side}-build.log",
+                    log=self.logs / f"{side}-build{tag}.log",
                     mount=mount,
                     jail=jail,
                 )

@@ -72,11 +72,12 @@ _BENCH_OPTION = re.compile(
 BENCHMARK_LIBRARY_OFF = ("-DBENCHMARK_ENABLE_TESTING=OFF", "-DBENCHMARK_ENABLE_GTEST_TESTS=OFF")
 
 
-def benchmark_options_from_text(texts: list[str]) -> list[str]:
+def benchmark_options_from_text(texts: list[str], *, on: bool = True) -> list[str]:
     """`-D<opt>=ON` for the benchmark switches declared with option() in the given CMake texts
     (`FOO_BUILD_BENCHMARKS`, `FOO_BENCHMARK`, `ENABLE_BENCHMARKS`, …; Google Benchmark's own
     `BENCHMARK_*` switches excepted) and, when the tree mentions benchmarks at all, Google
-    Benchmark's own tests off. Nothing for a tree without benchmarks (its commands stay as they were)."""
+    Benchmark's own tests off. Nothing for a tree without benchmarks (its commands stay as they
+    were). `on=False`: the same switches explicitly off."""
     opts: dict[str, None] = {}
     mentions = False
     for text in texts:
@@ -86,12 +87,13 @@ def benchmark_options_from_text(texts: list[str]) -> list[str]:
             if upper.startswith("BENCHMARK_") or "DISABLE" in upper or "NO_" in upper:
                 continue
             opts.setdefault(name, None)
-    return [f"-D{o}=ON" for o in opts] + (list(BENCHMARK_LIBRARY_OFF) if mentions or opts else [])
+    value = "ON" if on else "OFF"
+    return [f"-D{o}={value}" for o in opts] + (list(BENCHMARK_LIBRARY_OFF) if mentions or opts else [])
 
 
-def benchmark_options(src: Path) -> list[str]:
+def benchmark_options(src: Path, *, on: bool = True) -> list[str]:
     """Benchmark switches declared in the project's top CMakeLists.txt and cmake/*.cmake."""
-    return benchmark_options_from_text(top_cmake_texts(src))
+    return benchmark_options_from_text(top_cmake_texts(src), on=on)
 
 
 # `-Wno-error` after every flag of a compile (target options such as `-Werror` included): the rule
@@ -190,13 +192,15 @@ def configure(
     log: Path,
     mount: tuple[Path, Path] | None = None,
     jail: Jail | None = None,
+    benchmarks: bool = True,
 ) -> StepResult:
     """`mount=(host, seen)`: the tree at `host` is seen at `seen` (a mount namespace, or the
-    jail's bind); `src`/`build` are paths as seen."""
+    jail's bind); `src`/`build` are paths as seen. With `spec.benchmarks` the tree's benchmark
+    switches are on, or explicitly off with `benchmarks=False` (a retry after they failed)."""
     if mount is None:
         build.mkdir(parents=True, exist_ok=True)
     real_src = src if mount is None else mount[0] / src.relative_to(mount[1])
-    options = test_options(real_src) + (benchmark_options(real_src) if spec.benchmarks else [])
+    options = test_options(real_src) + (benchmark_options(real_src, on=benchmarks) if spec.benchmarks else [])
     argv = configure_argv(src, build, spec, options=options, init_cache=(real_src / INIT_CACHE).is_file())
     res = run(
         argv,
