@@ -28,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-from cppperf.shared.domain import BenchmarkWorkload, FailureCategory, SkippedBenchmark, Verdict
+from cppperf.shared.domain import BenchmarkWorkload, Coverage, FailureCategory, SkippedBenchmark, Verdict
 from cppperf.shared.engine.backend import SIDES, Backend, SideName, Sides, build_sides
 from cppperf.shared.engine.benchmarks import (
     Discovered,
@@ -46,6 +46,7 @@ from cppperf.shared.engine.cmake import (
     TestCase,
     werror_only,
 )
+from cppperf.shared.engine.coverage import flag_controls, measure_coverage, split_family
 from cppperf.shared.engine.errorlines import first_error_lines
 from cppperf.shared.engine.leases import Turns, core_plan, exact_metric, timing_turns
 from cppperf.shared.engine.limits import limits_for
@@ -93,6 +94,7 @@ class InstanceResult:
     benchmarks_skipped: list[SkippedBenchmark] = field(default_factory=list)
     improved_benchmarks: list[str] = field(default_factory=list)
     regressed_benchmarks: list[str] = field(default_factory=list)
+    coverage: Coverage | None = None  # builder.coverage: which tests run the change
 
     def attempt_summary(self, build_type: str, profile_change: str = "") -> dict[str, Any]:
         return {
@@ -213,14 +215,16 @@ def prove(
     seed: int | None = None,
     llm_propose: Callable[[str], list[str]] | None = None,
     time_identical: bool = False,
+    coverage: Coverage | None = None,
 ) -> InstanceResult:
     """Run the whole protocol for instance `iid`: `sides` `{"old": parent, "new": sha}` exported from
     `repo_path`, or None when the backend holds the trees already (an instance image). With
     `time_identical` byte-identical binaries are timed anyway (an A/A calibration run). When a test
-    fails on both sides, once more in `settings.fallback_build_type` (both attempts recorded)."""
+    fails on both sides, once more in `settings.fallback_build_type` (both attempts recorded).
+    `coverage`: a recorded one (reproducing an instance) decides instead of a new measurement."""
     if sides is not None and repo_path is None:
         raise ValueError("prove: sides to export need the repository they come from")
-    once = _Once(iid, sides, repo_path, backend, on_phase, seed, llm_propose, time_identical)
+    once = _Once(iid, sides, repo_path, backend, on_phase, seed, llm_propose, time_identical, coverage)
     current = once.prove(settings)
     current.attempts = [current.attempt_summary(settings.effective_build_type())]
     if (
@@ -308,6 +312,7 @@ class _Once:
     seed: int | None
     llm_propose: Callable[[str], list[str]] | None
     time_identical: bool
+    coverage: Coverage | None = None  # a recorded one: decides instead of a measurement
 
     def prove(self, settings: BuilderSettings) -> InstanceResult:
         return _prove_once(self, settings)
@@ -361,14 +366,12 @@ def _prove_once(once: _Once, settings: BuilderSettings) -> InstanceResult:
     ):
         result.verdict = result.verdict_paper = result.verdict_strict = Verdict.UNCHANGED_BINARIES
         return result
+    tests_by_side, common = _before_timing(once, tests_by_side, common, settings, result, phase)
     benches = _benchmarks(backend, settings, result, phase)
-    if settings.split_cases:
-        tests_by_side, common = _split_cases(backend, tests_by_side, common, phase, settings)
-        result.compared_tests = common
 
     run_seed = settings.seed if seed is None else seed
     exact = exact_metric(settings)
-    _check_power(len(common) + len(benches.common), settings, result)
+    _check_power(len(split_family(result.coverage, common)[0]) + len(benches.common), settings, result)
     with timing_turns(settings, phase) as turns:
         run_one = _runner(backend, settings, tests_by_side, benches, turns, count=count, exact=exact)
         meas = measure(
@@ -446,6 +449,29 @@ def _split_benchmarks(result: InstanceResult) -> None:
         setattr(result, f"{kind}_benchmarks", [n for n in names if is_benchmark(n)])
 
 
+def _before_timing(
+    once: _Once,
+    tests_by_side: dict[SideName, dict[str, TestCase]],
+    common: list[str],
+    settings: BuilderSettings,
+    result: InstanceResult,
+    phase: PhaseCallback,
+) -> tuple[dict[SideName, dict[str, TestCase]], list[str]]:
+    """Untimed work on the build cores: which tests run the change (`builder.coverage`, on the
+    CTest tests, before they are split), then each test split into its cases."""
+    if once.coverage is not None:
+        result.coverage = msgspec.structs.replace(once.coverage, moved_controls={}, suspect=False)
+    elif settings.coverage:
+        new_tests = {n: tests_by_side["new"][n] for n in common}
+        result.coverage = measure_coverage(
+            once.backend, once.repo_path, once.sides, new_tests, settings, phase
+        )
+    if settings.split_cases:
+        tests_by_side, common = _split_cases(once.backend, tests_by_side, common, phase, settings)
+        result.compared_tests = common
+    return tests_by_side, common
+
+
 def _check_power(tests: int, settings: BuilderSettings, result: InstanceResult) -> None:
     """Rounds too few for any p to reach alpha over this many tests: a warning in the log and in
     the record (the proof still runs; its verdict can only be `not-improved`). An exact count
@@ -469,25 +495,41 @@ def _decide(
     phase: PhaseCallback,
     turns: Turns,
 ) -> None:
-    """Statistics on each test's deciding metric, confirmation runs, verdicts under every rule."""
-    decided = compare_all(
-        meas.decision_samples(),
-        alpha=settings.alpha,
-        min_improvement=settings.min_improvement,
-        resamples=settings.bootstrap_resamples,
-        seed=run_seed,
-        exact=[n for n in meas.samples if meas.metric_of(n) == "cachegrind"],
-        tolerance=settings.exact_tolerance,
-    )
-    if settings.confirm:
-        decided = _confirm(decided, meas, run_one, settings, run_seed, result, phase, turns)
-    result.tests = decided
+    """Statistics on each test's deciding metric, confirmation runs, verdicts under every rule.
+    With coverage the tests that run the change are one family (its own correction) and decide;
+    the others are A/A controls, a family of their own: one that moves makes the record suspect."""
+
+    def family(names: list[str]) -> list[TestStats]:
+        if not names:
+            return []
+        decided = compare_all(
+            {n: s for n, s in meas.decision_samples().items() if n in set(names)},
+            alpha=settings.alpha,
+            min_improvement=settings.min_improvement,
+            resamples=settings.bootstrap_resamples,
+            seed=run_seed,
+            exact=[n for n in names if meas.metric_of(n) == "cachegrind"],
+            tolerance=settings.exact_tolerance,
+        )
+        if settings.confirm:
+            decided = _confirm(decided, meas, run_one, settings, run_seed, result, phase, turns)
+        return decided
+
+    deciding, controls = split_family(result.coverage, sorted(meas.samples))
+    decided, checked = family(deciding), family(controls)
     rule = settings.effective_rule()
+    imp, reg = ("improved", "regressed") if rule == "ours" else (f"{rule}_improved", f"{rule}_regressed")
+    if result.coverage is not None and checked:
+        flag_controls(result.coverage, checked, improved=imp, regressed=reg)
+    cleared = [
+        TestStats(**{**t.as_dict(), **_CLEARED, "paper_improved": False, "paper_regressed": False})
+        for t in checked
+    ]
+    result.tests = sorted([*decided, *cleared], key=lambda t: t.name)
     result.decision_rule = rule
     result.verdict = verdict(decided, rule=rule)
     result.verdict_paper = verdict(decided, rule="paper")
     result.verdict_strict = verdict(decided, rule="strict")
-    imp, reg = ("improved", "regressed") if rule == "ours" else (f"{rule}_improved", f"{rule}_regressed")
     result.improved_tests = [t.name for t in decided if getattr(t, imp)]
     result.regressed_tests = [t.name for t in decided if getattr(t, reg)]
 

@@ -7,7 +7,8 @@ the paper's rule), per-test statistics with CIs, raw samples both sides (wall an
 environment (cppperf/compiler/CMake versions, leased core, load average), the metric that decided
 each test (`decided_on`), repeats per sample, early-stop savings, confirmation runs, failure
 category, and the instance verdict under all three rules (`decision_rule` says which one is
-`verdict`).
+`verdict`); with `builder.coverage`, `coverage` (domain.Coverage): which tests run the change, the
+deciding family, the controls and whether one moved (`suspect`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from cppperf.services.builder.bench_record import benchmark_keys
 from cppperf.services.builder.instance import InstanceResult
-from cppperf.shared.domain import Verdict
+from cppperf.shared.domain import Verdict, to_json_dict
 from cppperf.shared.engine.benchmarks import is_benchmark
 from cppperf.shared.engine.cmake import BuildSpec, configure_argv
 from cppperf.shared.messages import CommitSelected
@@ -237,6 +238,7 @@ def build_record(
                 for n, s in (meas.samples.items() if meas else [])
             },
             "linked_texts_fetched": commit.links_fetched,
+            **({"coverage": to_json_dict(res.coverage)} if res.coverage is not None else {}),
             **benchmark_keys(res),
         },
     }

@@ -189,12 +189,24 @@ def _evaluate(
     backend = make_backend(s.builder, ws, source=(repo_path, inst.expert_sha, inst.date), untrusted=True)
     base["sandbox"] = "docker" if docker else ("none" if why_not else "bwrap")
     jailed = not why_not  # the patch is applied on the host: in the jail when there is one
+    report: dict[str, Any] | None = None
     try:
         with on_build_cores(s.builder):  # untimed work (and its children) off the timing cores
-            return {**base, **_run(req, inst, s, backend, repo_path, out, phase, ws, rules, jailed)}
+            report = {**base, **_run(req, inst, s, backend, repo_path, out, phase, ws, rules, jailed)}
+            return report
     finally:
-        if not s.builder.keep:
+        if not keep_workspace(s, report):
             backend.cleanup()
+            shutil.rmtree(ws, ignore_errors=True)  # the host side too (exports, patch, logs)
+
+
+def keep_workspace(s: Settings, report: dict[str, Any] | None) -> bool:
+    """`builder.keep` keeps every workspace; `evaluator.keep_failed` (debugging) those of
+    evaluations that raised or did not end `opt`/`correct`. Else work_dir/eval/<hash> is removed."""
+    if s.builder.keep:
+        return True
+    ok = report is not None and report.get("verdict") in (EvalVerdict.OPT, EvalVerdict.CORRECT)
+    return s.evaluator.keep_failed and not ok
 
 
 class _Stop(Exception):
@@ -388,7 +400,10 @@ def _run(
     info: dict[str, Any] = {"applied": True, "applied_with": applied_with, "builds": True, "tests": common}
     if benches.skipped:
         info["benchmarks_skipped"] = msgspec.to_builtins(benches.skipped)
-    timed = [n for n in common if n in set(inst.improved_tests)] + benches.common or common
+    # the expert's improved tests and benchmarks, else the tests that run its change (coverage),
+    # else every test
+    timed = [n for n in common if n in set(inst.improved_tests)] + benches.common
+    timed = timed or [n for n in common if n in set(inst.deciding_tests)] or common
     workloads = {side: {**tests[side], **benches.by_side[side]} for side in SIDES}
     count = check_metric(backend, s.builder)
     exact = exact_metric(s.builder)
