@@ -8,7 +8,10 @@ environment (cppperf/compiler/CMake versions, leased core, load average), the me
 each test (`decided_on`), repeats per sample, early-stop savings, confirmation runs, failure
 category, and the instance verdict under all three rules (`decision_rule` says which one is
 `verdict`); with `builder.coverage`, `coverage` (domain.Coverage): which tests run the change, the
-deciding family, the controls and whether one moved (`suspect`).
+deciding family, the controls and whether one moved (`suspect`); the project's benchmarks
+(`bench_record.py`: `proven_by`, per-benchmark `benchmarks`, workloads and skips). The published
+`tests` keys and `cppperf.tests` hold the CTest tests only; `performance_analysis.test_name` is
+the improved workload (a test or a benchmark) with the largest median change.
 """
 
 from __future__ import annotations
