@@ -481,3 +481,19 @@ def test_benchmarks_that_cannot_build_are_left_off_not_the_instance(tmp_path: Pa
     assert "-DBENCHDEMO_BUILD_BENCHMARKS=ON" in steps[0].argv
     assert "-DBENCHDEMO_BUILD_BENCHMARKS=OFF" in steps[1].argv
     assert steps[1].log_path is not None and steps[1].log_path.name == "old-configure-no-benchmarks.log"
+
+
+def test_the_oracle_names_the_kinds_of_workload_the_gold_patch_improved() -> None:
+    from cppperf.services.evaluator.gold import oracle_of
+
+    def gold(*improved: str) -> dict[str, Any]:
+        names = ["unit", "bench:b/BM_a", *improved]
+        return {"verdict": "opt", "per_test": {n: {"agent_improved": n in improved} for n in names}}
+
+    null = {"verdict": "correct", "opt": False}
+    assert oracle_of(gold("bench:b/BM_a"), null) == Oracle.BENCHMARK
+    assert oracle_of(gold("unit"), null) == Oracle.CTEST
+    assert oracle_of(gold("unit", "bench:b/BM_a"), null) == Oracle.BOTH
+    assert oracle_of({"verdict": "opt"}, null) == Oracle.CTEST  # a report from before benchmarks
+    assert oracle_of(gold("bench:b/BM_a"), {"verdict": "opt", "opt": True}) == Oracle.NONE
+    assert Oracle.of(ctest=False, benchmark=False) == Oracle.NONE
