@@ -329,6 +329,7 @@ class SkippedBenchmark(msgspec.Struct, kw_only=True):
     name: str
     reason: BenchmarkSkip
     detail: str = ""
+    side: str = ""  # the side it failed on (listing, probe) or is missing from (one-side-only)
 
 
 class InstanceMeta(msgspec.Struct, kw_only=True):

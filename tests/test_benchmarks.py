@@ -9,6 +9,7 @@ reporting an error are skipped with their reason, and the evaluator scores the e
 
 from __future__ import annotations
 
+import difflib
 import json
 import subprocess
 from dataclasses import replace
@@ -399,6 +400,18 @@ def test_a_speed_up_only_a_benchmark_shows_is_proven_by_the_benchmark(tmp_path: 
     req = EvalRequest(run_id="gamed", model="m", instance_id=ours["instance_id"], patch=gamed)
     report = evaluate(req, settings)
     assert report["verdict"] == "test-edit" and "bench.cpp" in report["reason"], report
+    # a patch that passes the tests but crashes the benchmark fails, it is not merely not faster
+    crashing = WORK_SLOW.replace("volatile long acc = 0;", "volatile long acc = 0;\n  std::abort();")
+    diff = difflib.unified_diff(
+        WORK_SLOW.splitlines(keepends=True),
+        crashing.splitlines(keepends=True),
+        fromfile="a/work.cpp",
+        tofile="b/work.cpp",
+    )
+    req = EvalRequest(run_id="crash", model="m", instance_id=ours["instance_id"], patch="".join(diff))
+    report = evaluate(req, settings)
+    assert report["verdict"] == "tests-failed", report
+    assert "bench:bench_work/BM_spin" in report["reason"] and "crashed" in report["reason"]
 
 
 @needs_gbench

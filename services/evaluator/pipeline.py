@@ -42,10 +42,10 @@ from cppperf.services.evaluator.checks import check_patch, check_tree, snapshot
 from cppperf.services.evaluator.instances import EvalInstance, load_instance
 from cppperf.services.evaluator.score import score
 from cppperf.services.filter.rules import Rules
-from cppperf.shared.domain import EvalVerdict
+from cppperf.shared.domain import BenchmarkSkip, EvalVerdict
 from cppperf.shared.engine.backend import Backend, SideName, build_sides, export_tree
 from cppperf.shared.engine.backends import make_backend
-from cppperf.shared.engine.benchmarks import Discovered, is_benchmark, timed_edits, timed_run
+from cppperf.shared.engine.benchmarks import Discovered, broken_on, is_benchmark, timed_edits, timed_run
 from cppperf.shared.engine.benchmarks import find as find_benchmarks
 from cppperf.shared.engine.cmake import StepResult, TestCase, test_description
 from cppperf.shared.engine.leases import exact_metric, on_build_cores, timing_core
@@ -324,6 +324,11 @@ def _benchmarks(backend: Backend, s: Settings, inst: EvalInstance, applied_with:
     if edits := timed_edits(backend, benches, "old", "agent"):
         why = f"edits the source of a timed benchmark: {', '.join(edits)} (benchmarks are the specification)"
         raise _Stop(_verdict(EvalVerdict.TEST_EDIT, why, applied=True, applied_with=applied_with))
+    if broken := broken_on(benches, "agent"):  # the agent's tree breaks a benchmark the others run
+        first = broken[0]
+        verdict = EvalVerdict.TIMEOUT if first.reason == BenchmarkSkip.TIMEOUT else EvalVerdict.TESTS_FAILED
+        why = f"benchmark {first.name} on the agent's tree: {first.reason} {first.detail[:300]}"
+        raise _Stop(_verdict(verdict, why, applied=True, applied_with=applied_with, tests_pass=False))
     return benches
 
 

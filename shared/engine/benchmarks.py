@@ -165,18 +165,17 @@ def timed_run(backend: Backend, side: str, t: TestCase, limits: Limits) -> RunRe
     return as_sample(t.name, res) if is_benchmark(t.name) else normalise(t, res)
 
 
-def probe_problem(res: RunResult, name: str) -> SkippedBenchmark | None:
-    """Why an untimed probe run of a workload disqualifies it (None: it can be timed)."""
+def probe_problem(res: RunResult, name: str, side: str = "") -> SkippedBenchmark | None:
+    """Why an untimed probe run of a workload on `side` disqualifies it (None: it can be timed)."""
     if res.timed_out:
-        return SkippedBenchmark(name=name, reason=BenchmarkSkip.TIMEOUT, detail=res.output[-300:])
+        return SkippedBenchmark(name=name, reason=BenchmarkSkip.TIMEOUT, detail=res.output[-300:], side=side)
     if not res.ok:
-        return SkippedBenchmark(
-            name=name, reason=BenchmarkSkip.CRASHED, detail=f"exit {res.returncode}: {res.output[-300:]}"
-        )
+        detail = f"exit {res.returncode}: {res.output[-300:]}"
+        return SkippedBenchmark(name=name, reason=BenchmarkSkip.CRASHED, detail=detail, side=side)
     try:
         parse_run(res.output, benchmark_of(name))
     except BenchOutputError as exc:
-        return SkippedBenchmark(name=name, reason=exc.reason, detail=str(exc))
+        return SkippedBenchmark(name=name, reason=exc.reason, detail=str(exc), side=side)
     return None
 
 
@@ -242,7 +241,10 @@ def discover(
                 why = f"on the {side} side: exit {res.returncode}: {res.output[-300:]}"
                 found.skipped.append(
                     SkippedBenchmark(
-                        name=workload_name(t.target, "*"), reason=BenchmarkSkip.LIST_FAILED, detail=why
+                        name=workload_name(t.target, "*"),
+                        reason=BenchmarkSkip.LIST_FAILED,
+                        detail=why,
+                        side=side,
                     )
                 )
                 continue
@@ -254,7 +256,8 @@ def discover(
                     found.targets[n] = t
     everywhere = set.intersection(*names_by_side.values()) if names_by_side else set()
     for n in sorted(set.union(set(), *names_by_side.values()) - everywhere):
-        found.skipped.append(SkippedBenchmark(name=n, reason=BenchmarkSkip.ONE_SIDE_ONLY))
+        missing = next(side for side, names in names_by_side.items() if n not in names)
+        found.skipped.append(SkippedBenchmark(name=n, reason=BenchmarkSkip.ONE_SIDE_ONLY, side=missing))
     kept = sorted(everywhere)
     for n in kept[limit:]:
         found.skipped.append(
@@ -266,7 +269,7 @@ def discover(
             (
                 p
                 for side in build_roots
-                if (p := probe_problem(run_on[side](_probe(found.by_side[side][n])), n))
+                if (p := probe_problem(run_on[side](_probe(found.by_side[side][n])), n, side))
             ),
             None,
         )
@@ -368,6 +371,23 @@ def find(
     )
     found.skipped[:0] = skipped
     return found
+
+
+BROKEN_ON_SIDE = frozenset(
+    {
+        BenchmarkSkip.LIST_FAILED,
+        BenchmarkSkip.CRASHED,
+        BenchmarkSkip.TIMEOUT,
+        BenchmarkSkip.MALFORMED_OUTPUT,
+        BenchmarkSkip.ERROR_REPORTED,
+        BenchmarkSkip.ONE_SIDE_ONLY,
+    }
+)
+
+
+def broken_on(found: Discovered, side: str) -> list[SkippedBenchmark]:
+    """The benchmarks that cannot run on `side` (its listing or probe failed, or it is missing)."""
+    return [s for s in found.skipped if s.side == side and s.reason in BROKEN_ON_SIDE]
 
 
 def timed_edits(backend: Backend, found: Discovered, a: str, b: str) -> list[str]:
