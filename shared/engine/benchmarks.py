@@ -22,7 +22,13 @@ its code layout and allocator state, so they are not independent samples; the ro
 are, and the protocol interleaves them with the other side's exactly like tests. A sample is
 never repeated by the sample floor (it is Google Benchmark's own timing, already long enough:
 `pinned` repeats of 1). A probe run per side first (untimed) drops a benchmark that crashes,
-reports an error or prints no JSON, with a `BenchmarkSkip` reason instead of a rejection.
+reports an error or prints no JSON, with a `BenchmarkSkip` reason (and the side) instead of a
+rejection.
+
+Identity. A target's own sources (the file API's, minus every file another target compiles)
+are its definition: when they differ between two sides (`find(unchanged=…)`, the builder's old
+and new; `timed_edits`, the evaluator's original and agent) each side would time other code.
+Byte-identical benchmark executables are part of `unchanged-binaries` (`executables_identical`).
 """
 
 from __future__ import annotations
