@@ -70,6 +70,37 @@ class EvalVerdict(StrEnum):
     UNTRUSTED_REFUSED = "untrusted-refused"
 
 
+class Oracle(StrEnum):
+    """Which workloads prove an instance (`cppperf.proven_by`) or let it grade agents (`oracle`)."""
+
+    CTEST = "ctest"
+    BENCHMARK = "benchmark"
+    BOTH = "both"
+    NONE = "none"
+
+    @classmethod
+    def of(cls, *, ctest: bool, benchmark: bool) -> Oracle:
+        if ctest and benchmark:
+            return cls.BOTH
+        return cls.CTEST if ctest else (cls.BENCHMARK if benchmark else cls.NONE)
+
+
+class BenchmarkSkip(StrEnum):
+    """Why a benchmark the tree builds is not timed (`cppperf.benchmarks_skipped`)."""
+
+    LIST_FAILED = "list-failed"  # `--benchmark_list_tests` failed or listed nothing
+    CRASHED = "crashed"  # the probe run exited non-zero
+    TIMEOUT = "timeout"  # the probe run passed `builder.benchmark_timeout`
+    MALFORMED_OUTPUT = "malformed-output"  # no Google Benchmark JSON for it in the output
+    ERROR_REPORTED = "error-reported"  # the benchmark reported an error (SkipWithError)
+    ONE_SIDE_ONLY = "one-side-only"  # built on one side only
+    CHANGED = "changed"  # the commit changes the benchmark's own sources: each side times other code
+    OVER_LIMIT = "over-limit"  # beyond `builder.max_benchmarks`
+    UNSUPPORTED_FRAMEWORK = "unsupported-framework"  # nanobench: no generic machine-readable output
+    EXACT_METRIC = "exact-metric"  # `builder.metric=cachegrind`: benchmarks time, they do not count
+    BACKEND = "backend"  # the backend cannot read the build's CMake file API (docker)
+
+
 class Stage(StrEnum):
     CANDIDATE = "candidate"
     FOUND = "found"
@@ -127,6 +158,8 @@ class InstanceState(_Value, kw_only=True):
     parent: str = ""
     improved_tests: list[str] = msgspec.field(default_factory=list)
     regressed_tests: list[str] = msgspec.field(default_factory=list)
+    improved_benchmarks: list[str] = msgspec.field(default_factory=list)  # `bench:` workloads
+    regressed_benchmarks: list[str] = msgspec.field(default_factory=list)
     failure_category: FailureCategory | None = None
     record: str = ""  # the whole instance record (JSON) when small enough to stay inline
     record_ref: str | None = None  # else its object-store name
@@ -280,6 +313,25 @@ class Coverage(msgspec.Struct, kw_only=True):
     build_log: str = ""  # the coverage build's log, by name in the instance's logs folder
 
 
+class BenchmarkWorkload(msgspec.Struct, kw_only=True):
+    """One benchmark timed as a workload (`bench:<target>/<benchmark>`)."""
+
+    name: str
+    target: str  # the CMake target that builds the executable
+    executable: str  # its path relative to the build tree
+    benchmark: str  # the benchmark's own name (its `--benchmark_filter`)
+    framework: str = "google-benchmark"
+    repetitions: int = 1  # repetitions inside one sample (the sample is their median)
+    min_time_s: float = 0.0  # `--benchmark_min_time` of each repetition
+
+
+class SkippedBenchmark(msgspec.Struct, kw_only=True):
+    name: str
+    reason: BenchmarkSkip
+    detail: str = ""
+    side: str = ""  # the side it failed on (listing, probe) or is missing from (one-side-only)
+
+
 class InstanceMeta(msgspec.Struct, kw_only=True):
     """The instance record's `cppperf` section."""
 
@@ -325,6 +377,14 @@ class InstanceMeta(msgspec.Struct, kw_only=True):
     installed_packages: list[str] = msgspec.field(default_factory=list)
     image_pushed: str | None = None
     oracle: str | None = None  # `cppperf validate`: ctest | benchmark | both | none (None: not validated)
+    # the project's benchmarks as workloads: which kind of workload proved the instance (None: no
+    # proof was made), per-benchmark statistics beside `tests`, what was timed and what was not
+    proven_by: Oracle | None = None
+    benchmarks: list[StatsRecord] = msgspec.field(default_factory=list)
+    benchmark_workloads: list[BenchmarkWorkload] = msgspec.field(default_factory=list)
+    benchmarks_skipped: list[SkippedBenchmark] = msgspec.field(default_factory=list)
+    improved_benchmarks: list[str] = msgspec.field(default_factory=list)
+    regressed_benchmarks: list[str] = msgspec.field(default_factory=list)
     validation: Validation | None = None
     coverage: Coverage | None = None  # `builder.coverage`: which tests run the change
 
@@ -374,7 +434,9 @@ class EvalReport(msgspec.Struct, kw_only=True, omit_defaults=True):
     tests: list[str] | None = None
     tests_pass: bool | None = None
     failing_tests: list[FailedTest] | None = None
-    timed_tests: list[str] | None = None
+    timed_tests: list[str] | None = None  # every timed workload: tests and `bench:` benchmarks
+    timed_benchmarks: list[str] | None = None  # the benchmarks among them
+    benchmarks_skipped: list[SkippedBenchmark] | None = None
     rounds: int | None = None
     seed: int | None = None
     per_test: dict[str, PerTestScore] | None = None

@@ -28,6 +28,8 @@ def finished_message(iid: str, rec: dict[str, Any]) -> m.PatchBuilt:
         verdict=str(rec["verdict"]),
         improved_tests=list(rec.get("improved_tests") or []),
         regressed_tests=list(rec.get("regressed_tests") or []),
+        improved_benchmarks=list(rec.get("improved_benchmarks") or []),
+        regressed_benchmarks=list(rec.get("regressed_benchmarks") or []),
         failure_category=rec.get("failure_category"),
         failure_detail=str(rec.get("failure_detail") or ""),
     )

@@ -235,6 +235,15 @@ class BuilderSettings(msgspec.Struct, kw_only=True):
     # execute a changed line (the others are A/A controls). Off by default: a second full build
     # of the new side (no ccache hits: other flags) and one more run of every test per proof.
     coverage: bool = False
+    # --- the project's own benchmarks as workloads (shared/engine/benchmarks.py) ---------------
+    # Google Benchmark executables the CMake tree builds (its benchmark options turned on), timed
+    # beside the tests by their own JSON output: per benchmark `benchmark_repetitions` repetitions
+    # of at least `benchmark_min_time` seconds each per sample; a run is cut at `benchmark_timeout`
+    benchmarks: bool = True
+    benchmark_repetitions: int = 5
+    benchmark_min_time: float = 0.05
+    benchmark_timeout: float = 120.0
+    max_benchmarks: int = 50  # per instance (the first, by name); the others are recorded as skipped
 
     def effective_build_type(self) -> str:
         return "Debug" if self.profile == "paper" else self.build_type
@@ -508,3 +517,15 @@ def _validate_exact(b: BuilderSettings) -> None:
         raise _bad("builder.exact_tolerance", "must be >= 0")
     if b.valgrind_slowdown < 1:
         raise _bad("builder.valgrind_slowdown", f"{b.valgrind_slowdown}; must be >= 1")
+    for key, n in (
+        ("builder.benchmark_repetitions", b.benchmark_repetitions),
+        ("builder.max_benchmarks", b.max_benchmarks),
+    ):
+        if n < 1:
+            raise _bad(key, f"{n}; must be >= 1")
+    for key, x in (
+        ("builder.benchmark_min_time", b.benchmark_min_time),
+        ("builder.benchmark_timeout", b.benchmark_timeout),
+    ):
+        if x <= 0:
+            raise _bad(key, f"{x}; must be > 0")

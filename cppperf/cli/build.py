@@ -101,11 +101,12 @@ def _print_instance(record: dict[str, Any]) -> None:
         "decided on",
     ):
         t.add_column(col)
-    for ts in c["tests"]:
+    for ts in [*c["tests"], *c.get("benchmarks", [])]:  # benchmarks: per-iteration times
+        ms = "{:.4g}" if ts["name"].startswith("bench:") else "{:.2f}"
         t.add_row(
             ts["name"],
-            f"{ts['median_old'] * 1e3:.2f}",
-            f"{ts['median_new'] * 1e3:.2f}",
+            ms.format(ts["median_old"] * 1e3),
+            ms.format(ts["median_new"] * 1e3),
             f"{ts['median_change'] * 100:+.1f}%",
             f"{ts['ratio']:.3f} [{ts['ci_low']:.3f}, {ts['ci_high']:.3f}]",
             f"{ts['p_improve_adj']:.2g}",
@@ -114,6 +115,13 @@ def _print_instance(record: dict[str, Any]) -> None:
             str(c.get("decided_on", {}).get(ts["name"], "wall")),
         )
     out.print(t)
+    if c.get("proven_by"):
+        out.print(f"proven by: {c['proven_by']}")
+    for skip in c.get("benchmarks_skipped", []):
+        out.print(
+            f"benchmark not timed: {skip['name']} ({skip['reason']}) {skip.get('detail', '')[:200]}",
+            markup=False,
+        )
     if c["failure_category"]:
         out.print(f"[red]rejected ({c['failure_category']})[/red]: {c['failure_detail'][:1500]}")
         if c.get("failure_step"):

@@ -194,7 +194,9 @@ async def _mine(
             for reason, n in reasons.items():
                 out.print(f"[yellow]repos rejected ({n})[/yellow]: {reason}")
             for rec in sorted(instances, key=lambda r: str(r.get("id"))):
-                improved = ", ".join(rec.get("improved_tests") or [])
+                improved = ", ".join(
+                    [*(rec.get("improved_tests") or []), *(rec.get("improved_benchmarks") or [])]
+                )
                 out.print(
                     f"{rec['id']}: {rec.get('verdict')}{f' ({improved})' if improved else ''} "
                     f"{rec.get('failure_category') or ''} → {rec.get('record_path')}",

@@ -151,6 +151,8 @@ async def on_classified(ctx: StageContext, ops: BuilderOps, item: m.CommitClassi
             "parent": msg.parent,
             "improved_tests": msg.improved_tests,
             "regressed_tests": msg.regressed_tests,
+            "improved_benchmarks": msg.improved_benchmarks,
+            "regressed_benchmarks": msg.regressed_benchmarks,
             "failure_category": msg.failure_category,
             "record": record,
             "record_ref": record_ref,

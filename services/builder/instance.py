@@ -28,15 +28,22 @@ from typing import Any
 
 import msgspec
 
-from cppperf.shared.domain import Coverage, FailureCategory, Verdict
+from cppperf.shared.domain import BenchmarkWorkload, Coverage, FailureCategory, SkippedBenchmark, Verdict
 from cppperf.shared.engine.backend import SIDES, Backend, SideName, Sides, build_sides
+from cppperf.shared.engine.benchmarks import (
+    Discovered,
+    bench_settings,
+    executables_identical,
+    is_benchmark,
+    timed_run,
+)
+from cppperf.shared.engine.benchmarks import find as find_benchmarks
 from cppperf.shared.engine.cases import split as split_cases
 from cppperf.shared.engine.cmake import (
     NO_WERROR_ARGS,
     BuildSpec,
     StepResult,
     TestCase,
-    normalise,
     werror_only,
 )
 from cppperf.shared.engine.coverage import flag_controls, measure_coverage, split_family
@@ -81,6 +88,12 @@ class InstanceResult:
     tried: list[str] = field(default_factory=list)  # what cppperf did about the failure
     attempts: list[dict[str, Any]] = field(default_factory=list)  # one per build profile tried
     werror_only: bool = False  # the build failed on warnings made errors only
+    # the project's benchmarks as workloads (engine/benchmarks.py): timed beside the tests, one
+    # family with them; `improved_tests`/`regressed_tests` name tests only, these the benchmarks
+    benchmark_workloads: list[BenchmarkWorkload] = field(default_factory=list)
+    benchmarks_skipped: list[SkippedBenchmark] = field(default_factory=list)
+    improved_benchmarks: list[str] = field(default_factory=list)
+    regressed_benchmarks: list[str] = field(default_factory=list)
     coverage: Coverage | None = None  # builder.coverage: which tests run the change
 
     def attempt_summary(self, build_type: str, profile_change: str = "") -> dict[str, Any]:
@@ -346,23 +359,23 @@ def _prove_once(once: _Once, settings: BuilderSettings) -> InstanceResult:
         result.failure_step = "tests"
         result.tried.append("enabled BUILD_TESTING and the project's own test options")
         return reject(FailureCategory.NO_TESTS, "no CTest test exists on both sides")
-    if not once.time_identical and backend.binaries_identical(common):
+    if (
+        not once.time_identical
+        and backend.binaries_identical(common)
+        and executables_identical(backend, settings)
+    ):
         result.verdict = result.verdict_paper = result.verdict_strict = Verdict.UNCHANGED_BINARIES
         return result
     tests_by_side, common = _before_timing(once, tests_by_side, common, settings, result, phase)
+    benches = _benchmarks(backend, settings, result, phase)
 
     run_seed = settings.seed if seed is None else seed
     exact = exact_metric(settings)
-    _check_power(len(split_family(result.coverage, common)[0]), settings, result)
+    _check_power(len(split_family(result.coverage, common)[0]) + len(benches.common), settings, result)
     with timing_turns(settings, phase) as turns:
-
-        def run_one(side: SideName, name: str) -> RunResult:
-            t = tests_by_side[side][name]
-            limits = limits_for(t, settings, cpu=turns.cpu, instructions=count, counted=exact)
-            return normalise(t, backend.run_test(side, t, limits))
-
+        run_one = _runner(backend, settings, tests_by_side, benches, turns, count=count, exact=exact)
         meas = measure(
-            common,
+            common + benches.common,
             run_one,
             # an exact count needs no warm-up, no repeats, no early stop: a few identical runs
             rounds=settings.exact_runs if exact else settings.runs,
@@ -377,16 +390,63 @@ def _prove_once(once: _Once, settings: BuilderSettings) -> InstanceResult:
             floor=0.0 if exact else settings.sample_floor,
             max_repeats=settings.max_repeats,
             turn=turns.turn,
+            pinned=dict.fromkeys(benches.common, 1),
         )
         result.measurement = meas
         try:
             if meas.failure is not None:  # re-runs that say whose fault it is: on a leased core too
                 return _reject_failure(meas.failure, run_one, settings, result, reject, phase, turns)
             _decide(meas, run_one, settings, run_seed, result, phase, turns)
+            _split_benchmarks(result)
         finally:
             result.environment.update(turns.facts())
         result.environment["load_average_end"] = _loadavg()
     return result
+
+
+def _runner(
+    backend: Backend,
+    settings: BuilderSettings,
+    tests: dict[SideName, dict[str, TestCase]],
+    benches: Discovered,
+    turns: Turns,
+    *,
+    count: bool,
+    exact: bool,
+) -> Callable[[SideName, str], RunResult]:
+    """One timed run of a workload on a side: a test as CTest judges it, a benchmark as the
+    sample its own JSON gives (timed, never under Valgrind)."""
+    workloads = {side: {**tests[side], **benches.by_side[side]} for side in SIDES}
+
+    def run_one(side: SideName, name: str) -> RunResult:
+        t = workloads[side][name]
+        if is_benchmark(name):
+            return timed_run(backend, side, t, limits_for(t, settings, cpu=turns.cpu))
+        return timed_run(
+            backend, side, t, limits_for(t, settings, cpu=turns.cpu, instructions=count, counted=exact)
+        )
+
+    return run_one
+
+
+def _benchmarks(
+    backend: Backend, settings: BuilderSettings, result: InstanceResult, phase: PhaseCallback
+) -> Discovered:
+    """The project's benchmarks to time beside the tests (what is not timed, and why, recorded)."""
+    phase("benchmarks", 0, 1)
+    benches = find_benchmarks(backend, SIDES, settings, unchanged=("old", "new"))
+    result.benchmark_workloads = benches.records(bench_settings(settings))
+    result.benchmarks_skipped = benches.skipped
+    phase("benchmarks", 1, 1)
+    return benches
+
+
+def _split_benchmarks(result: InstanceResult) -> None:
+    """The improved and regressed benchmarks apart from the tests (one family, two kinds)."""
+    for kind in ("improved", "regressed"):
+        names: list[str] = getattr(result, f"{kind}_tests")
+        setattr(result, f"{kind}_tests", [n for n in names if not is_benchmark(n)])
+        setattr(result, f"{kind}_benchmarks", [n for n in names if is_benchmark(n)])
 
 
 def _before_timing(

@@ -8,7 +8,10 @@ environment (cppperf/compiler/CMake versions, leased core, load average), the me
 each test (`decided_on`), repeats per sample, early-stop savings, confirmation runs, failure
 category, and the instance verdict under all three rules (`decision_rule` says which one is
 `verdict`); with `builder.coverage`, `coverage` (domain.Coverage): which tests run the change, the
-deciding family, the controls and whether one moved (`suspect`).
+deciding family, the controls and whether one moved (`suspect`); the project's benchmarks
+(`bench_record.py`: `proven_by`, per-benchmark `benchmarks`, workloads and skips). The published
+`tests` keys and `cppperf.tests` hold the CTest tests only; `performance_analysis.test_name` is
+the improved workload (a test or a benchmark) with the largest median change.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from cppperf.services.builder.bench_record import benchmark_keys
 from cppperf.services.builder.instance import InstanceResult
 from cppperf.shared.domain import Verdict, to_json_dict
+from cppperf.shared.engine.benchmarks import is_benchmark
 from cppperf.shared.engine.cmake import BuildSpec, configure_argv
 from cppperf.shared.messages import CommitSelected
 from cppperf.shared.settings import BuilderSettings
@@ -54,15 +59,17 @@ def build_record(
     commit: CommitSelected, res: InstanceResult, *, diff: str, settings: BuilderSettings
 ) -> dict[str, Any]:
     meas = res.measurement
+    tests = [t for t in res.tests if not is_benchmark(t.name)]  # the CTest tests (published keys)
     per_test: list[dict[str, Any]] = []
     old_total: list[float] = []
     new_total: list[float] = []
     if meas is not None and meas.failure is None:
-        full = [s for s in meas.samples.values() if len(s.old) == len(next(iter(meas.samples.values())).old)]
+        timed = [s for n, s in meas.samples.items() if not is_benchmark(n)]
+        full = [s for s in timed if len(s.old) == len(timed[0].old)] if timed else []
         if full:
             old_total = [sum(v) for v in zip(*(s.old for s in full), strict=False)]
             new_total = [sum(v) for v in zip(*(s.new for s in full), strict=False)]
-    for t in res.tests:
+    for t in tests:
         s = meas.samples[t.name] if meas else None
         old_ms, new_ms = (_ms(s.old), _ms(s.new)) if s else ([], [])
         per_test.append(
@@ -87,10 +94,10 @@ def build_record(
                 "new_times": new_ms,
             }
         )
-    improved = [t.name for t in res.tests if t.improved]
-    regressed = [t.name for t in res.tests if t.regressed]
-    paper_imp = [t.name for t in res.tests if t.paper_improved]
-    paper_reg = [t.name for t in res.tests if t.paper_regressed]
+    improved = [t.name for t in tests if t.improved]
+    regressed = [t.name for t in tests if t.regressed]
+    paper_imp = [t.name for t in tests if t.paper_improved]
+    paper_reg = [t.name for t in tests if t.paper_regressed]
     old_mean = statistics.fmean(old_total) if old_total else 0.0
     new_mean = statistics.fmean(new_total) if new_total else 0.0
     issues = [
@@ -165,7 +172,7 @@ def build_record(
             "new_times_s": new_total,
         },
         "tests": {
-            "total_tests": len(res.tests) or len(res.compared_tests),
+            "total_tests": len(tests) or len(res.compared_tests),
             "significant_improvements": len(improved),
             "significant_improvements_tests": improved,
             "significant_regressions": len(regressed),
@@ -218,7 +225,7 @@ def build_record(
             "missing_packages": res.missing_packages,
             "llm_proposed_packages": res.llm_proposed_packages,
             "build_steps": res.build_steps,
-            "tests": [t.as_dict() for t in res.tests],
+            "tests": [t.as_dict() for t in tests],
             "confirmations": res.confirmations,
             "samples": {
                 n: {
@@ -235,5 +242,6 @@ def build_record(
             },
             "linked_texts_fetched": commit.links_fetched,
             **({"coverage": to_json_dict(res.coverage)} if res.coverage is not None else {}),
+            **benchmark_keys(res),
         },
     }

@@ -110,6 +110,8 @@ def build_patch(
         verdict=res.verdict,
         improved_tests=res.improved_tests,
         regressed_tests=res.regressed_tests,
+        improved_benchmarks=res.improved_benchmarks,
+        regressed_benchmarks=res.regressed_benchmarks,
         failure_category=res.failure_category,
         failure_detail=res.failure_detail[:2000],
     )

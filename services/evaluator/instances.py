@@ -22,6 +22,7 @@ class EvalInstance:
     improved_tests: list[str] = field(default_factory=list)
     # the tests that run the expert's change (`cppperf.coverage.deciding`, when coverage decided)
     deciding_tests: list[str] = field(default_factory=list)
+    improved_benchmarks: list[str] = field(default_factory=list)  # `bench:` workloads that proved it
     files: list[str] = field(default_factory=list)
     date: str = ""
 
@@ -45,6 +46,7 @@ def from_record(record: dict[str, Any]) -> EvalInstance:
         expert_patch="".join(ci.get("patch") or []),
         improved_tests=list((record.get("tests") or {}).get("significant_improvements_tests") or []),
         deciding_tests=_deciding(ours.get("coverage")),
+        improved_benchmarks=[str(n) for n in ours.get("improved_benchmarks") or []],
         files=[f.get("filename", "") for f in ci.get("files_changed") or []],
         date=str(ci.get("commit_date") or ""),
     )

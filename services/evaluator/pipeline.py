@@ -35,15 +35,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from cppperf.services.evaluator.apply import apply_patch
 from cppperf.services.evaluator.checks import check_patch, check_tree, snapshot
 from cppperf.services.evaluator.instances import EvalInstance, load_instance
 from cppperf.services.evaluator.score import score
 from cppperf.services.filter.rules import Rules
-from cppperf.shared.domain import EvalVerdict
+from cppperf.shared.domain import BenchmarkSkip, EvalVerdict
 from cppperf.shared.engine.backend import Backend, SideName, build_sides, export_tree
 from cppperf.shared.engine.backends import make_backend
-from cppperf.shared.engine.cmake import StepResult, TestCase, normalise, test_description
+from cppperf.shared.engine.benchmarks import Discovered, broken_on, is_benchmark, timed_edits, timed_run
+from cppperf.shared.engine.benchmarks import find as find_benchmarks
+from cppperf.shared.engine.cmake import StepResult, TestCase, test_description
 from cppperf.shared.engine.leases import exact_metric, on_build_cores, timing_core
 from cppperf.shared.engine.limits import limits_for
 from cppperf.shared.engine.protocol import check_metric, measure
@@ -313,6 +317,21 @@ def _same_tests(backend: Backend, applied_with: str) -> None:
         )
 
 
+def _benchmarks(backend: Backend, s: Settings, inst: EvalInstance, applied_with: str) -> Discovered:
+    """The instance's own benchmarks (those that proved it), timed beside its improved tests; the
+    agent may not change their definitions (their own sources, from the original's file API)."""
+    benches = find_benchmarks(backend, SIDES, s.builder, only=inst.improved_benchmarks)
+    if edits := timed_edits(backend, benches, "old", "agent"):
+        why = f"edits the source of a timed benchmark: {', '.join(edits)} (benchmarks are the specification)"
+        raise _Stop(_verdict(EvalVerdict.TEST_EDIT, why, applied=True, applied_with=applied_with))
+    if broken := broken_on(benches, "agent"):  # the agent's tree breaks a benchmark the others run
+        first = broken[0]
+        verdict = EvalVerdict.TIMEOUT if first.reason == BenchmarkSkip.TIMEOUT else EvalVerdict.TESTS_FAILED
+        why = f"benchmark {first.name} on the agent's tree: {first.reason} {first.detail[:300]}"
+        raise _Stop(_verdict(verdict, why, applied=True, applied_with=applied_with, tests_pass=False))
+    return benches
+
+
 def _correctness(
     backend: Backend,
     tests: dict[str, TestCase],
@@ -372,6 +391,7 @@ def _run(
         phase("prepare", 1, 1)
         _build_all(backend, out, applied_with, phase)
         _same_tests(backend, applied_with)
+        benches = _benchmarks(backend, s, inst, applied_with)
     except _Stop as stop:
         return stop.report
     tests = {side: {t.name: t for t in backend.tests(side) if not t.disabled} for side in SIDES}
@@ -382,10 +402,14 @@ def _run(
     def limits(t: TestCase, cpu: int | None = None, instructions: bool = False) -> Limits:
         return limits_for(t, s.builder, timeout=ev.test_timeout, cpu=cpu, instructions=instructions)
 
-    info = {"applied": True, "applied_with": applied_with, "builds": True, "tests": common}
-    # the expert's improved tests, else the tests that run its change (coverage), else every test
-    timed = [n for n in common if n in set(inst.improved_tests)]
+    info: dict[str, Any] = {"applied": True, "applied_with": applied_with, "builds": True, "tests": common}
+    if benches.skipped:
+        info["benchmarks_skipped"] = msgspec.to_builtins(benches.skipped)
+    # the expert's improved tests and benchmarks, else the tests that run its change (coverage),
+    # else every test
+    timed = [n for n in common if n in set(inst.improved_tests)] + benches.common
     timed = timed or [n for n in common if n in set(inst.deciding_tests)] or common
+    workloads = {side: {**tests[side], **benches.by_side[side]} for side in SIDES}
     count = check_metric(backend, s.builder)
     exact = exact_metric(s.builder)
     # correctness runs are untimed: on the build cores, before the timing core is leased, so a
@@ -404,13 +428,15 @@ def _run(
     with timing_core(s.builder, phase, priority=s.evaluator.lease_priority) as pin:
 
         def pinned(t: TestCase) -> Limits:
+            if is_benchmark(t.name):  # timed by its own JSON, never counted
+                return limits_for(t, s.builder, cpu=pin)
             if exact:  # counted under Valgrind, on any core
                 return limits_for(t, s.builder, timeout=ev.test_timeout, counted=True)
             return limits(t, pin, count)
 
         def run_one(side: str, name: str) -> RunResult:
-            t = tests[side][name]
-            return normalise(t, backend.run_test(side, t, pinned(t)))
+            t = workloads[side][name]
+            return timed_run(backend, side, t, pinned(t))
 
         meas = measure(
             timed,
@@ -424,6 +450,7 @@ def _run(
             multithread_ratio=s.builder.multithread_ratio,
             floor=0.0 if exact else s.builder.sample_floor,
             max_repeats=s.builder.max_repeats,
+            pinned=dict.fromkeys(benches.common, 1),
         )
     if meas.failure is not None:
         f = meas.failure
@@ -455,6 +482,7 @@ def _run(
         **info,
         "tests_pass": True,
         "timed_tests": timed,
+        "timed_benchmarks": benches.common,
         "rounds": ev.runs,
         "seed": s.builder.seed,
         **scores,

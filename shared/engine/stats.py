@@ -27,6 +27,9 @@ from scipy import stats as sps
 from cppperf.shared.domain import Verdict
 
 FloatArray = NDArray[np.float64]
+# the smallest value a sample is taken as (logs need it > 0): a femtosecond, below any real
+# sample — a Google Benchmark per-iteration time can be well under a nanosecond
+FLOOR = 1e-15
 
 
 @dataclass(frozen=True)
@@ -101,8 +104,8 @@ def compare_test(
     n = np.asarray(new, dtype=np.float64)
     if len(o) < 2 or len(n) < 2:
         raise ValueError(f"{name}: need at least 2 samples per side, got {len(o)} and {len(n)}")
-    o = np.maximum(o, 1e-9)
-    n = np.maximum(n, 1e-9)
+    o = np.maximum(o, FLOOR)
+    n = np.maximum(n, FLOOR)
     if resamples > 0:
         ci_low, ci_high = bootstrap_ratio_ci(o, n, resamples=resamples, rng=np.random.default_rng(seed))
     else:  # not computed: an unknown CI never "excludes 1"
@@ -144,8 +147,8 @@ def compare_batch(samples: Mapping[str, tuple[Sequence[float], Sequence[float]]]
     arrays: list[tuple[FloatArray, FloatArray]] = []
     groups: dict[tuple[int, int], list[int]] = {}
     for i, name in enumerate(names):
-        o = np.maximum(np.asarray(samples[name][0], dtype=np.float64), 1e-9)
-        n = np.maximum(np.asarray(samples[name][1], dtype=np.float64), 1e-9)
+        o = np.maximum(np.asarray(samples[name][0], dtype=np.float64), FLOOR)
+        n = np.maximum(np.asarray(samples[name][1], dtype=np.float64), FLOOR)
         if len(o) < 2 or len(n) < 2:
             raise ValueError(f"{name}: need at least 2 samples per side, got {len(o)} and {len(n)}")
         arrays.append((o, n))
@@ -199,8 +202,8 @@ def compare_exact(
     is certain and only its size decides — p is 0 in the direction the counts moved (1 the other
     way and when they did not move), and the "CI" is the range of new/old over all pairs. None
     when a side's counts spread wider: they are not exact, and the usual statistics decide."""
-    o = np.maximum(np.asarray(old, dtype=np.float64), 1e-9)
-    n = np.maximum(np.asarray(new, dtype=np.float64), 1e-9)
+    o = np.maximum(np.asarray(old, dtype=np.float64), FLOOR)
+    n = np.maximum(np.asarray(new, dtype=np.float64), FLOOR)
     if len(o) < 2 or len(n) < 2:
         raise ValueError(f"{name}: need at least 2 samples per side, got {len(o)} and {len(n)}")
     if max(o.max() / o.min(), n.max() / n.min()) - 1 > tolerance:
@@ -260,8 +263,8 @@ def clearly_settled(
 ) -> str | None:
     """Early-stop check: 'unchanged' when the ratio CI lies inside ±band, 'changed' when beyond
     the threshold; None while undecided."""
-    o = np.maximum(np.asarray(old, dtype=np.float64), 1e-9)
-    n = np.maximum(np.asarray(new, dtype=np.float64), 1e-9)
+    o = np.maximum(np.asarray(old, dtype=np.float64), FLOOR)
+    n = np.maximum(np.asarray(new, dtype=np.float64), FLOOR)
     low, high = bootstrap_ratio_ci(o, n, resamples=400, rng=np.random.default_rng(seed))
     if 1 - band <= low and high <= 1 + band:
         return "unchanged"
