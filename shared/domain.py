@@ -1,6 +1,7 @@
 """The typed domain after the bus: outcomes as `StrEnum`s, state and reports as msgspec Structs.
 
     Verdict          builder: improved | not-improved | regressed | unchanged-binaries | rejected
+    DecisionRule     which test flags decide the verdict: ours | strict | paper (`flags(t)`)
     FailureCategory  why a build or run was rejected: configure | dependency | compile | ...
     EvalVerdict      evaluator: opt | correct | tests-failed | ... | untrusted-refused
     Stage            where an item is in the pipeline (the `stage` of a KV value)
@@ -19,7 +20,7 @@ decoding (msgspec schema evolution). `schemas()` gives their JSON schemas (`cppp
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 import msgspec
 
@@ -35,6 +36,46 @@ class Verdict(StrEnum):
 BUILT_VERDICTS: Final = frozenset(
     {Verdict.IMPROVED, Verdict.NOT_IMPROVED, Verdict.REGRESSED, Verdict.UNCHANGED_BINARIES}
 )
+
+
+class RuleFlags(Protocol):
+    """One test's decided flags under every rule (`engine.stats.TestStats`, `StatsRecord`)."""
+
+    @property
+    def improved(self) -> bool: ...
+    @property
+    def regressed(self) -> bool: ...
+    @property
+    def strict_improved(self) -> bool: ...
+    @property
+    def strict_regressed(self) -> bool: ...
+    @property
+    def paper_improved(self) -> bool: ...
+    @property
+    def paper_regressed(self) -> bool: ...
+
+
+class DecisionRule(StrEnum):
+    """Which flags decide a test (engine/stats.py): `ours` (BH-adjusted p, the median change and
+    the CI below 1), `strict` (the whole CI beyond the threshold), `paper` (raw p, the mean change)."""
+
+    OURS = "ours"
+    STRICT = "strict"
+    PAPER = "paper"
+
+    def flags(self, t: RuleFlags) -> tuple[bool, bool]:
+        """(improved, regressed) of one test under this rule: the one place a rule names fields."""
+        if self is DecisionRule.STRICT:
+            return t.strict_improved, t.strict_regressed
+        if self is DecisionRule.PAPER:
+            return t.paper_improved, t.paper_regressed
+        return t.improved, t.regressed
+
+    def improved(self, t: RuleFlags) -> bool:
+        return self.flags(t)[0]
+
+    def regressed(self, t: RuleFlags) -> bool:
+        return self.flags(t)[1]
 
 
 class FailureCategory(StrEnum):

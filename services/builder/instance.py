@@ -28,7 +28,8 @@ from typing import Any
 
 import msgspec
 
-from cppperf.shared.domain import FailureCategory, Verdict
+from cppperf.services.builder.blame import blame, explain, limit_category
+from cppperf.shared.domain import DecisionRule, FailureCategory, Verdict
 from cppperf.shared.engine.backend import SIDES, Backend, SideName, Sides, build_sides
 from cppperf.shared.engine.cases import split as split_cases
 from cppperf.shared.engine.cmake import (
@@ -60,7 +61,7 @@ class InstanceResult:
     verdict: Verdict
     verdict_paper: Verdict = Verdict.REJECTED
     verdict_strict: Verdict = Verdict.REJECTED
-    decision_rule: str = "ours"  # the rule whose verdict is `verdict`
+    decision_rule: DecisionRule = DecisionRule.OURS  # the rule whose verdict is `verdict`
     compared_tests: list[str] = field(default_factory=list)  # tests on both sides
     failure_category: FailureCategory | None = None
     failure_detail: str = ""
@@ -208,7 +209,7 @@ def prove(
     if sides is not None and repo_path is None:
         raise ValueError("prove: sides to export need the repository they come from")
     once = _Once(iid, sides, repo_path, backend, on_phase, seed, llm_propose, time_identical)
-    current = once.prove(settings)
+    current = _attempt(once, settings)
     current.attempts = [current.attempt_summary(settings.effective_build_type())]
     if (
         current.failure_category == FailureCategory.COMPILE
@@ -247,7 +248,7 @@ def _retry(
     kept = _read_logs(backend.logs)  # the retry starts from a clean workspace: keep the logs
     backend.cleanup()
     backend.spec = spec
-    nxt = once.prove(settings)
+    nxt = _attempt(once, settings)
     earlier = backend.logs / f"attempt-{n}-{prev.attempts[-1]['build_type']}"
     _write_logs(earlier, kept)
     for step in prev.build_steps:  # the same dicts as in prev.attempts[-1]
@@ -296,11 +297,9 @@ class _Once:
     llm_propose: Callable[[str], list[str]] | None
     time_identical: bool
 
-    def prove(self, settings: BuilderSettings) -> InstanceResult:
-        return _prove_once(self, settings)
 
-
-def _prove_once(once: _Once, settings: BuilderSettings) -> InstanceResult:
+# one attempt of the protocol in `settings`' build type (`prove` retries with another)
+def _attempt(once: _Once, settings: BuilderSettings) -> InstanceResult:
     iid, backend, seed, llm_propose = once.iid, once.backend, once.seed, once.llm_propose
     phase = once.on_phase or (lambda _p, _d, _t: None)
     result = InstanceResult(
@@ -425,11 +424,10 @@ def _decide(
     rule = settings.effective_rule()
     result.decision_rule = rule
     result.verdict = verdict(decided, rule=rule)
-    result.verdict_paper = verdict(decided, rule="paper")
-    result.verdict_strict = verdict(decided, rule="strict")
-    imp, reg = ("improved", "regressed") if rule == "ours" else (f"{rule}_improved", f"{rule}_regressed")
-    result.improved_tests = [t.name for t in decided if getattr(t, imp)]
-    result.regressed_tests = [t.name for t in decided if getattr(t, reg)]
+    result.verdict_paper = verdict(decided, rule=DecisionRule.PAPER)
+    result.verdict_strict = verdict(decided, rule=DecisionRule.STRICT)
+    result.improved_tests = [t.name for t in decided if rule.improved(t)]
+    result.regressed_tests = [t.name for t in decided if rule.regressed(t)]
 
 
 def _reject_failure(
@@ -441,49 +439,26 @@ def _reject_failure(
     phase: PhaseCallback,
     turns: Turns,
 ) -> InstanceResult:
-    """The rejection for a failed run, saying whose fault a failing test is."""
+    """The rejection for a failed run: the re-runs that say whose fault it is (blame.py decides)."""
     result.failure_step = "test"
     result.failure_lines = first_error_lines(f.output_tail)
-    killed = f.returncode in (-9, 137) and not f.timed_out  # the kernel's OOM killer or the pids wall
-    if f.timed_out or killed:
-        why = "timed out" if f.timed_out else "killed (resource limit)"
-        return reject(
-            FailureCategory.TIMEOUT if f.timed_out else FailureCategory.RESOURCE_LIMIT,
-            f"test {f.test} failed on the {f.side} side in round {f.round} ({why}): {f.output_tail[-800:]}",
-        )
-    other: SideName = "old" if f.side == "new" else "new"
-    phase("recheck", 0, 2)
-    with turns.turn():
-        same = run_one(f.side, f.test)
-        phase("recheck", 1, 2)
-        there = run_one(other, f.test)
-    phase("recheck", 2, 2)
+    category = limit_category(timed_out=f.timed_out, returncode=f.returncode)
+    if category is None:
+        other: SideName = "old" if f.side == "new" else "new"
+        phase("recheck", 0, 2)
+        with turns.turn():
+            same = run_one(f.side, f.test)
+            phase("recheck", 1, 2)
+            there = run_one(other, f.test)
+        phase("recheck", 2, 2)
 
-    def said(r: RunResult) -> str:
-        return "passed" if r.ok else ("timed out" if r.timed_out else f"failed (exit {r.returncode})")
+        def said(r: RunResult) -> str:
+            return "passed" if r.ok else ("timed out" if r.timed_out else f"failed (exit {r.returncode})")
 
-    result.tried.append(f"ran {f.test} again on the {f.side} side: {said(same)}")
-    result.tried.append(f"ran {f.test} on the {other} side: {said(there)}")
-    bt = settings.build_type
-    head = f"test {f.test} failed on the {f.side} side in round {f.round} (exit code {f.returncode})"
-    tail = f.output_tail[-600:]
-    if same.ok:
-        return reject(FailureCategory.TEST_FLAKY, f"{head} and passed when re-run there: {tail}")
-    if not there.ok:
-        why = "the project or the build profile, not the commit"
-        return reject(
-            FailureCategory.TEST_FAILURE_BOTH_SIDES, f"{head}; it fails on both sides in {bt} ({why}): {tail}"
-        )
-    if f.side == "new":
-        return reject(
-            FailureCategory.TEST_FAILURE,
-            f"{head}; it fails on the new side only (the commit broke it): {tail}",
-        )
-    why = "the commit fixes it, nothing to time"
-    return reject(
-        FailureCategory.TEST_FAILURE_PARENT_ONLY,
-        f"{head}; it fails on the old side (the parent) only ({why}): {tail}",
-    )
+        result.tried.append(f"ran {f.test} again on the {f.side} side: {said(same)}")
+        result.tried.append(f"ran {f.test} on the {other} side: {said(there)}")
+        category = blame(f.side, same_ok=same.ok, other_ok=there.ok)
+    return reject(category, explain(category, f, settings.build_type))
 
 
 def _split_cases(

@@ -116,8 +116,8 @@ def build_record(
         per_test = [
             {"test_name": n, "is_significant": False, "unchanged_binary": True} for n in res.compared_tests
         ]
-    rule_imp = "improved" if res.decision_rule == "ours" else f"{res.decision_rule}_improved"
-    best = max((t for t in res.tests if getattr(t, rule_imp)), key=lambda t: t.median_change, default=None)
+    rule = res.decision_rule
+    best = max((t for t in res.tests if rule.improved(t)), key=lambda t: t.median_change, default=None)
     return {
         "metadata": {
             "collection_date": datetime.now(UTC).isoformat(),

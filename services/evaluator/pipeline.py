@@ -39,6 +39,17 @@ from cppperf.services.evaluator.apply import apply_patch
 from cppperf.services.evaluator.checks import check_patch, check_tree, snapshot
 from cppperf.services.evaluator.instances import EvalInstance, load_instance
 from cppperf.services.evaluator.score import score
+from cppperf.services.evaluator.verdict import (
+    apply_verdict,
+    build_verdict,
+    common_tests_verdict,
+    correctness_verdict,
+    instance_id_verdict,
+    refusal,
+    score_verdict,
+    tests_defined_verdict,
+    timing_verdict,
+)
 from cppperf.services.filter.rules import Rules
 from cppperf.shared.domain import EvalVerdict
 from cppperf.shared.engine.backend import Backend, SideName, build_sides, export_tree
@@ -59,7 +70,6 @@ log = get_logger(__name__)
 Phase = Callable[[str, int, int], None]
 SIDES = ("old", "agent", "expert")
 BUILD_ORDER = ("old", "expert", "agent")  # the trusted trees fill the ccache the agent only reads
-INSTANCE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,150}__[A-Za-z0-9._-]{1,150}-[0-9a-f]{12}$")
 LOG_HEAD_TAIL = 100_000  # bytes of each build step's log kept on disk (head and tail each)
 
 
@@ -114,10 +124,11 @@ def evaluate(
     `instance` is the instance (from the `instances` bucket); without it, its record is read from
     OUT/instances."""
     digest = patch_sha256(req.patch)
-    if not INSTANCE_ID.fullmatch(req.instance_id):  # before any path is built from it
+    unknown = instance_id_verdict(req.instance_id)  # before any path is built from it
+    if unknown is not None:
         return {
             **_verdict(
-                EvalVerdict.UNKNOWN_INSTANCE,
+                unknown,
                 f"invalid instance id {req.instance_id[:200]!r} (owner__name-<sha12>)",
             ),
             "instance_id": req.instance_id[:200],
@@ -169,9 +180,10 @@ def _evaluate(
         return _verdict(check.verdict or EvalVerdict.MALFORMED_PATCH, check.reason, applied=False, **base)
     docker = s.builder.backend == "docker"
     why_not = jail_problem()
-    if why_not and not ev.trust_patches and not docker:
+    refused = refusal(why_not, trust_patches=ev.trust_patches, docker=docker)
+    if refused is not None:
         return _verdict(
-            EvalVerdict.UNTRUSTED_REFUSED,
+            refused,
             f"no sandbox for agents' code here: {why_not} (install bubblewrap; or pass --trust-patches "
             "to run it unsandboxed, only for patches you trust)",
             **base,
@@ -239,10 +251,11 @@ def _prepare(
             )
         backend.prepare(repo, {"old": inst.base_sha, "agent": agent_src, "expert": inst.expert_sha})
     _write(out / "build.log", bounded(applied.log) + "\n")
-    if not applied.ok:
+    not_applied = apply_verdict(applied.ok)
+    if not_applied is not None:
         raise _Stop(
             _verdict(
-                EvalVerdict.APPLY_FAILED,
+                not_applied,
                 "no method applied the patch (git apply, git apply --recount -C1)",
                 applied=False,
                 apply_log=applied.log[-3000:],
@@ -265,10 +278,11 @@ def _build_all(backend: Backend, out: Path, applied_with: str, phase: Phase) -> 
     )
     if failed is not None:
         side, last = failed.side, failed.step
-        if side == "agent":
+        verdict = build_verdict(side)
+        if verdict == EvalVerdict.BUILD_FAILED:
             raise _Stop(
                 _verdict(
-                    EvalVerdict.BUILD_FAILED,
+                    verdict,
                     f"{last.step} failed ({last.category})",
                     applied=True,
                     applied_with=applied_with,
@@ -277,7 +291,7 @@ def _build_all(backend: Backend, out: Path, applied_with: str, phase: Phase) -> 
             )
         raise _Stop(
             _verdict(
-                EvalVerdict.INSTANCE_BROKEN,
+                verdict,
                 f"the {side} side does not build: {last.result.output[-800:]}",
                 applied=True,
                 applied_with=applied_with,
@@ -289,10 +303,13 @@ def _build_all(backend: Backend, out: Path, applied_with: str, phase: Phase) -> 
 def _same_tests(backend: Backend, applied_with: str) -> None:
     """The agent's tree must define the original's tests, by meaning (cmake.test_description)."""
     agent = test_description(backend.tests_json("agent"), backend.tree_root("agent"))
-    if agent != test_description(backend.tests_json("old"), backend.tree_root("old")):
+    edited = tests_defined_verdict(
+        agent == test_description(backend.tests_json("old"), backend.tree_root("old"))
+    )
+    if edited is not None:
         raise _Stop(
             _verdict(
-                EvalVerdict.TEST_EDIT,
+                edited,
                 "the agent's tree defines different tests "
                 "(ctest --show-only=json-v1 differs from the original's)",
                 applied=True,
@@ -364,8 +381,9 @@ def _run(
         return stop.report
     tests = {side: {t.name: t for t in backend.tests(side) if not t.disabled} for side in SIDES}
     common = sorted(set(tests["old"]) & set(tests["agent"]) & set(tests["expert"]))
-    if not common:
-        return _verdict(EvalVerdict.INSTANCE_BROKEN, "no test exists on all three sides", applied=True)
+    broken = common_tests_verdict(common)
+    if broken is not None:
+        return _verdict(broken, "no test exists on all three sides", applied=True)
 
     def limits(t: TestCase, cpu: int | None = None, instructions: bool = False) -> Limits:
         return limits_for(t, s.builder, timeout=ev.test_timeout, cpu=cpu, instructions=instructions)
@@ -378,11 +396,11 @@ def _run(
     # second evaluation worker can time while this one checks. A timed test cannot behave only
     # while it is checked: every timed run on the leased core must pass too (measure).
     failures = _correctness(backend, {n: tests["agent"][n] for n in common}, limits, out, phase)
-    if failures:
-        verdict = EvalVerdict.TIMEOUT if all(f["timed_out"] for f in failures) else EvalVerdict.TESTS_FAILED
+    failed = correctness_verdict([f["timed_out"] for f in failures])
+    if failed is not None:
         names = ", ".join(f["test"] for f in failures)
         return {
-            **_verdict(verdict, f"failing tests: {names}"),
+            **_verdict(failed, f"failing tests: {names}"),
             **info,
             "tests_pass": False,
             "failing_tests": failures,
@@ -413,19 +431,11 @@ def _run(
         )
     if meas.failure is not None:
         f = meas.failure
-        if f.side == "agent":
+        timing = timing_verdict(f.side, timed_out=f.timed_out)
+        if timing != EvalVerdict.INSTANCE_BROKEN:
             why = f"test {f.test} failed during timing (round {f.round}): flaky or nondeterministic"
-            return {
-                **_verdict(EvalVerdict.TIMEOUT if f.timed_out else EvalVerdict.TESTS_FAILED, why),
-                **info,
-                "tests_pass": False,
-            }
-        return {
-            **_verdict(
-                EvalVerdict.INSTANCE_BROKEN, f"test {f.test} failed on the {f.side} side during timing"
-            ),
-            **info,
-        }
+            return {**_verdict(timing, why), **info, "tests_pass": False}
+        return {**_verdict(timing, f"test {f.test} failed on the {f.side} side during timing"), **info}
     scores = score(
         {n: meas.samples[n].by_metric(meas.metric_of(n)) for n in timed},
         alpha=s.builder.alpha,
@@ -435,7 +445,7 @@ def _run(
         seed=s.builder.seed,
     )
     return {
-        "verdict": EvalVerdict.OPT if scores["opt"] else EvalVerdict.CORRECT,
+        "verdict": score_verdict(scores["opt"]),
         "opt": scores["opt"],
         "reason": "",
         **info,

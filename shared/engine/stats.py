@@ -24,7 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import stats as sps
 
-from cppperf.shared.domain import Verdict
+from cppperf.shared.domain import DecisionRule, Verdict
 
 FloatArray = NDArray[np.float64]
 
@@ -247,9 +247,9 @@ def decide(
 def verdict(tests: Sequence[TestStats], *, paper: bool = False, rule: str = "ours") -> Verdict:
     """improved | regressed | not-improved for one instance's decided tests under a rule:
     `ours` (the default), `paper`, or `strict` (the whole CI beyond the threshold)."""
-    rule = "paper" if paper else rule
-    imp = any(getattr(t, "improved" if rule == "ours" else f"{rule}_improved") for t in tests)
-    reg = any(getattr(t, "regressed" if rule == "ours" else f"{rule}_regressed") for t in tests)
+    by = DecisionRule.PAPER if paper else DecisionRule(rule)
+    imp = any(by.improved(t) for t in tests)
+    reg = any(by.regressed(t) for t in tests)
     if reg:
         return Verdict.REGRESSED
     return Verdict.IMPROVED if imp else Verdict.NOT_IMPROVED
