@@ -300,7 +300,7 @@ class InstanceMeta(msgspec.Struct, kw_only=True):
     imported_from: str | None = None  # a published CppPerf-DB file (`cppperf dataset import`)
     statistics: str | None = None  # how an imported record's verdicts were recomputed
     verdict: Verdict
-    decision_rule: str = ""  # which rule decided `verdict` (default | strict | paper)
+    decision_rule: str = ""  # which rule decided `verdict` (`DecisionRule`: ours | strict | paper)
     verdict_paper_rule: Verdict | None = None
     verdict_strict_rule: Verdict | None = None
     profile: str = ""  # default | paper
