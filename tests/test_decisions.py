@@ -16,7 +16,7 @@ from cppperf.services.builder.blame import blame, explain, limit_category
 from cppperf.services.evaluator import verdict as v
 from cppperf.services.evaluator.checks import check_patch
 from cppperf.services.filter.rules import Rules
-from cppperf.shared.domain import DecisionRule, EvalVerdict, FailureCategory
+from cppperf.shared.domain import DecisionRule, EvalVerdict, FailureCategory, StatsRecord
 from cppperf.shared.engine import stats
 from cppperf.shared.engine.cmake import step_category
 from cppperf.shared.engine.protocol import RunFailure
@@ -172,11 +172,11 @@ def test_step_verdict(fn: str, args: tuple[object, ...], kwargs: dict[str, objec
 
 
 # ------------------------------------------------------------------------- decision rules
-def _stats(**flags: bool) -> stats.TestStats:
+def _stats(**flags: bool) -> StatsRecord:
     base = dict.fromkeys(("n_old", "n_new"), 10)
     nums = ("median_old", "median_new", "mean_old", "mean_new", "median_change", "mean_change")
     more = ("ratio", "ci_low", "ci_high", "p_improve", "p_regress")
-    return stats.TestStats(name="t", **base, **dict.fromkeys(nums + more, 1.0), **flags)  # type: ignore[arg-type]
+    return StatsRecord(name="t", **base, **dict.fromkeys(nums + more, 1.0), **flags)  # type: ignore[arg-type]
 
 
 # (the test's flags, rule) -> (improved, regressed)

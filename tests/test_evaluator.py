@@ -25,9 +25,10 @@ import pytest
 from cppperf.demo import core
 from cppperf.services.evaluator.instances import EvalInstance
 from cppperf.services.evaluator.pipeline import EvalRequest, evaluate, summarize
+from cppperf.shared.domain import EvalReport
 from cppperf.shared.engine.leases import core_plan
 from cppperf.shared.settings import Settings
-from tests.conftest import Proven, make_settings
+from tests.conftest import Proven, make_settings, strict
 from tests.fakes import write_bare_instance
 
 pytestmark = pytest.mark.build
@@ -63,7 +64,9 @@ def instance_env(
 
 def run(env: tuple[Settings, str, dict[str, Any]], patch: str, model: str) -> dict[str, Any]:
     settings, iid, _ = env
-    return evaluate(EvalRequest(run_id="t", model=model, instance_id=iid, patch=patch), settings)
+    rep = evaluate(EvalRequest(run_id="t", model=model, instance_id=iid, patch=patch), settings)
+    strict(rep, EvalReport)  # every report is what the domain declares
+    return rep
 
 
 def test_expert_patch_is_opt(instance_env: Any) -> None:

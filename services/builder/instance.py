@@ -29,7 +29,16 @@ from typing import Any
 import msgspec
 
 from cppperf.services.builder.blame import blame, explain, limit_category
-from cppperf.shared.domain import DecisionRule, FailureCategory, Verdict
+from cppperf.shared.domain import (
+    Attempt,
+    BuildStep,
+    Confirmation,
+    DecisionRule,
+    Environment,
+    FailureCategory,
+    StatsRecord,
+    Verdict,
+)
 from cppperf.shared.engine.backend import SIDES, Backend, SideName, Sides, build_sides
 from cppperf.shared.engine.cases import split as split_cases
 from cppperf.shared.engine.cmake import (
@@ -45,7 +54,7 @@ from cppperf.shared.engine.leases import Turns, core_plan, exact_metric, timing_
 from cppperf.shared.engine.limits import limits_for
 from cppperf.shared.engine.protocol import Measurement, RunFailure, check_metric, measure
 from cppperf.shared.engine.sandbox import Limits, RunResult
-from cppperf.shared.engine.stats import TestStats, compare_all, compare_test, power_problem, verdict
+from cppperf.shared.engine.stats import compare_all, compare_test, power_problem, verdict
 from cppperf.shared.engine.submodules import MissingSubmodule
 from cppperf.shared.logging import get_logger
 from cppperf.shared.settings import BuilderSettings
@@ -67,33 +76,33 @@ class InstanceResult:
     failure_detail: str = ""
     improved_tests: list[str] = field(default_factory=list)
     regressed_tests: list[str] = field(default_factory=list)
-    tests: list[TestStats] = field(default_factory=list)
-    confirmations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tests: list[StatsRecord] = field(default_factory=list)
+    confirmations: dict[str, Confirmation] = field(default_factory=dict)
     measurement: Measurement | None = None
-    build_steps: list[dict[str, Any]] = field(default_factory=list)
+    build_steps: list[BuildStep] = field(default_factory=list)
     added_tests: list[str] = field(default_factory=list)
     removed_tests: list[str] = field(default_factory=list)
     missing_packages: list[str] = field(default_factory=list)
     llm_proposed_packages: list[str] = field(default_factory=list)
-    environment: dict[str, Any] = field(default_factory=dict)
+    environment: Environment = field(default_factory=Environment)
     failure_step: str = ""  # checkout | configure | build | tests | test
     failure_lines: list[str] = field(default_factory=list)  # the log lines that matter
     tried: list[str] = field(default_factory=list)  # what cppperf did about the failure
-    attempts: list[dict[str, Any]] = field(default_factory=list)  # one per build profile tried
+    attempts: list[Attempt] = field(default_factory=list)  # one per build profile tried
     werror_only: bool = False  # the build failed on warnings made errors only
 
-    def attempt_summary(self, build_type: str, profile_change: str = "") -> dict[str, Any]:
-        return {
-            "build_type": build_type,
-            "profile_change": profile_change,
-            "verdict": self.verdict,
-            "failure_category": self.failure_category,
-            "failure_step": self.failure_step,
-            "failure_lines": self.failure_lines,
-            "failure_detail": self.failure_detail[:600],
-            "tried": list(self.tried),
-            "build_steps": list(self.build_steps),
-        }
+    def attempt_summary(self, build_type: str, profile_change: str = "") -> Attempt:
+        return Attempt(
+            build_type=build_type,
+            profile_change=profile_change,
+            verdict=self.verdict,
+            failure_category=self.failure_category,
+            failure_step=self.failure_step,
+            failure_lines=self.failure_lines,
+            failure_detail=self.failure_detail[:600],
+            tried=list(self.tried),
+            build_steps=list(self.build_steps),
+        )
 
 
 def _cppperf_version() -> str:
@@ -110,7 +119,7 @@ def _loadavg() -> list[float]:
         return []
 
 
-def environment_facts(settings: BuilderSettings) -> dict[str, Any]:
+def environment_facts(settings: BuilderSettings) -> Environment:
     cpu = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -120,33 +129,33 @@ def environment_facts(settings: BuilderSettings) -> dict[str, Any]:
     except OSError:
         pass
     plan = core_plan(settings)
-    return {
-        "platform": platform.platform(),
-        "cpu_model": cpu,
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "cppperf_version": _cppperf_version(),
-        "profile": settings.profile,
-        "build_type": settings.effective_build_type(),
-        "thread_env": dict(settings.thread_env),
-        "pinned_cpu": settings.pin_cpu,
-        "timing_cores": list(plan.timing),
-        "build_cores": list(plan.build),
-        "leased_core": None,
-        "load_average_start": _loadavg(),
-    }
+    return Environment(
+        platform=platform.platform(),
+        cpu_model=cpu,
+        cpu_count=os.cpu_count(),
+        python=platform.python_version(),
+        cppperf_version=_cppperf_version(),
+        profile=settings.profile,
+        build_type=settings.effective_build_type(),
+        thread_env=dict(settings.thread_env),
+        pinned_cpu=settings.pin_cpu,
+        timing_cores=list(plan.timing),
+        build_cores=list(plan.build),
+        leased_core=None,
+        load_average_start=_loadavg(),
+    )
 
 
-def _step_dict(side: SideName, s: StepResult) -> dict[str, Any]:
-    return {
-        "side": side,
-        "step": s.step,
-        "command": list(s.argv),
-        "ok": s.ok,
-        "seconds": round(s.result.wall_s, 3),
-        "category": s.category,
-        "log": str(s.log_path) if s.log_path else None,
-    }
+def _build_step(side: SideName, s: StepResult) -> BuildStep:
+    return BuildStep(
+        side=side,
+        step=s.step,
+        command=list(s.argv),
+        ok=s.ok,
+        seconds=round(s.result.wall_s, 3),
+        category=s.category,
+        log=str(s.log_path) if s.log_path else None,
+    )
 
 
 def _build_both(
@@ -159,7 +168,7 @@ def _build_both(
     step, log lines and what was tried go into `result`)."""
 
     def record(side: SideName, steps: list[StepResult]) -> None:
-        result.build_steps += [_step_dict(side, s) for s in steps]
+        result.build_steps += [_build_step(side, s) for s in steps]
         if not steps[-1].ok and sum(1 for st in steps if st.step == "configure") > 1:
             missing = steps[-1].missing.debian if steps[-1].missing else []
             result.tried.append(f"configured again with {' '.join(missing)} installed")
@@ -249,14 +258,12 @@ def _retry(
     backend.cleanup()
     backend.spec = spec
     nxt = _attempt(once, settings)
-    earlier = backend.logs / f"attempt-{n}-{prev.attempts[-1]['build_type']}"
+    earlier = backend.logs / f"attempt-{n}-{prev.attempts[-1].build_type}"
     _write_logs(earlier, kept)
-    for step in prev.build_steps:  # the same dicts as in prev.attempts[-1]
-        if step.get("log") and Path(step["log"]).parent == backend.logs:
-            step["log"] = str(earlier / Path(step["log"]).name)
-    changes = [a["profile_change"] for a in prev.attempts if a.get("profile_change")] + (
-        [change] if change else []
-    )
+    for step in prev.build_steps:  # the same BuildSteps as in prev.attempts[-1]
+        if step.log and Path(step.log).parent == backend.logs:
+            step.log = str(earlier / Path(step.log).name)
+    changes = [a.profile_change for a in prev.attempts if a.profile_change] + ([change] if change else [])
     nxt.attempts = [*prev.attempts, nxt.attempt_summary(spec.build_type, " ".join(changes))]
     nxt.tried = [*prev.tried, what, *nxt.tried]
     if nxt.verdict == Verdict.REJECTED:
@@ -327,7 +334,9 @@ def _attempt(once: _Once, settings: BuilderSettings) -> InstanceResult:
     if failure is not None:
         return reject(*failure)
     phase("build new", 2, 2)
-    result.environment.update({f"{k}_version": v for k, v in backend.toolchain().items()})
+    result.environment = msgspec.structs.replace(  # compiler_version, cmake_version
+        result.environment, **{f"{k}_version": v for k, v in backend.toolchain().items()}
+    )
 
     tests_by_side: dict[SideName, dict[str, TestCase]] = {
         side: {t.name: t for t in backend.tests(side) if not t.disabled} for side in SIDES
@@ -380,8 +389,8 @@ def _attempt(once: _Once, settings: BuilderSettings) -> InstanceResult:
                 return _reject_failure(meas.failure, run_one, settings, result, reject, phase, turns)
             _decide(meas, run_one, settings, run_seed, result, phase, turns)
         finally:
-            result.environment.update(turns.facts())
-        result.environment["load_average_end"] = _loadavg()
+            result.environment = msgspec.structs.replace(result.environment, **turns.facts())
+        result.environment.load_average_end = _loadavg()
     return result
 
 
@@ -396,7 +405,7 @@ def _check_power(tests: int, settings: BuilderSettings, result: InstanceResult) 
     )
     if why:
         log.warning("underpowered", instance=result.instance_id, reason=why)
-        result.environment["power_warning"] = why
+        result.environment.power_warning = why
 
 
 def _decide(
@@ -490,7 +499,7 @@ _CLEARED = {"improved": False, "regressed": False, "strict_improved": False, "st
 
 
 def _confirm(
-    decided: list[TestStats],
+    decided: list[StatsRecord],
     main: Measurement,
     run_one: Callable[[SideName, str], Any],
     settings: BuilderSettings,
@@ -498,7 +507,7 @@ def _confirm(
     result: InstanceResult,
     phase: PhaseCallback,
     turns: Turns,
-) -> list[TestStats]:
+) -> list[StatsRecord]:
     """Re-run each flagged test alone with a fresh order; a change must hold there to count."""
     # an exact count is its own confirmation: its re-runs agreed within builder.exact_tolerance
     flagged = [
@@ -509,7 +518,7 @@ def _confirm(
     if not flagged:
         return decided
     rounds = max(settings.early_stop_min_rounds, settings.runs // 2) + settings.warmup
-    out: dict[str, TestStats] = {t.name: t for t in decided}
+    out: dict[str, StatsRecord] = {t.name: t for t in decided}
     for i, t in enumerate(flagged):
         phase("confirm", i, len(flagged))
         meas = measure(
@@ -524,8 +533,8 @@ def _confirm(
             turn=turns.turn,
         )
         if meas.failure is not None:
-            result.confirmations[t.name] = {"held": False, "failure": meas.failure.output_tail[-500:]}
-            out[t.name] = TestStats(**{**t.as_dict(), **_CLEARED})
+            result.confirmations[t.name] = Confirmation(held=False, failure=meas.failure.output_tail[-500:])
+            out[t.name] = msgspec.structs.replace(t, **_CLEARED)
             continue
         s = meas.samples[t.name]
         metric = main.metric_of(t.name)
@@ -535,20 +544,20 @@ def _confirm(
             held = c.p_improve < settings.alpha and c.median_change >= settings.min_improvement
         else:
             held = c.p_regress < settings.alpha and c.median_change <= -settings.min_improvement
-        result.confirmations[t.name] = {
-            "held": held,
-            "metric": metric,
-            "old": old,
-            "new": new,
-            "old_wall_s": s.old,
-            "new_wall_s": s.new,
-            "median_change": c.median_change,
-            "p_improve": c.p_improve,
-            "p_regress": c.p_regress,
-            "ratio": c.ratio,
-            "ci": [c.ci_low, c.ci_high],
-        }
+        result.confirmations[t.name] = Confirmation(
+            held=held,
+            metric=metric,
+            old=old,
+            new=new,
+            old_wall_s=s.old,
+            new_wall_s=s.new,
+            median_change=c.median_change,
+            p_improve=c.p_improve,
+            p_regress=c.p_regress,
+            ratio=c.ratio,
+            ci=[c.ci_low, c.ci_high],
+        )
         if not held:
-            out[t.name] = TestStats(**{**t.as_dict(), **_CLEARED})
+            out[t.name] = msgspec.structs.replace(t, **_CLEARED)
     phase("confirm", len(flagged), len(flagged))
     return [out[t.name] for t in decided]

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from cppperf.services.evaluator.apply import apply_patch
 from cppperf.services.evaluator.checks import check_patch, check_tree, snapshot
 from cppperf.services.evaluator.instances import EvalInstance, load_instance
@@ -51,7 +53,7 @@ from cppperf.services.evaluator.verdict import (
     timing_verdict,
 )
 from cppperf.services.filter.rules import Rules
-from cppperf.shared.domain import EvalVerdict
+from cppperf.shared.domain import EvalReport, EvalVerdict, FailedTest
 from cppperf.shared.engine.backend import Backend, SideName, build_sides, export_tree
 from cppperf.shared.engine.backends import make_backend
 from cppperf.shared.engine.cmake import StepResult, TestCase, normalise, test_description
@@ -126,16 +128,16 @@ def evaluate(
     digest = patch_sha256(req.patch)
     unknown = instance_id_verdict(req.instance_id)  # before any path is built from it
     if unknown is not None:
-        return {
-            **_verdict(
+        return as_json(
+            _verdict(
                 unknown,
                 f"invalid instance id {req.instance_id[:200]!r} (owner__name-<sha12>)",
-            ),
-            "instance_id": req.instance_id[:200],
-            "run_id": req.run_id,
-            "model": req.model,
-            "patch_sha256": digest,
-        }
+                instance_id=req.instance_id[:200],
+                run_id=req.run_id,
+                model=req.model,
+                patch_sha256=digest,
+            )
+        )
     out = run_dir(settings, req)
     report_path = out / "report.json"
     if report_path.is_file() and not force:
@@ -146,8 +148,8 @@ def evaluate(
     out.mkdir(parents=True, exist_ok=True)
     _write(out / "patch.diff", req.patch)
     t0 = time.perf_counter()
-    report = _evaluate(req, settings, out, on_phase or (lambda _p, _d, _t: None), instance)
-    report.update(
+    report = msgspec.structs.replace(
+        _evaluate(req, settings, out, on_phase or (lambda _p, _d, _t: None), instance),
         instance_id=req.instance_id,
         run_id=req.run_id,
         model=req.model,
@@ -155,23 +157,30 @@ def evaluate(
         patch_sha256=digest,
         wall_seconds=round(time.perf_counter() - t0, 2),
     )
-    _write(report_path, json.dumps(report, indent=1))
-    return report
+    written = as_json(report)
+    _write(report_path, json.dumps(written, indent=1))
+    return written
 
 
-def _verdict(verdict: EvalVerdict, reason: str, **extra: Any) -> dict[str, Any]:
-    return {"verdict": verdict, "opt": False, "reason": reason, **extra}
+def as_json(report: EvalReport) -> dict[str, Any]:
+    """The report as JSON-shaped builtins (what report.json holds): a decoding boundary."""
+    out: dict[str, Any] = msgspec.to_builtins(report)
+    return out
+
+
+def _verdict(verdict: EvalVerdict, reason: str, **fields: Any) -> EvalReport:
+    return EvalReport(verdict=verdict, opt=False, reason=reason, **fields)
 
 
 def _evaluate(
     req: EvalRequest, s: Settings, out: Path, phase: Phase, instance: EvalInstance | None
-) -> dict[str, Any]:
+) -> EvalReport:
     ev = s.evaluator
     try:
         inst = instance or load_instance(req.instance_id, Path(s.out_dir))
     except Exception as exc:
         return _verdict(EvalVerdict.UNKNOWN_INSTANCE, str(exc))
-    base: dict[str, Any] = {"multi_file": inst.multi_file, "files": inst.files}
+    base = {"multi_file": inst.multi_file, "files": inst.files}
     rules = Rules.from_settings(s.mining)
     check = check_patch(
         req.patch, rules, max_bytes=ev.max_patch_bytes, allow_build_changes=ev.allow_build_changes
@@ -195,18 +204,19 @@ def _evaluate(
     # local: always sandboxed, jailed when bubblewrap works; docker: see docker_backend.py
     # hardened for agents' code (or an InfraFailure: never a silent unhardened run)
     backend = make_backend(s.builder, ws, source=(repo_path, inst.expert_sha, inst.date), untrusted=True)
-    base["sandbox"] = "docker" if docker else ("none" if why_not else "bwrap")
+    sandbox = "docker" if docker else ("none" if why_not else "bwrap")
     jailed = not why_not  # the patch is applied on the host: in the jail when there is one
     try:
         with on_build_cores(s.builder):  # untimed work (and its children) off the timing cores
-            return {**base, **_run(req, inst, s, backend, repo_path, out, phase, ws, rules, jailed)}
+            report = _run(req, inst, s, backend, repo_path, out, phase, ws, rules, jailed)
+            return msgspec.structs.replace(report, sandbox=sandbox, **base)
     finally:
         if not s.builder.keep:
             backend.cleanup()
 
 
 class _Stop(Exception):
-    def __init__(self, report: dict[str, Any]) -> None:
+    def __init__(self, report: EvalReport) -> None:
         self.report = report
 
 
@@ -324,9 +334,9 @@ def _correctness(
     limits_for: Callable[[TestCase], Limits],
     out: Path,
     phase: Phase,
-) -> list[dict[str, Any]]:
+) -> list[FailedTest]:
     """Every test once on the agent tree; the failures."""
-    failures: list[dict[str, Any]] = []
+    failures: list[FailedTest] = []
     with (out / "test.log").open("w") as log:
         for i, (name, t) in enumerate(sorted(tests.items())):
             phase("correctness", i, len(tests))
@@ -338,12 +348,12 @@ def _correctness(
             )
             if not passed:
                 failures.append(
-                    {
-                        "test": name,
-                        "returncode": res.returncode,
-                        "timed_out": res.timed_out,
-                        "output_tail": res.output[-1500:],
-                    }
+                    FailedTest(
+                        test=name,
+                        returncode=res.returncode,
+                        timed_out=res.timed_out,
+                        output_tail=res.output[-1500:],
+                    )
                 )
     return failures
 
@@ -359,7 +369,7 @@ def _run(
     ws: Path,
     rules: Rules,
     jailed: bool,
-) -> dict[str, Any]:
+) -> EvalReport:
     ev = s.evaluator
     try:
         phase("prepare", 0, 1)
@@ -388,7 +398,7 @@ def _run(
     def limits(t: TestCase, cpu: int | None = None, instructions: bool = False) -> Limits:
         return limits_for(t, s.builder, timeout=ev.test_timeout, cpu=cpu, instructions=instructions)
 
-    info = {"applied": True, "applied_with": applied_with, "builds": True, "tests": common}
+    info = {"applied": True, "applied_with": applied_with, "builds": True, "tests": common}  # built
     timed = [n for n in common if n in set(inst.improved_tests)] or common
     count = check_metric(backend, s.builder)
     exact = exact_metric(s.builder)
@@ -396,15 +406,10 @@ def _run(
     # second evaluation worker can time while this one checks. A timed test cannot behave only
     # while it is checked: every timed run on the leased core must pass too (measure).
     failures = _correctness(backend, {n: tests["agent"][n] for n in common}, limits, out, phase)
-    failed = correctness_verdict([f["timed_out"] for f in failures])
+    failed = correctness_verdict([f.timed_out for f in failures])
     if failed is not None:
-        names = ", ".join(f["test"] for f in failures)
-        return {
-            **_verdict(failed, f"failing tests: {names}"),
-            **info,
-            "tests_pass": False,
-            "failing_tests": failures,
-        }
+        names = ", ".join(f.test for f in failures)
+        return _verdict(failed, f"failing tests: {names}", **info, tests_pass=False, failing_tests=failures)
     with timing_core(s.builder, phase, priority=s.evaluator.lease_priority) as pin:
 
         def pinned(t: TestCase) -> Limits:
@@ -434,9 +439,9 @@ def _run(
         timing = timing_verdict(f.side, timed_out=f.timed_out)
         if timing != EvalVerdict.INSTANCE_BROKEN:
             why = f"test {f.test} failed during timing (round {f.round}): flaky or nondeterministic"
-            return {**_verdict(timing, why), **info, "tests_pass": False}
-        return {**_verdict(timing, f"test {f.test} failed on the {f.side} side during timing"), **info}
-    scores = score(
+            return _verdict(timing, why, **info, tests_pass=False)
+        return _verdict(timing, f"test {f.test} failed on the {f.side} side during timing", **info)
+    sc = score(
         {n: meas.samples[n].by_metric(meas.metric_of(n)) for n in timed},
         alpha=s.builder.alpha,
         min_improvement=s.builder.min_improvement,
@@ -444,24 +449,32 @@ def _run(
         resamples=s.builder.bootstrap_resamples,
         seed=s.builder.seed,
     )
-    return {
-        "verdict": score_verdict(scores["opt"]),
-        "opt": scores["opt"],
-        "reason": "",
-        **info,
-        "tests_pass": True,
-        "timed_tests": timed,
-        "rounds": ev.runs,
-        "seed": s.builder.seed,
-        **scores,
-        "samples": {n: meas.samples[n].by_metric(meas.metric_of(n)) for n in timed},
-        "samples_wall": {n: meas.samples[n].wall for n in timed},
-        "samples_cpu": {n: meas.samples[n].cpu for n in timed},
-        "metric": s.builder.metric,
-        "decided_on": dict(meas.decided_on),
-        "repeats": dict(meas.repeats),
-        "leased_core": pin,
-    }
+    return EvalReport(
+        verdict=score_verdict(sc.opt),
+        opt=sc.opt,
+        reason="",
+        applied=True,
+        applied_with=applied_with,
+        builds=True,
+        tests=common,
+        tests_pass=True,
+        timed_tests=timed,
+        rounds=ev.runs,
+        seed=s.builder.seed,
+        per_test=sc.per_test,
+        gm_speedup_agent=sc.gm_speedup_agent,
+        gm_speedup_expert=sc.gm_speedup_expert,
+        fraction_of_expert=sc.fraction_of_expert,
+        agent_significant=sc.agent_significant,
+        agent_regressed=sc.agent_regressed,
+        samples={n: meas.samples[n].by_metric(meas.metric_of(n)) for n in timed},
+        samples_wall={n: meas.samples[n].wall for n in timed},
+        samples_cpu={n: meas.samples[n].cpu for n in timed},
+        metric=s.builder.metric,
+        decided_on=dict(meas.decided_on),
+        repeats=dict(meas.repeats),
+        leased_core=pin,
+    )
 
 
 def summarize(settings: Settings, run_id: str, model: str) -> dict[str, Any]:
