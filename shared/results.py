@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from cppperf.shared import messages as m
+from cppperf.shared.buckets import COMMITS, INSTANCES
 from cppperf.shared.ports import StageContext
 
 
@@ -34,10 +35,10 @@ def finished_message(iid: str, rec: dict[str, Any]) -> m.PatchBuilt:
 async def republish_finished(ctx: StageContext, iid: str) -> bool:
     """If the instance has a recorded verdict: (re)publish `patch.built` from it, mark the
     commit built, and return True."""
-    rec = await ctx.store.get("instances", iid)
+    rec = await ctx.store.get(INSTANCES.name, iid)
     if rec is None or not rec.get("verdict"):
         return False
     msg = finished_message(iid, rec)
     await ctx.bus.publish(m.PATCH_BUILT, msg)
-    await ctx.store.update("commits", m.commit_id(msg.repo, msg.sha), stage="built", verdict=msg.verdict)
+    await ctx.store.update(COMMITS.name, m.commit_id(msg.repo, msg.sha), stage="built", verdict=msg.verdict)
     return True

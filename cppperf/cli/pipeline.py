@@ -38,6 +38,7 @@ from cppperf.cli.common import (
 )
 from cppperf.cli.repos import check_name, git_repo, local_repo_id, looks_like_path
 from cppperf.funnel import Funnel, compute_funnel
+from cppperf.shared.buckets import INSTANCES
 from cppperf.shared.errors import ConfigError, CppPerfError
 from cppperf.shared.logging import configure_logging
 from cppperf.shared.settings import Settings
@@ -164,7 +165,7 @@ async def _mine(
                 live.update(_status_table(await ctx.bus.subject_status()))
         rows = await ctx.bus.subject_status()
         total, per, reasons = await compute_funnel(ctx.store)
-        instances = await ctx.store.all("instances")
+        instances = await ctx.store.all(INSTANCES.name)
         if not as_json:
             out.print(_funnel_table(total, per))
             for reason, n in reasons.items():
