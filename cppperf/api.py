@@ -47,8 +47,8 @@ def _repo(path: str | Path) -> Path:
 def scan(repo: str | Path, *, explain: bool = False, s: Settings | None = None) -> WalkResult:
     """The structural filter over a local repository's history (`cppperf filter`): `.scanned`,
     `.selected` commits (sha, date, message, paths), `.rejected` counts per reason."""
-    from cppperf.services.filter.rules import Rules
     from cppperf.services.filter.walk import walk
+    from cppperf.shared.rules import Rules
 
     s = s or settings()
     return walk(_repo(repo), Rules.from_settings(s.mining), explain=explain)

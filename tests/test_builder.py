@@ -15,10 +15,10 @@ import pytest
 
 from cppperf.demo import DemoRepo
 from cppperf.services.builder.service import build_patch, validate_latest
-from cppperf.services.filter.rules import Rules
 from cppperf.shared import messages as m
 from cppperf.shared.domain import InstanceMeta
 from cppperf.shared.errors import RepoRejected
+from cppperf.shared.rules import Rules
 from cppperf.shared.settings import Settings
 from tests.conftest import Proven, commit_for, make_settings, strict
 from tests.gitrepo import commit_files

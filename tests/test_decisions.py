@@ -15,12 +15,12 @@ import pytest
 from cppperf.services.builder.blame import blame, explain, limit_category
 from cppperf.services.evaluator import verdict as v
 from cppperf.services.evaluator.checks import check_patch
-from cppperf.services.filter.rules import Rules
 from cppperf.shared.domain import DecisionRule, EvalVerdict, FailureCategory, StatsRecord
 from cppperf.shared.engine import stats
 from cppperf.shared.engine.cmake import step_category
 from cppperf.shared.engine.protocol import RunFailure
 from cppperf.shared.engine.sandbox import RunResult
+from cppperf.shared.rules import Rules
 from cppperf.shared.settings import MiningSettings
 
 FC, EV = FailureCategory, EvalVerdict

@@ -17,10 +17,10 @@ from cppperf.cli import app
 from cppperf.demo import DemoRepo
 from cppperf.services.filter import app as filter_app
 from cppperf.services.filter.links import Reference, parse_references
-from cppperf.services.filter.rules import Reason, Rules
 from cppperf.services.filter.select import scan_repository
 from cppperf.services.filter.walk import walk
 from cppperf.shared import messages as m
+from cppperf.shared.rules import Reason, Rules
 from cppperf.shared.service import ServiceContext
 from cppperf.shared.settings import load_settings
 

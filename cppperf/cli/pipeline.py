@@ -547,8 +547,8 @@ def filter_cmd(
 
     Example: cppperf filter --repo ~/src/fmt --since 2022-01-01 --explain
     """
-    from cppperf.services.filter.rules import Rules
     from cppperf.services.filter.walk import walk
+    from cppperf.shared.rules import Rules
 
     git_repo(repo)
     s = _settings(config, mining__since=since, mining__until=until, mining__max_files=max_files)

@@ -52,7 +52,6 @@ from cppperf.services.evaluator.verdict import (
     tests_defined_verdict,
     timing_verdict,
 )
-from cppperf.services.filter.rules import Rules
 from cppperf.shared.domain import EvalReport, EvalVerdict, FailedTest
 from cppperf.shared.engine.backend import Backend, SideName, build_sides, export_tree
 from cppperf.shared.engine.backends import make_backend
@@ -65,6 +64,7 @@ from cppperf.shared.files import write_atomic
 from cppperf.shared.logging import get_logger
 from cppperf.shared.messages import evaluation_id
 from cppperf.shared.mirror import ensure_local
+from cppperf.shared.rules import Rules
 from cppperf.shared.settings import Settings
 
 log = get_logger(__name__)

@@ -11,7 +11,6 @@ from typing import Any, Literal
 import msgspec
 
 from cppperf.services.filter.links import GitHubLinkResolver, LinkResolver, Reference
-from cppperf.services.filter.rules import Rules
 from cppperf.services.filter.select import scan_repository
 from cppperf.services.filter.sink import WindowedSink
 from cppperf.shared import buckets
@@ -21,6 +20,7 @@ from cppperf.shared.domain import CommitState, RepoState, Stage
 from cppperf.shared.github import GitHubClient
 from cppperf.shared.mirror import ensure_local, rev_parse
 from cppperf.shared.ports import StageContext
+from cppperf.shared.rules import Rules
 from cppperf.shared.service import call_soon_from_thread
 
 Outcome = Literal["already-walked", "walked"]
