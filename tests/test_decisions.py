@@ -2,8 +2,8 @@
 is (`builder/blame.py`), why a build step failed (`engine/cmake.step_category`), the evaluation
 verdict (`evaluator/verdict.py`, `evaluator/checks.check_patch`) and the decision rule's flags
 (`DecisionRule`). Every value of `FailureCategory`, `EvalVerdict` and `DecisionRule` has a row here
-(a test fails when a value is added without one), and every `FailureCategory` and `EvalVerdict`
-names the test that produces it through the real code path (or why none can)."""
+(a test fails when a value is added without one), and every `Verdict`, `FailureCategory` and
+`EvalVerdict` names the test that produces it through the real code path (or why none can)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from cppperf.services.builder.blame import blame, explain, limit_category
 from cppperf.services.evaluator import verdict as v
 from cppperf.services.evaluator.checks import check_patch
-from cppperf.shared.domain import DecisionRule, EvalVerdict, FailureCategory, StatsRecord
+from cppperf.shared.domain import DecisionRule, EvalVerdict, FailureCategory, StatsRecord, Verdict
 from cppperf.shared.engine import stats
 from cppperf.shared.engine.cmake import step_category
 from cppperf.shared.engine.protocol import RunFailure
@@ -215,6 +215,13 @@ REAL_FAILURES: dict[FailureCategory, str] = {
     FC.INFRA: "not feasible: the compiler killed from outside the build (STEP_ROWS decides it)",
     FC.NO_TESTS: "tests/test_whose_fault.py::test_no_common_test_is_no_tests",
 }
+REAL_BUILDS: dict[Verdict, str] = {
+    Verdict.IMPROVED: "tests/test_builder.py::test_perf_commit_is_improved_and_names_the_test",
+    Verdict.NOT_IMPROVED: "tests/test_builder.py::test_noop_commit_is_not_improved",
+    Verdict.REGRESSED: "tests/test_builder.py::test_slowdown_is_a_regression",
+    Verdict.UNCHANGED_BINARIES: "tests/test_builder.py::test_comment_only_commit_short_circuits",
+    Verdict.REJECTED: "tests/test_builder.py::test_compile_error_rejects_as_compile",
+}
 REAL_VERDICTS: dict[EvalVerdict, str] = {
     EV.OPT: "tests/test_evaluator.py::test_expert_patch_is_opt",
     EV.CORRECT: "tests/test_evaluator.py::test_slower_patch_is_correct_without_speedup",
@@ -251,9 +258,11 @@ def test_every_decision_rule_has_a_row() -> None:
     assert {r[1] for r in RULE_ROWS} == set(DecisionRule)
 
 
-@pytest.mark.parametrize("table", [REAL_FAILURES, REAL_VERDICTS], ids=["failure-category", "eval-verdict"])
+@pytest.mark.parametrize(
+    "table", [REAL_BUILDS, REAL_FAILURES, REAL_VERDICTS], ids=["verdict", "failure-category", "eval-verdict"]
+)
 def test_every_value_is_produced_by_a_real_run(
-    table: dict[FailureCategory, str] | dict[EvalVerdict, str],
+    table: dict[Verdict, str] | dict[FailureCategory, str] | dict[EvalVerdict, str],
 ) -> None:
     enum = type(next(iter(table)))
     assert set(table) == set(enum), f"no producing test named for {sorted(set(enum) - set(table))}"
