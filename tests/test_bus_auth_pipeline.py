@@ -73,8 +73,8 @@ async def test_pipeline_runs_with_least_privilege_users(
     admin = as_service(secured, tmp_path, "admin")
     ops = FakeOps()
 
-    def builder(broker: NatsBroker, ctx: ServiceContext) -> None:
-        builder_app.register(broker, ctx, ops=StandInOps(ctx.settings))
+    def builder(broker: NatsBroker, ctx: ServiceContext) -> builder_app.Wired:
+        return builder_app.register(broker, ctx, ops=StandInOps(ctx.settings))
 
     def evaluator(broker: NatsBroker, ctx: ServiceContext) -> None:
         evaluator_app.register(broker, ctx, ops=ops)
