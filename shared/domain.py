@@ -12,6 +12,7 @@
     InstanceMeta     the instance record's `cppperf` section (the rest is CppPerf-DB's shape),
                      built as this Struct by services/builder/record.py
     StatsRecord      one test's statistics and decisions (engine/stats.py; the record's `tests`)
+    Coverage         its `coverage`: which tests run the change, the deciding family, controls
     EvalReport       the evaluator's `report.json` (also `EvalCompleted.report`, without samples),
                      built as this Struct by services/evaluator/pipeline.py
 
@@ -326,6 +327,34 @@ class Calibration(_Written, kw_only=True):
     failure: str = ""
 
 
+class CoveredTest(_Written, kw_only=True):
+    """One test's run on the coverage build of the new side (`builder.coverage`)."""
+
+    runs_change: bool  # it executed a changed line (or the function around a change with none)
+    lines_hit: int = 0  # the changed executable lines it executed
+    lines_total: int = 0  # the changed executable lines (`Coverage.executable_lines`)
+    functions_hit: list[str] = msgspec.field(default_factory=list)  # around a change it ran
+    ran: bool = True  # False: its coverage run failed; it stays in the deciding family
+
+
+class Coverage(_Written, kw_only=True):
+    """Which tests run the change (services/builder, `shared/engine/coverage.py`): the instance is
+    decided on those tests (the correction runs over that family); the others are A/A controls."""
+
+    used: bool = False  # the decision ran over `deciding` only
+    reason: str = ""  # why not (then every test decided, as without coverage)
+    changed_lines: int = 0  # new-side lines the diff adds, or that border a deletion
+    executable_lines: int = 0  # of them, lines gcov instruments in a translation unit a test ran
+    unmapped_hunks: int = 0  # hunks with no instrumented line and no function around them
+    tests: dict[str, CoveredTest] = msgspec.field(default_factory=dict)
+    deciding: list[str] = msgspec.field(default_factory=list)  # the tests that run the change
+    controls: list[str] = msgspec.field(default_factory=list)  # the tests that do not
+    moved_controls: dict[str, str] = msgspec.field(default_factory=dict)  # control -> improved | regressed
+    suspect: bool = False  # a control moved: the measurement is flagged (the verdict stands)
+    seconds: float = 0.0  # the coverage build, runs and gcov
+    build_log: str = ""  # the coverage build's log, by name in the instance's logs folder
+
+
 class InstanceMeta(_Written, kw_only=True):
     """The instance record's `cppperf` section."""
 
@@ -374,6 +403,7 @@ class InstanceMeta(_Written, kw_only=True):
     oracle: str | UnsetType | None = UNSET  # `cppperf validate`: ctest | benchmark | both | none
     validation: Validation | UnsetType | None = UNSET
     calibration: Calibration | UnsetType = UNSET
+    coverage: Coverage | UnsetType = UNSET  # `builder.coverage`: which tests run the change
 
 
 # ------------------------------------------------------------------- the evaluation report

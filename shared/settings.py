@@ -220,6 +220,11 @@ class BuilderSettings(msgspec.Struct, kw_only=True):
     exact_runs: int = 3  # rounds under Valgrind (an exact count needs few; no warm-up)
     exact_tolerance: float = 0.001  # counts of one side within this relative spread are exact
     valgrind_slowdown: float = 50.0  # a test's timeout is multiplied by this under Valgrind
+    # --- which tests run the change (issue 27) -------------------------------------------------
+    # build the new side once more with --coverage, run each test once, decide on the tests that
+    # execute a changed line (the others are A/A controls). Off by default: a second full build
+    # of the new side (no ccache hits: other flags) and one more run of every test per proof.
+    coverage: bool = False
 
     def effective_build_type(self) -> str:
         return "Debug" if self.profile == "paper" else self.build_type
@@ -240,6 +245,7 @@ class EvaluatorSettings(msgspec.Struct, kw_only=True):
     agent_max_pending: int = 16  # an agent's requests queued or running; the next is refused
     agent_max_patch_bytes: int = 512 * 1024  # an agent's inline patch (checked before any write)
     lease_priority: int = 0  # evaluations go before proofs in the timing-core queue
+    keep_failed: bool = False  # debugging: keep work_dir/eval/<hash> of an evaluation that failed
 
 
 class Settings(msgspec.Struct, kw_only=True):

@@ -319,7 +319,7 @@ def test_agents_cli_add_list_remove_and_service_keys(tmp_path: Path) -> None:
     assert run(app, ["agents", "remove", "dave", "--config", str(conf)]).exit_code == 0
     assert run(app, ["agents", "list", "--config", str(conf)]).output == ""
     keys = run(app, ["agents", "service-keys", "--out", str(tmp_path / "creds"), "--k8s"])
-    assert "kind: Secret" in keys.output and "SEED_EVALUATOR: SU" in keys.output
+    assert "kind: Secret" in keys.output and "  evaluator.creds: |" in keys.output
     assert (tmp_path / "creds" / "evaluator.creds").stat().st_mode & 0o077 == 0
 
 

@@ -12,6 +12,7 @@ import contextlib
 import difflib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -239,6 +240,31 @@ def test_no_jail_is_untrusted_refused(tmp_path: Path, monkeypatch: pytest.Monkey
 def test_patch_that_does_not_apply(instance_env: Any) -> None:
     rep = run(instance_env, core_patch(core(1), old_text=core(7).replace("x = 0", "y = 0")), "stale")
     assert rep["verdict"] == "apply-failed" and "git apply --recount" in rep["apply_log"]
+
+
+def test_evaluation_workspaces_are_removed_unless_keep_failed(
+    instance_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """work_dir/eval/<hash> goes after each evaluation, whatever the backend's own cleanup
+    removes (docker's: the container and its volume, not the host folder: a no-op here);
+    `evaluator.keep_failed` keeps a failed one for debugging."""
+    from cppperf.shared.engine.backend import LocalBackend
+
+    monkeypatch.setattr(LocalBackend, "cleanup", lambda self: None)
+    settings, iid, _ = instance_env
+    stale = core_patch(core(1), old_text=core(7).replace("x = 0", "y = 0"))
+    eval_dir = settings.work_dir() / "eval"
+    rep = evaluate(EvalRequest(run_id="ws", model="stale", instance_id=iid, patch=stale), settings)
+    assert rep["verdict"] == "apply-failed"
+    assert eval_dir.is_dir() and not list(eval_dir.iterdir())
+    debug = msgspec.structs.replace(
+        settings, evaluator=msgspec.structs.replace(settings.evaluator, keep_failed=True)
+    )
+    rep = evaluate(EvalRequest(run_id="ws", model="stale-kept", instance_id=iid, patch=stale), debug)
+    assert rep["verdict"] == "apply-failed"
+    (kept,) = eval_dir.iterdir()
+    assert (kept / "patch" / "agent.patch").read_text() == stale
+    shutil.rmtree(kept)
 
 
 def test_compile_error_patch(instance_env: Any) -> None:

@@ -32,7 +32,7 @@ from cppperf.shared.domain import InstanceState, RepoState, Stage, Verdict, to_s
 from cppperf.shared.errors import RepoRejected
 from cppperf.shared.mirror import ensure_local
 from cppperf.shared.ports import StageContext
-from cppperf.shared.results import republish_finished
+from cppperf.shared.results import built_msg_id, republish_finished
 from cppperf.shared.settings import Settings
 
 CandidateOutcome = Literal["already-validated", "rejected", "validated"]
@@ -141,7 +141,8 @@ async def on_classified(ctx: StageContext, ops: BuilderOps, item: m.CommitClassi
     diff = await ctx.store.resolve_text(commit.diff, commit.diff_ref)
     built = await asyncio.to_thread(ops.prove, commit, path, diff)
     msg = built.message
-    record, record_ref = await ctx.store.inline_or_ref(f"record/{iid}", json.dumps(built.record))
+    record_text = json.dumps(built.record)
+    record, record_ref = await ctx.store.inline_or_ref(f"record/{iid}", record_text)
     state = to_struct(
         {
             "stage": Stage.BUILT,
@@ -163,6 +164,6 @@ async def on_classified(ctx: StageContext, ops: BuilderOps, item: m.CommitClassi
     if not await buckets.create(ctx.store, INSTANCES, iid, state):
         await republish_finished(ctx, iid)
         return "already-built"
-    await ctx.bus.publish(m.PATCH_BUILT, msg)
+    await ctx.bus.publish(m.PATCH_BUILT, msg, msg_id=built_msg_id(iid, record_text))
     await ctx.store.update(COMMITS.name, commit.id, stage=Stage.BUILT, verdict=msg.verdict)
     return "built"

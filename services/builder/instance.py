@@ -33,6 +33,7 @@ from cppperf.shared.domain import (
     Attempt,
     BuildStep,
     Confirmation,
+    Coverage,
     DecisionRule,
     Environment,
     FailureCategory,
@@ -49,6 +50,7 @@ from cppperf.shared.engine.cmake import (
     normalise,
     werror_only,
 )
+from cppperf.shared.engine.coverage import flag_controls, measure_coverage, split_family
 from cppperf.shared.engine.errorlines import first_error_lines
 from cppperf.shared.engine.leases import Turns, core_plan, exact_metric, timing_turns
 from cppperf.shared.engine.limits import limits_for
@@ -90,6 +92,7 @@ class InstanceResult:
     tried: list[str] = field(default_factory=list)  # what cppperf did about the failure
     attempts: list[Attempt] = field(default_factory=list)  # one per build profile tried
     werror_only: bool = False  # the build failed on warnings made errors only
+    coverage: Coverage | None = None  # builder.coverage: which tests run the change
 
     def attempt_summary(self, build_type: str, profile_change: str = "") -> Attempt:
         return Attempt(
@@ -210,14 +213,16 @@ def prove(
     seed: int | None = None,
     llm_propose: Callable[[str], list[str]] | None = None,
     time_identical: bool = False,
+    coverage: Coverage | None = None,
 ) -> InstanceResult:
     """Run the whole protocol for instance `iid`: `sides` `{"old": parent, "new": sha}` exported from
     `repo_path`, or None when the backend holds the trees already (an instance image). With
     `time_identical` byte-identical binaries are timed anyway (an A/A calibration run). When a test
-    fails on both sides, once more in `settings.fallback_build_type` (both attempts recorded)."""
+    fails on both sides, once more in `settings.fallback_build_type` (both attempts recorded).
+    `coverage`: a recorded one (reproducing an instance) decides instead of a new measurement."""
     if sides is not None and repo_path is None:
         raise ValueError("prove: sides to export need the repository they come from")
-    once = _Once(iid, sides, repo_path, backend, on_phase, seed, llm_propose, time_identical)
+    once = _Once(iid, sides, repo_path, backend, on_phase, seed, llm_propose, time_identical, coverage)
     current = _attempt(once, settings)
     current.attempts = [current.attempt_summary(settings.effective_build_type())]
     if (
@@ -303,6 +308,7 @@ class _Once:
     seed: int | None
     llm_propose: Callable[[str], list[str]] | None
     time_identical: bool
+    coverage: Coverage | None = None  # a recorded one: decides instead of a measurement
 
 
 # one attempt of the protocol in `settings`' build type (`prove` retries with another)
@@ -352,13 +358,11 @@ def _attempt(once: _Once, settings: BuilderSettings) -> InstanceResult:
     if not once.time_identical and backend.binaries_identical(common):
         result.verdict = result.verdict_paper = result.verdict_strict = Verdict.UNCHANGED_BINARIES
         return result
-    if settings.split_cases:
-        tests_by_side, common = _split_cases(backend, tests_by_side, common, phase, settings)
-        result.compared_tests = common
+    tests_by_side, common = _before_timing(once, tests_by_side, common, settings, result, phase)
 
     run_seed = settings.seed if seed is None else seed
     exact = exact_metric(settings)
-    _check_power(len(common), settings, result)
+    _check_power(len(split_family(result.coverage, common)[0]), settings, result)
     with timing_turns(settings, phase) as turns:
 
         def run_one(side: SideName, name: str) -> RunResult:
@@ -394,6 +398,29 @@ def _attempt(once: _Once, settings: BuilderSettings) -> InstanceResult:
     return result
 
 
+def _before_timing(
+    once: _Once,
+    tests_by_side: dict[SideName, dict[str, TestCase]],
+    common: list[str],
+    settings: BuilderSettings,
+    result: InstanceResult,
+    phase: PhaseCallback,
+) -> tuple[dict[SideName, dict[str, TestCase]], list[str]]:
+    """Untimed work on the build cores: which tests run the change (`builder.coverage`, on the
+    CTest tests, before they are split), then each test split into its cases."""
+    if once.coverage is not None:
+        result.coverage = msgspec.structs.replace(once.coverage, moved_controls={}, suspect=False)
+    elif settings.coverage:
+        new_tests = {n: tests_by_side["new"][n] for n in common}
+        result.coverage = measure_coverage(
+            once.backend, once.repo_path, once.sides, new_tests, settings, phase
+        )
+    if settings.split_cases:
+        tests_by_side, common = _split_cases(once.backend, tests_by_side, common, phase, settings)
+        result.compared_tests = common
+    return tests_by_side, common
+
+
 def _check_power(tests: int, settings: BuilderSettings, result: InstanceResult) -> None:
     """Rounds too few for any p to reach alpha over this many tests: a warning in the log and in
     the record (the proof still runs; its verdict can only be `not-improved`). An exact count
@@ -417,20 +444,35 @@ def _decide(
     phase: PhaseCallback,
     turns: Turns,
 ) -> None:
-    """Statistics on each test's deciding metric, confirmation runs, verdicts under every rule."""
-    decided = compare_all(
-        meas.decision_samples(),
-        alpha=settings.alpha,
-        min_improvement=settings.min_improvement,
-        resamples=settings.bootstrap_resamples,
-        seed=run_seed,
-        exact=[n for n in meas.samples if meas.metric_of(n) == "cachegrind"],
-        tolerance=settings.exact_tolerance,
-    )
-    if settings.confirm:
-        decided = _confirm(decided, meas, run_one, settings, run_seed, result, phase, turns)
-    result.tests = decided
+    """Statistics on each test's deciding metric, confirmation runs, verdicts under every rule.
+    With coverage the tests that run the change are one family (its own correction) and decide;
+    the others are A/A controls, a family of their own: one that moves makes the record suspect."""
+
+    def family(names: list[str]) -> list[StatsRecord]:
+        if not names:
+            return []
+        decided = compare_all(
+            {n: s for n, s in meas.decision_samples().items() if n in set(names)},
+            alpha=settings.alpha,
+            min_improvement=settings.min_improvement,
+            resamples=settings.bootstrap_resamples,
+            seed=run_seed,
+            exact=[n for n in names if meas.metric_of(n) == "cachegrind"],
+            tolerance=settings.exact_tolerance,
+        )
+        if settings.confirm:
+            decided = _confirm(decided, meas, run_one, settings, run_seed, result, phase, turns)
+        return decided
+
+    deciding, controls = split_family(result.coverage, sorted(meas.samples))
+    decided, checked = family(deciding), family(controls)
     rule = settings.effective_rule()
+    if result.coverage is not None and checked:
+        flag_controls(result.coverage, checked, rule=rule)
+    cleared = [
+        msgspec.structs.replace(t, **_CLEARED, paper_improved=False, paper_regressed=False) for t in checked
+    ]
+    result.tests = sorted([*decided, *cleared], key=lambda t: t.name)
     result.decision_rule = rule
     result.verdict = verdict(decided, rule=rule)
     result.verdict_paper = verdict(decided, rule=DecisionRule.PAPER)

@@ -7,7 +7,8 @@ the paper's rule), per-test statistics with CIs, raw samples both sides (wall an
 environment (cppperf/compiler/CMake versions, leased core, load average), the metric that decided
 each test (`decided_on`), repeats per sample, early-stop savings, confirmation runs, failure
 category, and the instance verdict under all three rules (`decision_rule` says which one is
-`verdict`).
+`verdict`); with `builder.coverage`, `coverage` (domain.Coverage): which tests run the change, the
+deciding family, the controls and whether one moved (`suspect`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from msgspec import UNSET
 
 from cppperf.services.builder.instance import InstanceResult
 from cppperf.shared.domain import InstanceMeta, SideSamples, Verdict
@@ -242,4 +244,5 @@ def _meta(commit: CommitSelected, res: InstanceResult, settings: BuilderSettings
             for n, s in (meas.samples.items() if meas else [])
         },
         linked_texts_fetched=commit.links_fetched,
+        coverage=res.coverage if res.coverage is not None else UNSET,  # only with builder.coverage
     )

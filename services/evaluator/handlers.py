@@ -73,6 +73,11 @@ async def _instance(ctx: StageContext, iid: str) -> EvalInstance | None:
 SAMPLE_KEYS: Final = frozenset({"samples", "samples_wall", "samples_cpu"})
 
 
+def without_samples(report: dict[str, Any]) -> dict[str, Any]:
+    """The report as the bus, the bucket and `evaluate --json` carry it."""
+    return {k: v for k, v in report.items() if k not in SAMPLE_KEYS}
+
+
 def completed(msg: m.EvalRequested, report: dict[str, Any]) -> m.EvalCompleted:
     return m.EvalCompleted(
         request_id=msg.request_id,
@@ -82,7 +87,7 @@ def completed(msg: m.EvalRequested, report: dict[str, Any]) -> m.EvalCompleted:
         instance_id=msg.instance_id,
         verdict=str(report["verdict"]),
         opt=bool(report.get("opt")),
-        report={k: v for k, v in report.items() if k not in SAMPLE_KEYS},
+        report=without_samples(report),
     )
 
 

@@ -206,13 +206,26 @@ def _evaluate(
     backend = make_backend(s.builder, ws, source=(repo_path, inst.expert_sha, inst.date), untrusted=True)
     sandbox = "docker" if docker else ("none" if why_not else "bwrap")
     jailed = not why_not  # the patch is applied on the host: in the jail when there is one
+    report: EvalReport | None = None
     try:
         with on_build_cores(s.builder):  # untimed work (and its children) off the timing cores
-            report = _run(req, inst, s, backend, repo_path, out, phase, ws, rules, jailed)
-            return msgspec.structs.replace(report, sandbox=sandbox, **base)
+            report = msgspec.structs.replace(
+                _run(req, inst, s, backend, repo_path, out, phase, ws, rules, jailed), sandbox=sandbox, **base
+            )
+            return report
     finally:
-        if not s.builder.keep:
+        if not keep_workspace(s, report):
             backend.cleanup()
+            shutil.rmtree(ws, ignore_errors=True)  # the host side too (exports, patch, logs)
+
+
+def keep_workspace(s: Settings, report: EvalReport | None) -> bool:
+    """`builder.keep` keeps every workspace; `evaluator.keep_failed` (debugging) those of
+    evaluations that raised or did not end `opt`/`correct`. Else work_dir/eval/<hash> is removed."""
+    if s.builder.keep:
+        return True
+    ok = report is not None and report.verdict in (EvalVerdict.OPT, EvalVerdict.CORRECT)
+    return s.evaluator.keep_failed and not ok
 
 
 class _Stop(Exception):
@@ -398,8 +411,10 @@ def _run(
     def limits(t: TestCase, cpu: int | None = None, instructions: bool = False) -> Limits:
         return limits_for(t, s.builder, timeout=ev.test_timeout, cpu=cpu, instructions=instructions)
 
-    info = {"applied": True, "applied_with": applied_with, "builds": True, "tests": common}  # built
-    timed = [n for n in common if n in set(inst.improved_tests)] or common
+    info = {"applied": True, "applied_with": applied_with, "builds": True, "tests": common}
+    # the expert's improved tests, else the tests that run its change (coverage), else every test
+    timed = [n for n in common if n in set(inst.improved_tests)]
+    timed = timed or [n for n in common if n in set(inst.deciding_tests)] or common
     count = check_metric(backend, s.builder)
     exact = exact_metric(s.builder)
     # correctness runs are untimed: on the build cores, before the timing core is leased, so a
