@@ -127,8 +127,8 @@ def scan(
     reaches it, newest first. `since`/`until` (datetime, date or ISO string; default the
     `mining.since/until` settings) bound the commit dates; `progress` is called after every commit
     walked, selected or not. Bad input raises `ValueError` here, before the walk starts."""
-    from cppperf.services.filter.rules import Rules, Window
     from cppperf.services.filter.walk import judged_commits
+    from cppperf.shared.rules import Rules, Window
 
     s = s or settings()
     path = _repo(repo)

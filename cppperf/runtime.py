@@ -168,11 +168,11 @@ async def run_services(
         for name in ("filter", "classifier", "builder", "evaluator"):
             if name not in services:
                 continue
-            made = wiring[name](broker, ctx)
+            made = wiring[name](broker, ctx)  # what a service returns owns its startup and close
             if hasattr(made, "close"):
                 closers.append(made)
-            if name == "builder":
-                await builder_app.startup(ctx)
+            if hasattr(made, "startup"):
+                await made.startup()
         await broker.start()
         ctx.liveness.attach_all()
         running = Running(ctx, broker)

@@ -14,6 +14,7 @@ import hashlib
 from typing import Any
 
 from cppperf.shared import messages as m
+from cppperf.shared.buckets import COMMITS, INSTANCES
 from cppperf.shared.ports import StageContext
 
 
@@ -43,11 +44,11 @@ def built_msg_id(iid: str, record_text: str) -> str:
 async def republish_finished(ctx: StageContext, iid: str) -> bool:
     """If the instance has a recorded verdict: (re)publish `patch.built` from it, mark the
     commit built, and return True."""
-    rec = await ctx.store.get("instances", iid)
+    rec = await ctx.store.get(INSTANCES.name, iid)
     if rec is None or not rec.get("verdict"):
         return False
     msg = finished_message(iid, rec)
     text = await ctx.store.resolve_text(str(rec.get("record") or ""), rec.get("record_ref"))
     await ctx.bus.publish(m.PATCH_BUILT, msg, msg_id=built_msg_id(iid, text))
-    await ctx.store.update("commits", m.commit_id(msg.repo, msg.sha), stage="built", verdict=msg.verdict)
+    await ctx.store.update(COMMITS.name, m.commit_id(msg.repo, msg.sha), stage="built", verdict=msg.verdict)
     return True

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from cppperf.shared.domain import DecisionRule
 from cppperf.shared.errors import ConfigError
 from cppperf.shared.logging import scrub_text
 
@@ -248,8 +249,8 @@ class BuilderSettings(msgspec.Struct, kw_only=True):
     def effective_build_type(self) -> str:
         return "Debug" if self.profile == "paper" else self.build_type
 
-    def effective_rule(self) -> str:
-        return "paper" if self.profile == "paper" else self.decision_rule
+    def effective_rule(self) -> DecisionRule:
+        return DecisionRule.PAPER if self.profile == "paper" else DecisionRule(self.decision_rule)
 
 
 class EvaluatorSettings(msgspec.Struct, kw_only=True):

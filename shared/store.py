@@ -40,7 +40,9 @@ from nats.js.errors import (
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
-from cppperf.shared.domain import InstanceState, to_struct
+from cppperf.shared import buckets
+from cppperf.shared.buckets import INSTANCES, NAMES
+from cppperf.shared.domain import InstanceState
 from cppperf.shared.errors import NotProvisioned, TransientError
 from cppperf.shared.logging import get_logger
 from cppperf.shared.ports import Records
@@ -49,7 +51,7 @@ log = get_logger(__name__)
 T = TypeVar("T")
 Change = Callable[[dict[str, Any] | None], dict[str, Any] | None]
 
-BUCKETS: Final = ("repos", "commits", "instances", "evaluations", "progress", "cache", "claims")
+BUCKETS: Final = NAMES  # shared/buckets.py
 CAS_ATTEMPTS: Final = 20
 _STREAM_NOT_FOUND: Final = 10059  # JetStream API err_code
 BLOB_BUCKET: Final = "blobs"
@@ -293,7 +295,7 @@ class Store:
 async def instance_record(records: Records, iid: str) -> dict[str, Any] | None:
     """An instance record from the `instances` bucket (inline, or from the object store by
     `record_ref`); None when the bucket has no record for it (e.g. an imported dataset on disk)."""
-    state = to_struct(await records.get("instances", iid) or {}, InstanceState)
+    state = await buckets.get(records, INSTANCES, iid) or InstanceState()
     if not state.record and not state.record_ref:
         return None
     record: dict[str, Any] = json.loads(await records.resolve_text(state.record, state.record_ref))

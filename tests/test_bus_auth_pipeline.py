@@ -74,8 +74,8 @@ async def test_pipeline_runs_with_least_privilege_users(
     await fresh_bus(secured, tmp_path)
     ops = FakeOps()
 
-    def builder(broker: NatsBroker, ctx: ServiceContext) -> None:
-        builder_app.register(broker, ctx, ops=StandInOps(ctx.settings))
+    def builder(broker: NatsBroker, ctx: ServiceContext) -> builder_app.Wired:
+        return builder_app.register(broker, ctx, ops=StandInOps(ctx.settings))
 
     def evaluator(broker: NatsBroker, ctx: ServiceContext) -> None:
         evaluator_app.register(broker, ctx, ops=ops)

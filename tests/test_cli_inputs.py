@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from typer.testing import CliRunner
 
@@ -611,7 +612,7 @@ def test_compare_batch_matches_compare_test() -> None:
         [compare_test(k, *samples[k], resamples=0) for k in sorted(samples)],
         strict=True,
     ):
-        for f, u in x.as_dict().items():
+        for f, u in msgspec.structs.asdict(x).items():
             v = getattr(y, f)
             assert u == v or (isinstance(u, float) and math.isclose(u, v, rel_tol=1e-12)), (x.name, f, u, v)
 

@@ -29,7 +29,7 @@ from cppperf.shared.engine.coverage import (
     split_family,
 )
 from cppperf.shared.engine.stats import benjamini_hochberg
-from tests.conftest import Proven, commit_for, make_settings
+from tests.conftest import Proven, commit_for, make_settings, strict
 from tests.gitrepo import commit_files
 from tests.test_cli import run_cli
 
@@ -113,6 +113,7 @@ def test_the_covering_test_decides_and_the_other_is_a_control(demo_repo: DemoRep
         out_dir=tmp_path / "out",
     )
     meta = to_struct(built.record["cppperf"], InstanceMeta)  # typed: the record's schema holds
+    assert strict(built.record["cppperf"], InstanceMeta) == meta  # every key declared (domain.py)
     cov = meta.coverage
     assert cov is not None and cov.used, cov
     assert cov.tests["spin"].runs_change and cov.tests["spin"].lines_hit >= 1
@@ -167,6 +168,7 @@ def test_a_project_that_does_not_build_with_coverage_falls_back(tmp_path: Path) 
 
 
 def test_a_control_that_moves_makes_the_measurement_suspect() -> None:
+    from cppperf.shared.domain import DecisionRule
     from cppperf.shared.engine.coverage import flag_controls
     from cppperf.shared.engine.stats import compare_all
 
@@ -184,7 +186,7 @@ def test_a_control_that_moves_makes_the_measurement_suspect() -> None:
         resamples=200,
         seed=1,
     )
-    flag_controls(cov, controls, improved="improved", regressed="regressed")
+    flag_controls(cov, controls, rule=DecisionRule.OURS)
     assert cov.suspect and cov.moved_controls == {"c1": "improved"}
 
 

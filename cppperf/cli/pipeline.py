@@ -39,6 +39,7 @@ from cppperf.cli.common import (
 )
 from cppperf.cli.repos import check_name, git_repo, local_repo_id, looks_like_path
 from cppperf.funnel import Funnel, compute_funnel
+from cppperf.shared.buckets import INSTANCES
 from cppperf.shared.errors import ConfigError, CppPerfError
 from cppperf.shared.logging import configure_logging
 from cppperf.shared.settings import Settings
@@ -188,7 +189,7 @@ async def _mine(
                 live.update(_status_table(await ctx.bus.subject_status()))
         rows = await ctx.bus.subject_status()
         total, per, reasons = await compute_funnel(ctx.store)
-        instances = await ctx.store.all("instances")
+        instances = await ctx.store.all(INSTANCES.name)
         if not as_json:
             out.print(_funnel_table(total, per))
             for reason, n in reasons.items():
@@ -573,8 +574,8 @@ def filter_cmd(
 
     Example: cppperf filter --repo ~/src/fmt --since 2022-01-01 --explain
     """
-    from cppperf.services.filter.rules import Rules
     from cppperf.services.filter.walk import walk
+    from cppperf.shared.rules import Rules
 
     git_repo(repo)
     s = _settings(config, mining__since=since, mining__until=until, mining__max_files=max_files)

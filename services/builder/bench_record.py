@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
-
 from cppperf.services.builder.instance import InstanceResult
 from cppperf.shared.domain import Oracle, Verdict
 from cppperf.shared.engine.benchmarks import is_benchmark
@@ -25,12 +23,13 @@ def proven_by(res: InstanceResult) -> Oracle | None:
     return Oracle.of(ctest=bool(res.improved_tests), benchmark=bool(res.improved_benchmarks))
 
 
-def benchmark_keys(res: InstanceResult) -> dict[str, Any]:
+def benchmark_fields(res: InstanceResult) -> dict[str, Any]:
+    """`InstanceMeta`'s benchmark fields (keyword arguments) for `res`."""
     return {
         "proven_by": proven_by(res),
-        "benchmarks": [t.as_dict() for t in res.tests if is_benchmark(t.name)],
-        "benchmark_workloads": msgspec.to_builtins(res.benchmark_workloads),
-        "benchmarks_skipped": msgspec.to_builtins(res.benchmarks_skipped),
-        "improved_benchmarks": res.improved_benchmarks,
-        "regressed_benchmarks": res.regressed_benchmarks,
+        "benchmarks": [t for t in res.tests if is_benchmark(t.name)],
+        "benchmark_workloads": list(res.benchmark_workloads),
+        "benchmarks_skipped": list(res.benchmarks_skipped),
+        "improved_benchmarks": list(res.improved_benchmarks),
+        "regressed_benchmarks": list(res.regressed_benchmarks),
     }

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import git
 
-from cppperf.services.filter.rules import Reason, Rules
 from cppperf.shared.errors import RepoRejected
 from cppperf.shared.messages import FileChange
+from cppperf.shared.rules import Reason, Rules
 
 _RS = "\x1e"  # record separator: starts each commit
 _US = "\x1f"  # unit separator: between header fields

@@ -215,22 +215,24 @@ def configure(
     )
     if res.ok:
         return StepResult("configure", True, res, log_path=log, argv=tuple(argv))
+    missing = None if res.timed_out or res.memory_exceeded else diagnose(res.output, build / "CMakeCache.txt")
+    category = step_category("configure", res, missing=missing is not None)
+    return StepResult("configure", False, res, category, missing, log, argv=tuple(argv))
+
+
+def step_category(step: str, res: RunResult, *, missing: bool = False) -> FailureCategory:
+    """Why a failed configure or build step failed (a pure decision over its run): a wall
+    (timeout, the memory cgroup), a missing dependency (configure), the build killed from
+    outside (infra), else the project's own configure or compile error."""
     if res.timed_out:
-        return StepResult("configure", False, res, FailureCategory.TIMEOUT, log_path=log, argv=tuple(argv))
-    if res.memory_exceeded:
-        return StepResult(
-            "configure", False, res, FailureCategory.RESOURCE_LIMIT, log_path=log, argv=tuple(argv)
-        )
-    missing = diagnose(res.output, build / "CMakeCache.txt")
-    return StepResult(
-        "configure",
-        False,
-        res,
-        FailureCategory.DEPENDENCY if missing else FailureCategory.CONFIGURE,
-        missing,
-        log,
-        argv=tuple(argv),
-    )
+        return FailureCategory.TIMEOUT
+    if res.memory_exceeded:  # the run's memory cgroup: the step needs more than builder.memory_limit_mb
+        return FailureCategory.RESOURCE_LIMIT
+    if step == "configure":
+        return FailureCategory.DEPENDENCY if missing else FailureCategory.CONFIGURE
+    if res.returncode < 0 or "Killed signal terminated program" in res.output:
+        return FailureCategory.INFRA
+    return FailureCategory.COMPILE
 
 
 def build(
@@ -257,13 +259,7 @@ def build(
     )
     if res.ok:
         return StepResult("build", True, res, log_path=log, argv=argv)
-    if res.timed_out:
-        return StepResult("build", False, res, FailureCategory.TIMEOUT, log_path=log, argv=argv)
-    if res.memory_exceeded:  # the run's memory cgroup: the build needs more than builder.memory_limit_mb
-        return StepResult("build", False, res, FailureCategory.RESOURCE_LIMIT, log_path=log, argv=argv)
-    if res.returncode < 0 or "Killed signal terminated program" in res.output:
-        return StepResult("build", False, res, FailureCategory.INFRA, log_path=log, argv=argv)
-    return StepResult("build", False, res, FailureCategory.COMPILE, log_path=log, argv=argv)
+    return StepResult("build", False, res, step_category("build", res), log_path=log, argv=argv)
 
 
 @dataclass(frozen=True)

@@ -37,13 +37,12 @@ import msgspec
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
-from cppperf.shared.domain import Coverage, CoveredTest
+from cppperf.shared.domain import Coverage, CoveredTest, DecisionRule, StatsRecord
 from cppperf.shared.engine.backend import Backend, LocalBackend, Sides
 from cppperf.shared.engine.cmake import TestCase, normalise
 from cppperf.shared.engine.errorlines import first_error_lines
 from cppperf.shared.engine.limits import limits_for
 from cppperf.shared.engine.sandbox import RunResult, hand_over
-from cppperf.shared.engine.stats import TestStats
 from cppperf.shared.errors import InfraFailure
 from cppperf.shared.logging import get_logger
 from cppperf.shared.settings import BuilderSettings
@@ -485,12 +484,7 @@ def split_family(cov: Coverage | None, names: Sequence[str]) -> tuple[list[str],
     return [n for n in names if n not in set(ctl)], ctl
 
 
-def flag_controls(cov: Coverage, controls: Sequence[TestStats], *, improved: str, regressed: str) -> None:
-    """Record the controls that moved by the deciding rule (attribute names `improved`/`regressed`
-    of `TestStats`); any makes the measurement suspect."""
-    moved = {
-        t.name: "improved" if getattr(t, improved) else "regressed"
-        for t in controls
-        if getattr(t, improved) or getattr(t, regressed)
-    }
+def flag_controls(cov: Coverage, controls: Sequence[StatsRecord], *, rule: DecisionRule) -> None:
+    """Record the controls that moved by the deciding rule; any makes the measurement suspect."""
+    moved = {t.name: "improved" if rule.improved(t) else "regressed" for t in controls if any(rule.flags(t))}
     cov.moved_controls, cov.suspect = moved, bool(moved)
