@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cppperf.services.filter.rules import Rules
 from cppperf.services.filter.select import scan_repository
+from cppperf.shared.rules import Rules
 from cppperf.shared.settings import load_settings
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cppperf.shared.domain import DecisionRule
 from cppperf.shared.engine.stats import compare_all, verdict
 
 
@@ -80,15 +81,13 @@ def main() -> None:
             seed=args.seed,
             all_cis=False,
         )
-        for rule in ("paper", "ours", "strict"):
-            imp = "improved" if rule == "ours" else f"{rule}_improved"
-            reg = "regressed" if rule == "ours" else f"{rule}_regressed"
+        for rule in (DecisionRule.PAPER, DecisionRule.OURS, DecisionRule.STRICT):
             r = res[rule]
             r["instances"] += 1
             r["tests"] += len(decided)
             r["instances_improved"] += verdict(decided, rule=rule) == "improved"
-            r["tests_improved"] += sum(getattr(t, imp) for t in decided)
-            flagged = [t for t in aa if getattr(t, imp) or getattr(t, reg)]
+            r["tests_improved"] += sum(rule.improved(t) for t in decided)
+            flagged = [t for t in aa if any(rule.flags(t))]
             r["aa_instances"] += 1
             r["aa_tests"] += len(aa)
             r["aa_instances_flagged"] += bool(flagged)

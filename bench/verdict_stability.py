@@ -195,7 +195,7 @@ n = 0
 while True:
     res = run_scenario(repo, commit, s, work / "replica", aa=False)
     n += 1
-    print(n, res.verdict, res.environment.get("leased_core"), flush=True)
+    print(n, res.verdict, res.environment.leased_core, flush=True)
 """
 
 
@@ -265,8 +265,8 @@ def main() -> None:
                 if m is not None and target in m.samples:
                     smp = m.samples[target]
                     row["stretch"] = statistics.median(smp.wall["old"]) / statistics.median(smp.cpu["old"])
-                row["leased_core"] = res.environment.get("leased_core")
-                row["load"] = res.environment.get("load_average_start")
+                row["leased_core"] = res.environment.leased_core
+                row["load"] = res.environment.load_average_start
                 rows[name].append(row)
                 print(f"[{time.monotonic() - t0:6.0f}s] {i + 1} {name}: {row}", file=sys.stderr, flush=True)
     finally:

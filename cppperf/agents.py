@@ -123,11 +123,28 @@ def service_keys(creds_dir: Path) -> dict[str, str]:
     return {f"NKEY_{s.upper()}": k.public for s, k in new_service_keys(creds_dir).items()}
 
 
-def k8s_secret(keys: dict[str, KeyPair], *, name: str = "cppperf-nats-keys") -> str:
-    """The Kubernetes Secret deploy/k8s reads: NKEY_* (public, for the NATS pods) and SEED_*
-    (each service's seed, for its pods only)."""
-    lines = [f"apiVersion: v1\nkind: Secret\nmetadata:\n  name: {name}\ntype: Opaque\nstringData:"]
-    for service, key in keys.items():
-        lines.append(f"  NKEY_{service.upper()}: {key.public}")
-        lines.append(f"  SEED_{service.upper()}: {key.seed}")
-    return "\n".join(lines) + "\n"
+# deploy/k8s: the builder and evaluator run in namespace cppperf-build, the others in cppperf
+K8S_NAMESPACES: Final = {
+    "cppperf": ("admin", "crawler", "filter", "classifier"),
+    "cppperf-build": ("builder", "evaluator"),
+}
+
+
+def k8s_objects(keys: dict[str, KeyPair]) -> str:
+    """What deploy/k8s reads: the servers' public keys (ConfigMap `cppperf-nats-users`, not
+    secret) and, in each namespace, the Secret `cppperf-nats-creds` holding the creds files of the
+    services that run there (`<service>.creds`; each pod mounts only its own)."""
+    users = "\n".join(f"  NKEY_{s.upper()}: {k.public}" for s, k in keys.items())
+    docs = [
+        f"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cppperf-nats-users\n  namespace: cppperf\ndata:\n{users}\n"
+    ]
+    for namespace, services in K8S_NAMESPACES.items():
+        lines = [
+            f"apiVersion: v1\nkind: Secret\nmetadata:\n  name: cppperf-nats-creds\n  namespace: {namespace}\n"
+            "type: Opaque\nstringData:\n"
+        ]
+        for service in services:
+            body = creds_text(f"service-{service}", keys[service].seed)
+            lines.append(f"  {service}.creds: |\n" + "".join(f"    {line}\n" for line in body.splitlines()))
+        docs.append("".join(lines))
+    return "---\n".join(docs)

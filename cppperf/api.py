@@ -3,26 +3,95 @@ CLI runs, without a bus. `import cppperf` exposes these functions.
 
     import cppperf
 
-    found = cppperf.scan("/tmp/demo")                       # structural filter over the history
-    record = cppperf.prove("/tmp/demo", found.selected[-1].sha, runs=11, out_dir="cppperf-out")
-    report = cppperf.evaluate(record["cppperf"]["instance_id"], patch_text, out_dir="cppperf-out")
+    for commit in cppperf.scan("/tmp/demo", since="2024-01-01"):   # a generator, like PyDriller's
+        print(commit.sha, commit.message)
+    proof = cppperf.prove("/tmp/demo", commit.sha, runs=11, out_dir="cppperf-out")
+    print(proof.instance.verdict, [t.name for t in proof.instance.tests if t.improved])
+    report = cppperf.evaluate(proof.instance_id, patch_text, out_dir="cppperf-out")
+    print(report.verdict, report.opt, report.gm_speedup_agent)
 
-Errors are `ValueError` for bad input (no such repository or commit, a merge commit without
-`parent`) and `cppperf.shared.errors.CppPerfError` subclasses for everything else.
+Results are typed (`cppperf.shared.domain`'s msgspec Structs: `InstanceMeta`, `EvalReport`);
+the files on disk are the same as the CLI's. Errors are `ValueError` for bad input (no such
+repository or commit, a merge commit without `parent`, a bad date) and
+`cppperf.shared.errors.CppPerfError` subclasses for everything else.
 """
 
 from __future__ import annotations
 
 import subprocess
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import msgspec
+
+from cppperf.shared.domain import EvalReport, InstanceMeta
 
 if TYPE_CHECKING:
-    from cppperf.services.filter.walk import WalkResult
+    from cppperf.services.filter.walk import CommitHeader
     from cppperf.shared.messages import CommitSelected
     from cppperf.shared.settings import Settings
 
-__all__ = ["commit_from_repo", "evaluate", "prove", "scan", "settings"]
+__all__ = ["Proof", "ScanProgress", "commit_from_repo", "evaluate", "prove", "scan", "settings"]
+
+T = TypeVar("T", bound=msgspec.Struct)
+
+
+def typed(kind: type[T], data: Mapping[str, Any]) -> T:
+    """`data` (a record section or report as the pipeline builds it) as the Struct `kind`; keys the
+    Struct does not declare are left out (the files on disk keep them)."""
+    fields = set(kind.__struct_fields__)
+    return msgspec.convert({k: v for k, v in data.items() if k in fields}, kind, strict=False)
+
+
+class Proof(msgspec.Struct, frozen=True, kw_only=True):
+    """What `prove` returns: the typed `cppperf` section of the instance record, the whole record
+    (as written to `path`, the published keys included) and the expert's patch."""
+
+    instance: InstanceMeta
+    record: dict[str, Any]
+    path: str
+
+    @property
+    def instance_id(self) -> str:
+        return self.instance.instance_id
+
+    @property
+    def patch(self) -> str:
+        """The commit's diff as a git patch (what `--predictions gold` submits)."""
+        from cppperf.dataset.records import git_patch
+
+        return git_patch(self.record)
+
+
+@dataclass(frozen=True)
+class ScanProgress:
+    """What `scan`'s `progress` callback gets after each commit walked."""
+
+    scanned: int
+    selected: int
+    rejected: Mapping[str, int]  # per reason
+    commit: CommitHeader  # the commit just judged
+    reason: str | None  # why it was rejected; None: selected
+
+
+DateLike = datetime | date | str
+
+
+def _when(value: DateLike, *, end: bool) -> datetime:
+    """A `since`/`until` bound: a datetime (naive: UTC), a date or an ISO string (a bare date
+    covers the whole day, so `until="2024-03-31"` includes that day)."""
+    if isinstance(value, str):
+        try:
+            value = date.fromisoformat(value) if len(value) == 10 else datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError(f"bad date {value!r}: YYYY-MM-DD or an ISO datetime") from None
+    if not isinstance(value, datetime):
+        value = datetime.combine(value, time.max if end else time.min)
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def settings(**overrides: Any) -> Settings:
@@ -44,14 +113,50 @@ def _repo(path: str | Path) -> Path:
     return repo.resolve()
 
 
-def scan(repo: str | Path, *, explain: bool = False, s: Settings | None = None) -> WalkResult:
-    """The structural filter over a local repository's history (`cppperf filter`): `.scanned`,
-    `.selected` commits (sha, date, message, paths), `.rejected` counts per reason."""
-    from cppperf.services.filter.rules import Rules
-    from cppperf.services.filter.walk import walk
+def scan(
+    repo: str | Path,
+    *,
+    since: DateLike | None = None,
+    until: DateLike | None = None,
+    progress: Callable[[ScanProgress], None] | None = None,
+    rev: str = "HEAD",
+    s: Settings | None = None,
+) -> Iterator[CommitHeader]:
+    """The structural filter over a local repository's history (`cppperf filter`), as a
+    generator: each selected commit (`.sha`, `.date`, `.author`, `.message`, `.paths`) as the walk
+    reaches it, newest first. `since`/`until` (datetime, date or ISO string; default the
+    `mining.since/until` settings) bound the commit dates; `progress` is called after every commit
+    walked, selected or not. Bad input raises `ValueError` here, before the walk starts."""
+    from cppperf.services.filter.walk import judged_commits
+    from cppperf.shared.rules import Rules, Window
 
     s = s or settings()
-    return walk(_repo(repo), Rules.from_settings(s.mining), explain=explain)
+    path = _repo(repo)
+    rules = Rules.from_settings(s.mining)
+    window = Window(
+        _when(since, end=False) if since is not None else rules.window.since,
+        _when(until, end=True) if until is not None else rules.window.until,
+    )
+    if window.since > window.until:
+        raise ValueError(f"since {window.since.isoformat()} is after until {window.until.isoformat()}")
+    rules.window = window
+
+    def walk() -> Iterator[CommitHeader]:
+        selected = 0
+        rejected: Counter[str] = Counter()
+        for scanned, (commit, reason) in enumerate(judged_commits(path, rules, rev), start=1):
+            if reason is None:
+                selected += 1
+            else:
+                rejected[reason.value] += 1
+            if progress is not None:
+                progress(
+                    ScanProgress(scanned, selected, dict(rejected), commit, reason.value if reason else None)
+                )
+            if reason is None:
+                yield commit
+
+    return walk()
 
 
 def commit_from_repo(
@@ -102,9 +207,10 @@ def prove(
     runs: int | None = None,
     out_dir: str | Path | None = None,
     s: Settings | None = None,
-) -> dict[str, Any]:
-    """Build and time `sha` against its parent (`cppperf build`); writes and returns the instance
-    record (`record["cppperf"]["verdict"]`, `["tests"]`, …)."""
+) -> Proof:
+    """Build and time `sha` against its parent (`cppperf build`); writes the instance record to
+    OUT/instances and returns it typed (`.instance.verdict`, `.instance.tests`, …, `.record`)."""
+    from cppperf.dataset.records import instance_path
     from cppperf.services.builder.service import build_patch
 
     overrides: dict[str, Any] = {}
@@ -115,7 +221,11 @@ def prove(
     s = s or settings(**overrides)
     commit = commit_from_repo(repo, sha, parent=parent, name=name)
     built = build_patch(commit, _repo(repo), s.builder, work_dir=s.work_dir(), out_dir=Path(s.out_dir))
-    return built.record
+    return Proof(
+        instance=typed(InstanceMeta, built.record["cppperf"]),
+        record=built.record,
+        path=str(instance_path(Path(s.out_dir), built.record["cppperf"]["instance_id"])),
+    )
 
 
 def evaluate(
@@ -128,9 +238,10 @@ def evaluate(
     out_dir: str | Path | None = None,
     force: bool = False,
     s: Settings | None = None,
-) -> dict[str, Any]:
-    """Score one agent patch on an instance of OUT/instances (`cppperf evaluate`): the report
-    (`verdict`, `opt`, `gm_speedup_agent`, `gm_speedup_expert`, …). Finished reports are reused."""
+) -> EvalReport:
+    """Score one agent patch on an instance of OUT/instances (`cppperf evaluate`): the typed
+    report (`.verdict`, `.opt`, `.gm_speedup_agent`, `.gm_speedup_expert`, `.per_test`, …), as
+    written to OUT/runs/<run_id>/<model>/<instance_id>/report.json. Finished reports are reused."""
     from cppperf.dataset.records import instance_path
     from cppperf.services.evaluator.pipeline import EvalRequest
     from cppperf.services.evaluator.pipeline import evaluate as evaluate_one
@@ -143,4 +254,4 @@ def evaluate(
     s = s or settings(**overrides)
     if not instance_path(Path(s.out_dir), instance_id).is_file():
         raise ValueError(f"unknown instance {instance_id} (no {instance_path(Path(s.out_dir), instance_id)})")
-    return evaluate_one(EvalRequest(run_id, model, instance_id, patch), s, force=force)
+    return typed(EvalReport, evaluate_one(EvalRequest(run_id, model, instance_id, patch), s, force=force))

@@ -7,6 +7,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from cppperf.shared.buckets import COMMITS, INSTANCES, REPOS
 from cppperf.shared.domain import BUILT_VERDICTS, Stage, Verdict
 from cppperf.shared.store import Store
 
@@ -32,7 +33,7 @@ async def compute_funnel(store: Store) -> tuple[Funnel, dict[str, Funnel], dict[
     total = Funnel()
     per: dict[str, Funnel] = defaultdict(Funnel)
     reasons: dict[str, int] = defaultdict(int)
-    for rec in await store.all("repos"):
+    for rec in await store.all(REPOS.name):
         repo = rec["id"]
         f = per[repo]
         f.repos = 1
@@ -42,12 +43,12 @@ async def compute_funnel(store: Store) -> tuple[Funnel, dict[str, Funnel], dict[
         filt: dict[str, Any] = rec.get("filter") or {}
         f.scanned = int(filt.get("scanned", 0))
         f.selected = int(filt.get("selected", 0))
-    for rec in await store.all("commits"):
+    for rec in await store.all(COMMITS.name):
         f = per[str(rec.get("repo", "?"))]
         if "label" in rec:
             f.classified += 1
             f.positive += bool(rec["label"])
-    for rec in await store.all("instances"):
+    for rec in await store.all(INSTANCES.name):
         f = per[str(rec.get("repo", "?"))]
         verdict = rec.get("verdict")
         if verdict in BUILT_VERDICTS:

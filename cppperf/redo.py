@@ -15,7 +15,10 @@ from pathlib import Path
 
 import msgspec
 
+from cppperf.shared import buckets
 from cppperf.shared import messages as m
+from cppperf.shared.buckets import INSTANCES, REPOS
+from cppperf.shared.domain import RepoState
 from cppperf.shared.errors import CppPerfError
 from cppperf.shared.mirror import ensure_local
 from cppperf.shared.service import ServiceContext
@@ -27,8 +30,8 @@ async def _commit(ctx: ServiceContext, rec: dict[str, object]) -> m.CommitSelect
     from cppperf.api import commit_from_repo
 
     repo, sha, parent = str(rec.get("repo", "")), str(rec.get("sha", "")), str(rec.get("parent", ""))
-    state = await ctx.store.get("repos", repo) or {}
-    url = str(state.get("url") or "")
+    state = await buckets.get(ctx.store, REPOS, repo) or RepoState()
+    url = state.url
     if not url:
         raise CppPerfError(f"repository {repo} is not in this output folder's store")
     path: Path = await asyncio.to_thread(ensure_local, url, repo, ctx.settings.mirror_dir())
@@ -41,10 +44,10 @@ async def redo_instances(ctx: ServiceContext, ids: list[str]) -> dict[str, str]:
     wanted = list(ids)
     if ALL in wanted:
         wanted = [i for i in wanted if i != ALL]
-        wanted += [str(k) for k in await ctx.store.ids("instances") if k not in wanted]
+        wanted += [str(k) for k in await ctx.store.ids(INSTANCES.name) if k not in wanted]
     outcome: dict[str, str] = {}
     for iid in wanted:
-        rec = await ctx.store.get("instances", iid)
+        rec = await ctx.store.get(INSTANCES.name, iid)
         if rec is None:
             outcome[iid] = "unknown instance (never built in this output folder)"
             continue
@@ -56,7 +59,7 @@ async def redo_instances(ctx: ServiceContext, ids: list[str]) -> dict[str, str]:
         diff, ref = await ctx.store.inline_or_ref(f"diff/{commit.id}", commit.diff)
         if ref:
             commit = msgspec.structs.replace(commit, diff=diff, diff_ref=ref)
-        await ctx.store.delete("instances", iid)
+        await ctx.store.delete(INSTANCES.name, iid)
         msg = m.CommitClassified(commit=commit, label=True, backend="force", evidence=["mine --force"])
         await ctx.bus.publish(m.COMMIT_CLASSIFIED, msg, msg_id=f"{msg.id}#force-{time.time_ns()}")
         outcome[iid] = "requeued"

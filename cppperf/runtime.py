@@ -29,6 +29,7 @@ from cppperf.shared.bus import Bus, credential_options, servers, until_ready
 from cppperf.shared.embedded import EmbeddedNats, running_url, stop_all
 from cppperf.shared.health import Liveness, heartbeat_loop
 from cppperf.shared.logging import get_logger, register_url
+from cppperf.shared.provision import require_provisioned
 from cppperf.shared.service import ServiceContext
 from cppperf.shared.settings import Settings
 from cppperf.shared.store import Store
@@ -69,19 +70,23 @@ async def connect(
 ) -> AsyncIterator[ServiceContext]:
     """Bus + store. `owner=True` (services) applies the configuration of the consumers of
     `services` (all when None); the default (read-only commands) only creates missing streams
-    and never changes a consumer. `wait` (services): a JetStream that does not answer yet (a
-    cluster still electing its meta leader, or busy creating R=3 streams) is waited for
-    (`until_ready`) instead of failing the start."""
+    and never changes a consumer. On a bus the admin provisions (`BusSettings.self_provisioning`
+    false) nothing is created but consumers: a missing stream or bucket is `NotProvisioned`.
+    `wait` (services): a JetStream that does not answer yet (a cluster still electing its meta
+    leader, or busy creating R=3 streams) is waited for (`until_ready`) instead of failing."""
     bus = await Bus.connect(url, settings.bus)
     try:
 
         async def provisioned() -> Store:
+            if not bus.provisioning:  # a secured bus: only `cppperf bus provision` creates streams
+                await require_provisioned(bus.js)
             await bus.provision(owner=owner, services=services)
             return await Store.open(
                 bus.js,
                 replicas=settings.bus.replicas,
                 kv_max_bytes=settings.bus.kv_max_bytes,
                 blob_max_bytes=settings.bus.blob_max_bytes,
+                create=bus.provisioning,
             )
 
         store = await (
@@ -183,11 +188,12 @@ async def run_services(
         for name in ("filter", "classifier", "builder", "evaluator"):
             if name not in services:
                 continue
-            made = wiring[name](broker, ctx)
+            made = wiring[name](broker, ctx)  # what a service returns owns its startup and close
             if hasattr(made, "close"):
                 closers.append(made)
-            if name == "builder":  # its worker lease is a KV write: the claims bucket may be electing
-                await until_ready(lambda: builder_app.startup(ctx), ctx.bus, wait=settings.bus.reconnect_wait)
+            if hasattr(made, "startup"):  # the builder's worker lease is a KV write: the claims
+                # bucket of a new cluster may still be electing its leader
+                await until_ready(made.startup, ctx.bus, wait=settings.bus.reconnect_wait)
         await broker.start()
         ctx.liveness.attach_all()
         running = Running(ctx, broker)

@@ -8,6 +8,9 @@ configuration (`provision(owner=True)` applies it, logging what changed); read-o
 (`status`, `dlq list`) never create or change a consumer or a stream's settings
 (`provision(owner=False)` only creates missing streams), and report a mismatch in a log line.
 A publish to a stream that has gone missing re-creates the streams once (`stream_reprovisioned`).
+On a bus only the admin provisions (`BusSettings.self_provisioning` false: a secured bus) nothing
+here creates or updates a stream: a missing one is `NotProvisioned` (shared/provision.py,
+`cppperf bus provision`); services still create their durable consumers.
 
 Limits (README "Who can do what on the bus"): every stream has `max_bytes`/`max_msgs`. Work queues
 and the DLQ never age out and refuse new messages when full (`discard: new`): the publisher gets an
@@ -15,7 +18,8 @@ error and retries (a service naks its own message), so pipeline work is never dr
 their messages cannot be purged. The announcement streams (`patch.built`, `eval.completed`) drop
 their oldest messages past `output_max_age` (the records live in the KV buckets).
 `eval.requested` and `eval.completed` carry the agent as the last subject token
-(`eval.requested.<agent>`), which is how the evaluator counts an agent's pending requests.
+(`eval.requested.<agent>`), which is how the evaluator counts an agent's pending requests and
+serves agents in turn (one consumer per agent, shared/fair.py).
 
 Dead letters always fit: a payload over `dlq_inline_limit` goes to the object store and the
 letter keeps its reference, size, SHA-256 and first bytes.
@@ -27,7 +31,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,10 +47,10 @@ from nats.js import api as js_api
 from nats.js.errors import BadRequestError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
 from cppperf.shared import messages as m
-from cppperf.shared.errors import BadInput
+from cppperf.shared.errors import BadInput, NotProvisioned
 from cppperf.shared.logging import get_logger, register_url, safe_url
 from cppperf.shared.settings import BusSettings
-from cppperf.shared.store import open_blobs
+from cppperf.shared.store import NOT_PROVISIONED, Action, open_blobs
 
 log = get_logger(__name__)
 
@@ -61,6 +65,29 @@ class WorkQueue:
     @property
     def subjects(self) -> list[str]:
         return [self.subject, self.subject + ".>"] if self.per_agent else [self.subject]
+
+    def agent_subject(self, agent: str | None) -> str:
+        """What one consumer takes: `<subject>.<agent>`, or the bare subject for `None`."""
+        return self.subject if agent is None else f"{self.subject}.{agent}"
+
+    def waiting(self, counts: Mapping[str, int]) -> list[str | None]:
+        """The queues holding messages, from the stream's per-subject counts: the bare subject
+        (None) and each `<subject>.<agent>` whose agent is a valid name (others: never served)."""
+        keys: list[str | None] = []
+        for subject, count in counts.items():
+            agent = subject.removeprefix(self.subject + ".")
+            if count <= 0:
+                continue
+            if subject == self.subject:
+                keys.append(None)
+            elif agent != subject and m.AGENT_NAME.fullmatch(agent):
+                keys.append(agent)
+        return keys
+
+    def agent_durable(self, agent: str | None) -> str:
+        """`evaluator` for the bare subject, `evaluator-<agent>` for an agent's own queue (agent
+        names are one subject token without dots: a valid durable name)."""
+        return self.durable if agent is None else f"{self.durable}-{agent}"
 
 
 WORK_QUEUES: dict[str, WorkQueue] = {
@@ -108,17 +135,19 @@ def stream_for(subject: str) -> str:
     raise KeyError(f"no stream carries subject {subject!r}")
 
 
-def consumer_config(q: WorkQueue, settings: BusSettings) -> js_api.ConsumerConfig:
+def consumer_config(q: WorkQueue, settings: BusSettings, agent: str | None = None) -> js_api.ConsumerConfig:
     # No delivery limit on the server: the handler counts deliveries and moves a message into the
     # DLQ at `max_deliver` (also one whose earlier attempts crashed the process). A message whose
     # dead letter could not be written is nak'ed and comes back, instead of staying pending forever.
+    # A per-agent queue has one consumer per agent (`<subject>.<agent>`) beside the bare subject's:
+    # their filters never overlap, which a work-queue stream requires (shared/fair.py).
     return js_api.ConsumerConfig(
-        durable_name=q.durable,
+        durable_name=q.agent_durable(agent),
         ack_policy=js_api.AckPolicy.EXPLICIT,
         ack_wait=settings.ack_wait,
         max_deliver=-1,
         max_ack_pending=settings.max_ack_pending,
-        filter_subject=None if q.per_agent else q.subject,
+        filter_subject=q.agent_subject(agent),
         deliver_policy=js_api.DeliverPolicy.ALL,
     )
 
@@ -152,6 +181,9 @@ class Bus:
         self.nc = nc
         self.js = js
         self.settings = settings
+        # creates/updates streams itself (the embedded/open bus; `cppperf bus provision`), or
+        # only checks that they exist (a secured bus: `BusSettings.self_provisioning`)
+        self.provisioning = settings.self_provisioning
         # when the connection was lost (None: connected); the live view and `wait_drained` say so
         self.lost_since: float | None = None
 
@@ -201,16 +233,20 @@ class Bus:
             await self.nc.drain()
 
     # ------------------------------------------------------------------ provisioning
-    async def provision(self, *, owner: bool = True, services: list[str] | None = None) -> None:
-        """Declare every stream and durable consumer; a no-op when they already match.
+    async def provision(
+        self, *, owner: bool = True, services: list[str] | None = None
+    ) -> list[tuple[str, Action]]:
+        """Declare every stream and durable consumer; a no-op when they already match. Returns
+        what happened to each stream (`created`, `updated`, `unchanged`).
 
         `owner=True`: the consumers of `services` (all when None) get these settings; other
         missing consumers are created, existing ones left alone. `owner=False` (read-only
         commands): create missing streams only; never create, change or delete a consumer, never
         update a stream; a consumer differing from these settings is reported in a log line."""
         s = self.settings
+        done: list[tuple[str, Action]] = []
         for q in WORK_QUEUES.values():
-            await self._ensure_stream(
+            action = await self._ensure_stream(
                 js_api.StreamConfig(
                     name=q.stream,
                     subjects=q.subjects,
@@ -223,22 +259,24 @@ class Bus:
                 ),
                 owner=owner,
             )
+            done.append((q.stream, action))
             if owner and (services is None or owning_service(q) in services):
                 await self.ensure_consumer(q)
             elif owner:
                 await self.ensure_consumer(q, update=False)
             else:
                 await self.consumer_mismatch(q)
-        await self._provision_outputs(owner=owner)
+        return done + await self._provision_outputs(owner=owner)
 
     async def provision_streams(self) -> None:
         """Re-create missing streams (never touching existing ones or any consumer)."""
         await self.provision(owner=False)
 
-    async def _provision_outputs(self, *, owner: bool) -> None:
+    async def _provision_outputs(self, *, owner: bool) -> list[tuple[str, Action]]:
         s = self.settings
+        done: list[tuple[str, Action]] = []
         for subject, stream in OUTPUT_STREAMS.items():
-            await self._ensure_stream(
+            action = await self._ensure_stream(
                 js_api.StreamConfig(
                     name=stream,
                     subjects=output_subjects(subject),
@@ -254,7 +292,8 @@ class Bus:
                 ),
                 owner=owner,
             )
-        await self._ensure_stream(
+            done.append((stream, action))
+        action = await self._ensure_stream(
             js_api.StreamConfig(
                 name=DLQ_STREAM,
                 subjects=[m.DLQ_PREFIX + ">"],
@@ -266,30 +305,42 @@ class Bus:
             ),
             owner=owner,
         )
+        return [*done, (DLQ_STREAM, action)]
 
-    async def _ensure_stream(self, config: js_api.StreamConfig, *, owner: bool = True) -> None:
+    async def _ensure_stream(self, config: js_api.StreamConfig, *, owner: bool = True) -> Action:
+        """Create or update one stream. A process that does not provision (a secured bus) only
+        checks: a missing stream is `NotProvisioned`, a differing one a log line."""
         assert config.name is not None
         try:
             info = await self.js.stream_info(config.name)
         except NotFoundError:
+            if not self.provisioning:
+                raise NotProvisioned(f"stream {config.name} is missing: {NOT_PROVISIONED}") from None
             await self.js.add_stream(config)
-            return
+            return "created"
         current = info.config
-        if owner and (
-            current.subjects != config.subjects
-            or current.duplicate_window != config.duplicate_window
-            or current.num_replicas != config.num_replicas
-            or current.max_bytes != config.max_bytes
-            or current.max_msgs != config.max_msgs
-        ):
-            await self.js.update_stream(config)
+        fields = ("subjects", "duplicate_window", "num_replicas", "max_bytes", "max_msgs", "max_age")
+        diff = {
+            f: (getattr(current, f), getattr(config, f))
+            for f in fields
+            if getattr(config, f) is not None and getattr(current, f) != getattr(config, f)
+        }
+        if not (owner and diff):
+            return "unchanged"
+        if not self.provisioning:
+            log.info("stream_config_differs", stream=config.name, live_vs_ours=diff)
+            return "unchanged"
+        await self.js.update_stream(config)
+        return "updated"
 
-    async def ensure_consumer(self, q: WorkQueue, *, update: bool = True) -> bool:
+    async def ensure_consumer(self, q: WorkQueue, *, update: bool = True, agent: str | None = None) -> bool:
         """The owning service's durable consumer with its settings; True when created now.
-        `update=False`: create it when missing, leave an existing one as it is."""
-        config = consumer_config(q, self.settings)
+        `update=False`: create it when missing, leave an existing one as it is. `agent`: that
+        agent's own consumer of a per-agent queue."""
+        config = consumer_config(q, self.settings, agent)
+        assert config.durable_name is not None
         try:
-            info = await self.js.consumer_info(q.stream, q.durable)
+            info = await self.js.consumer_info(q.stream, config.durable_name)
         except NotFoundError:
             await self.js.add_consumer(q.stream, config)
             return True
@@ -297,9 +348,13 @@ class Bus:
         if diff and update:
             try:
                 await self.js.add_consumer(q.stream, config)  # create-or-update on current servers
-                log.info("consumer_config_updated", stream=q.stream, consumer=q.durable, changes=diff)
+                log.info(
+                    "consumer_config_updated", stream=q.stream, consumer=config.durable_name, changes=diff
+                )
             except BadRequestError as exc:
-                log.warning("consumer_config_kept", stream=q.stream, consumer=q.durable, error=str(exc))
+                log.warning(
+                    "consumer_config_kept", stream=q.stream, consumer=config.durable_name, error=str(exc)
+                )
         return False
 
     async def consumer_mismatch(self, q: WorkQueue) -> dict[str, tuple[Any, Any]]:
@@ -350,7 +405,7 @@ class Bus:
         inline = payload
         if len(payload) > self.settings.dlq_inline_limit:
             ref = f"dlq/{subject}/{stream_seq if stream_seq is not None else 'x'}-{digest[:16]}"
-            blobs = await open_blobs(self.js, self.settings.replicas)
+            blobs = await open_blobs(self.js, self.settings.replicas, create=self.provisioning)
             await blobs.put(ref, payload)
             inline = b""
         letter = m.DeadLetter(
@@ -375,7 +430,7 @@ class Bus:
         """The original payload of a dead letter (from the object store when it was large)."""
         if not letter.payload_ref:
             return letter.payload
-        blobs = await open_blobs(self.js, self.settings.replicas)
+        blobs = await open_blobs(self.js, self.settings.replicas, create=self.provisioning)
         res = await blobs.get(letter.payload_ref)
         return bytes(res.data or b"")
 
@@ -450,6 +505,8 @@ class Bus:
                 consumer, in_flight = q.durable, cinfo.num_ack_pending or 0
             except NotFoundError:  # its service has not started yet
                 consumer, in_flight = f"{q.durable} (none yet)", 0
+            if q.per_agent:
+                in_flight += await self._agents_in_flight(q)
             dead = dlq_counts.get(subject, 0)
             remaining = sinfo.state.messages
             total = sinfo.state.last_seq
@@ -481,6 +538,22 @@ class Bus:
                 )
             )
         return rows
+
+    async def _agents_in_flight(self, q: WorkQueue) -> int:
+        """Messages the per-agent consumers (`<durable>-<agent>`) hold, for agents with work queued."""
+        total = 0
+        for agent in q.waiting(await self.subject_counts(q)):
+            if agent is not None:
+                with contextlib.suppress(NotFoundError):
+                    total += (
+                        await self.js.consumer_info(q.stream, q.agent_durable(agent))
+                    ).num_ack_pending or 0
+        return total
+
+    async def subject_counts(self, q: WorkQueue) -> dict[str, int]:
+        """Messages per subject of the queue's stream (queued or being handled, not yet acked)."""
+        info = await self.js.stream_info(q.stream, subjects_filter=">")
+        return {str(k): int(v) for k, v in (info.state.subjects or {}).items()}
 
     async def drained(self) -> bool:
         """True when no work-queue message is pending or in flight."""

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from cppperf.shared.buckets import CLAIMS
 from cppperf.shared.errors import TransientError
 from cppperf.shared.logging import get_logger
 from cppperf.shared.store import Store
@@ -40,7 +41,7 @@ from cppperf.shared.tasks import sleep_unless, stop_task
 
 log = get_logger(__name__)
 
-BUCKET: Final = "claims"
+BUCKET: Final = CLAIMS
 ATTEMPTS_DIR: Final = "attempts"
 TOKEN: Final = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 

@@ -1,6 +1,7 @@
 """The typed domain after the bus: outcomes as `StrEnum`s, state and reports as msgspec Structs.
 
     Verdict          builder: improved | not-improved | regressed | unchanged-binaries | rejected
+    DecisionRule     which test flags decide the verdict: ours | strict | paper (`flags(t)`)
     FailureCategory  why a build or run was rejected: configure | dependency | compile | ...
     EvalVerdict      evaluator: opt | correct | tests-failed | ... | untrusted-refused
     Stage            where an item is in the pipeline (the `stage` of a KV value)
@@ -8,20 +9,27 @@
     RepoState, CommitState, InstanceState, EvaluationState   the values of the KV buckets
                                                              `repos`, `commits`, `instances`,
                                                              `evaluations` (keyed by the stable ids)
-    InstanceMeta     the instance record's `cppperf` section (the rest is CppPerf-DB's shape)
-    EvalReport       the evaluator's `report.json` (also `EvalCompleted.report`, without samples)
+    InstanceMeta     the instance record's `cppperf` section (the rest is CppPerf-DB's shape),
+                     built as this Struct by services/builder/record.py
+    StatsRecord      one test's statistics and decisions (engine/stats.py; the record's `tests`)
+    Coverage         its `coverage`: which tests run the change, the deciding family, controls
+    EvalReport       the evaluator's `report.json` (also `EvalCompleted.report`, without samples),
+                     built as this Struct by services/evaluator/pipeline.py
 
 Every value is a `str` subclass or a Struct, so JSON on disk and on the wire is unchanged. KV
-values and reports only grow: new fields get defaults and unknown fields are ignored when
-decoding (msgspec schema evolution). `schemas()` gives their JSON schemas (`cppperf schema`).
+values only grow: new fields get defaults and unknown fields are ignored when decoding (msgspec
+schema evolution). The record section and the report are what cppperf writes, field for field:
+they forbid unknown fields, so the tests that decode real output fail on a key not declared here.
+`schemas()` gives their JSON schemas (`cppperf schema`).
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 
 class Verdict(StrEnum):
@@ -35,6 +43,46 @@ class Verdict(StrEnum):
 BUILT_VERDICTS: Final = frozenset(
     {Verdict.IMPROVED, Verdict.NOT_IMPROVED, Verdict.REGRESSED, Verdict.UNCHANGED_BINARIES}
 )
+
+
+class RuleFlags(Protocol):
+    """One test's decided flags under every rule (`StatsRecord`)."""
+
+    @property
+    def improved(self) -> bool: ...
+    @property
+    def regressed(self) -> bool: ...
+    @property
+    def strict_improved(self) -> bool: ...
+    @property
+    def strict_regressed(self) -> bool: ...
+    @property
+    def paper_improved(self) -> bool: ...
+    @property
+    def paper_regressed(self) -> bool: ...
+
+
+class DecisionRule(StrEnum):
+    """Which flags decide a test (engine/stats.py): `ours` (BH-adjusted p, the median change and
+    the CI below 1), `strict` (the whole CI beyond the threshold), `paper` (raw p, the mean change)."""
+
+    OURS = "ours"
+    STRICT = "strict"
+    PAPER = "paper"
+
+    def flags(self, t: RuleFlags) -> tuple[bool, bool]:
+        """(improved, regressed) of one test under this rule: the one place a rule names fields."""
+        if self is DecisionRule.STRICT:
+            return t.strict_improved, t.strict_regressed
+        if self is DecisionRule.PAPER:
+            return t.paper_improved, t.paper_regressed
+        return t.improved, t.regressed
+
+    def improved(self, t: RuleFlags) -> bool:
+        return self.flags(t)[0]
+
+    def regressed(self, t: RuleFlags) -> bool:
+        return self.flags(t)[1]
 
 
 class FailureCategory(StrEnum):
@@ -67,6 +115,37 @@ class EvalVerdict(StrEnum):
     INSTANCE_BROKEN = "instance-broken"
     UNKNOWN_INSTANCE = "unknown-instance"
     UNTRUSTED_REFUSED = "untrusted-refused"
+
+
+class Oracle(StrEnum):
+    """Which workloads prove an instance (`cppperf.proven_by`) or let it grade agents (`oracle`)."""
+
+    CTEST = "ctest"
+    BENCHMARK = "benchmark"
+    BOTH = "both"
+    NONE = "none"
+
+    @classmethod
+    def of(cls, *, ctest: bool, benchmark: bool) -> Oracle:
+        if ctest and benchmark:
+            return cls.BOTH
+        return cls.CTEST if ctest else (cls.BENCHMARK if benchmark else cls.NONE)
+
+
+class BenchmarkSkip(StrEnum):
+    """Why a benchmark the tree builds is not timed (`cppperf.benchmarks_skipped`)."""
+
+    LIST_FAILED = "list-failed"  # `--benchmark_list_tests` failed or listed nothing
+    CRASHED = "crashed"  # the probe run exited non-zero
+    TIMEOUT = "timeout"  # the probe run passed `builder.benchmark_timeout`
+    MALFORMED_OUTPUT = "malformed-output"  # no Google Benchmark JSON for it in the output
+    ERROR_REPORTED = "error-reported"  # the benchmark reported an error (SkipWithError)
+    ONE_SIDE_ONLY = "one-side-only"  # built on one side only
+    CHANGED = "changed"  # the commit changes the benchmark's own sources: each side times other code
+    OVER_LIMIT = "over-limit"  # beyond `builder.max_benchmarks`
+    UNSUPPORTED_FRAMEWORK = "unsupported-framework"  # nanobench: no generic machine-readable output
+    EXACT_METRIC = "exact-metric"  # `builder.metric=cachegrind`: benchmarks time, they do not count
+    BACKEND = "backend"  # the backend cannot read the build's CMake file API (docker)
 
 
 class Stage(StrEnum):
@@ -126,6 +205,8 @@ class InstanceState(_Value, kw_only=True):
     parent: str = ""
     improved_tests: list[str] = msgspec.field(default_factory=list)
     regressed_tests: list[str] = msgspec.field(default_factory=list)
+    improved_benchmarks: list[str] = msgspec.field(default_factory=list)  # `bench:` workloads
+    regressed_benchmarks: list[str] = msgspec.field(default_factory=list)
     failure_category: FailureCategory | None = None
     record: str = ""  # the whole instance record (JSON) when small enough to stay inline
     record_ref: str | None = None  # else its object-store name
@@ -145,7 +226,14 @@ class EvaluationState(_Value, kw_only=True):
 
 
 # --------------------------------------------------------------------- the instance record
-class BuildStep(msgspec.Struct, kw_only=True):
+# What the builder and the evaluator write, field for field: these decode with
+# `forbid_unknown_fields` (a key written but not declared here fails the round-trip tests on real
+# output: tests/test_whose_fault.py, test_builder.py, test_evaluator.py, test_domain.py).
+class _Written(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class BuildStep(_Written, kw_only=True):
     side: str
     step: str
     ok: bool
@@ -155,8 +243,8 @@ class BuildStep(msgspec.Struct, kw_only=True):
     command: list[str] = msgspec.field(default_factory=list)  # the argv exactly as it ran
 
 
-class StatsRecord(msgspec.Struct, kw_only=True):
-    """One test's statistics (`engine.stats.TestStats`)."""
+class StatsRecord(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """One test's statistics and decisions (engine/stats.py computes them; the record keeps them)."""
 
     name: str
     n_old: int
@@ -180,13 +268,17 @@ class StatsRecord(msgspec.Struct, kw_only=True):
     paper_regressed: bool = False
     strict_improved: bool = False
     strict_regressed: bool = False
+    exact: bool = False  # decided on exact counts, not on a distribution
 
 
-class Confirmation(msgspec.Struct, kw_only=True, omit_defaults=True):
+class Confirmation(_Written, kw_only=True, omit_defaults=True):
     held: bool
     failure: str | None = None
+    metric: str | None = None  # the metric `old` and `new` are in (the test's deciding metric)
     old: list[float] | None = None
     new: list[float] | None = None
+    old_wall_s: list[float] | None = None
+    new_wall_s: list[float] | None = None
     median_change: float | None = None
     p_improve: float | None = None
     p_regress: float | None = None
@@ -194,16 +286,18 @@ class Confirmation(msgspec.Struct, kw_only=True, omit_defaults=True):
     ci: list[float] | None = None
 
 
-class SideSamples(msgspec.Struct, kw_only=True):
+class SideSamples(_Written, kw_only=True):
     old_s: list[float]
     new_s: list[float]
     old_cpu_s: list[float] = msgspec.field(default_factory=list)
     new_cpu_s: list[float] = msgspec.field(default_factory=list)
     old_instructions: list[float] = msgspec.field(default_factory=list)  # `builder.metric = instructions`
     new_instructions: list[float] = msgspec.field(default_factory=list)
+    old_ir: list[float] = msgspec.field(default_factory=list)  # `builder.metric = cachegrind`
+    new_ir: list[float] = msgspec.field(default_factory=list)
 
 
-class Environment(msgspec.Struct, kw_only=True):
+class Environment(_Written, kw_only=True):
     platform: str = ""
     cpu_model: str = ""
     cpu_count: int | None = None
@@ -216,22 +310,24 @@ class Environment(msgspec.Struct, kw_only=True):
     timing_cores: list[int] = msgspec.field(default_factory=list)  # host core leases
     build_cores: list[int] = msgspec.field(default_factory=list)
     leased_core: int | None = None  # the core this instance was timed on
-    leased_cores: list[int] = msgspec.field(default_factory=list)  # every core a round was timed on
-    lease_policy: str = ""  # round | whole | poll | none (exact metric / unpinned)
-    lease_waits: int = 0
-    lease_wait_max_s: float = 0.0
-    lease_wait_total_s: float = 0.0
-    power_warning: str | None = None  # the rounds cannot reach alpha for this many tests
+    # the lease facts, once timed (`leases.Turns.facts`)
+    leased_cores: list[int] | UnsetType = UNSET  # every core a round was timed on
+    lease_policy: str | UnsetType = UNSET  # round | whole | poll | none (exact metric / unpinned)
+    lease_waits: int | UnsetType = UNSET
+    lease_wait_max_s: float | UnsetType = UNSET
+    lease_wait_total_s: float | UnsetType = UNSET
+    power_warning: str | UnsetType = UNSET  # the rounds cannot reach alpha for this many tests
     load_average_start: list[float] | None = None
-    load_average_end: list[float] | None = None
-    compiler_version: str = ""
-    cmake_version: str = ""
+    load_average_end: list[float] | UnsetType = UNSET
+    compiler_version: str | UnsetType = UNSET  # once both sides built
+    cmake_version: str | UnsetType = UNSET
 
 
-class Attempt(msgspec.Struct, kw_only=True):
-    """One build type tried (the fallback build type makes a second)."""
+class Attempt(_Written, kw_only=True):
+    """One build profile tried (the fallback build type or -Wno-error makes another)."""
 
     build_type: str
+    profile_change: str = ""  # what changed from the configured profile (`-Wno-error`)
     verdict: Verdict
     failure_category: FailureCategory | None = None
     failure_step: str = ""
@@ -241,7 +337,7 @@ class Attempt(msgspec.Struct, kw_only=True):
     build_steps: list[BuildStep] = msgspec.field(default_factory=list)
 
 
-class Validation(msgspec.Struct, kw_only=True):
+class Validation(_Written, kw_only=True):
     """Gold validation (services/evaluator/gold.py): the two evaluations' verdicts, the oracle."""
 
     gold: dict[str, Any] = msgspec.field(default_factory=dict)  # the expert patch's report, in brief
@@ -251,15 +347,76 @@ class Validation(msgspec.Struct, kw_only=True):
     why: str = ""  # when it cannot grade
 
 
-class InstanceMeta(msgspec.Struct, kw_only=True):
+class Calibration(_Written, kw_only=True):
+    """`cppperf build --calibrate`: an A/A run (the same commit on both sides), what each rule flags."""
+
+    tests: int
+    flagged_ours: list[str] = msgspec.field(default_factory=list)
+    flagged_paper_rule: list[str] = msgspec.field(default_factory=list)
+    flagged_strict_rule: list[str] = msgspec.field(default_factory=list)
+    verdict: Verdict
+    verdict_paper_rule: Verdict
+    verdict_strict_rule: Verdict
+    failure: str = ""
+
+
+class CoveredTest(_Written, kw_only=True):
+    """One test's run on the coverage build of the new side (`builder.coverage`)."""
+
+    runs_change: bool  # it executed a changed line (or the function around a change with none)
+    lines_hit: int = 0  # the changed executable lines it executed
+    lines_total: int = 0  # the changed executable lines (`Coverage.executable_lines`)
+    functions_hit: list[str] = msgspec.field(default_factory=list)  # around a change it ran
+    ran: bool = True  # False: its coverage run failed; it stays in the deciding family
+
+
+class Coverage(_Written, kw_only=True):
+    """Which tests run the change (services/builder, `shared/engine/coverage.py`): the instance is
+    decided on those tests (the correction runs over that family); the others are A/A controls."""
+
+    used: bool = False  # the decision ran over `deciding` only
+    reason: str = ""  # why not (then every test decided, as without coverage)
+    changed_lines: int = 0  # new-side lines the diff adds, or that border a deletion
+    executable_lines: int = 0  # of them, lines gcov instruments in a translation unit a test ran
+    unmapped_hunks: int = 0  # hunks with no instrumented line and no function around them
+    tests: dict[str, CoveredTest] = msgspec.field(default_factory=dict)
+    deciding: list[str] = msgspec.field(default_factory=list)  # the tests that run the change
+    controls: list[str] = msgspec.field(default_factory=list)  # the tests that do not
+    moved_controls: dict[str, str] = msgspec.field(default_factory=dict)  # control -> improved | regressed
+    suspect: bool = False  # a control moved: the measurement is flagged (the verdict stands)
+    seconds: float = 0.0  # the coverage build, runs and gcov
+    build_log: str = ""  # the coverage build's log, by name in the instance's logs folder
+
+
+class BenchmarkWorkload(_Written, kw_only=True):
+    """One benchmark timed as a workload (`bench:<target>/<benchmark>`)."""
+
+    name: str
+    target: str  # the CMake target that builds the executable
+    executable: str  # its path relative to the build tree
+    benchmark: str  # the benchmark's own name (its `--benchmark_filter`)
+    framework: str = "google-benchmark"
+    repetitions: int = 1  # repetitions inside one sample (the sample is their median)
+    min_time_s: float = 0.0  # `--benchmark_min_time` of each repetition
+
+
+class SkippedBenchmark(_Written, kw_only=True):
+    name: str
+    reason: BenchmarkSkip
+    detail: str = ""
+    side: str = ""  # the side it failed on (listing, probe) or is missing from (one-side-only)
+
+
+class InstanceMeta(_Written, kw_only=True):
     """The instance record's `cppperf` section."""
 
     record_version: int = 1
     instance_id: str
-    imported_from: str | None = None  # a published CppPerf-DB file (`cppperf dataset import`)
-    statistics: str | None = None  # how an imported record's verdicts were recomputed
+    # UNSET: not written by the builder (`cppperf dataset import`, images, validation add them)
+    imported_from: str | UnsetType | None = UNSET  # a published CppPerf-DB file (`dataset import`)
+    statistics: str | UnsetType | None = UNSET  # how an imported record's verdicts were recomputed
     verdict: Verdict
-    decision_rule: str = ""  # which rule decided `verdict` (default | strict | paper)
+    decision_rule: str = ""  # which rule decided `verdict` (`DecisionRule`: ours | strict | paper)
     verdict_paper_rule: Verdict | None = None
     verdict_strict_rule: Verdict | None = None
     profile: str = ""  # default | paper
@@ -268,8 +425,8 @@ class InstanceMeta(msgspec.Struct, kw_only=True):
     repeats: dict[str, int] = msgspec.field(default_factory=dict)  # per test: runs inside one sample
     sample_floor_s: float | None = None
     compared_tests: list[str] = msgspec.field(default_factory=list)
-    improved_tests: list[str] = msgspec.field(default_factory=list)  # imported records
-    regressed_tests: list[str] = msgspec.field(default_factory=list)
+    improved_tests: list[str] | UnsetType = UNSET  # imported records
+    regressed_tests: list[str] | UnsetType = UNSET
     failure_category: FailureCategory | None = None
     failure_detail: str = ""
     failure_step: str = ""  # checkout | configure | build | tests | test
@@ -292,22 +449,32 @@ class InstanceMeta(msgspec.Struct, kw_only=True):
     confirmations: dict[str, Confirmation] = msgspec.field(default_factory=dict)
     samples: dict[str, SideSamples] = msgspec.field(default_factory=dict)
     linked_texts_fetched: bool = False
-    image: str | None = None
-    installed_packages: list[str] = msgspec.field(default_factory=list)
-    image_pushed: str | None = None
-    oracle: str | None = None  # `cppperf validate`: ctest | benchmark | both | none (None: not validated)
-    validation: Validation | None = None
+    image: str | UnsetType | None = UNSET  # the docker backend's instance image
+    installed_packages: list[str] | UnsetType = UNSET
+    image_pushed: str | UnsetType | None = UNSET
+    oracle: str | UnsetType | None = UNSET  # `cppperf validate`: ctest | benchmark | both | none
+    # the project's benchmarks as workloads: which kind of workload proved the instance (None: no
+    # proof was made), per-benchmark statistics beside `tests`, what was timed and what was not
+    proven_by: Oracle | None = None
+    benchmarks: list[StatsRecord] = msgspec.field(default_factory=list)
+    benchmark_workloads: list[BenchmarkWorkload] = msgspec.field(default_factory=list)
+    benchmarks_skipped: list[SkippedBenchmark] = msgspec.field(default_factory=list)
+    improved_benchmarks: list[str] = msgspec.field(default_factory=list)
+    regressed_benchmarks: list[str] = msgspec.field(default_factory=list)
+    validation: Validation | UnsetType | None = UNSET
+    calibration: Calibration | UnsetType = UNSET
+    coverage: Coverage | UnsetType = UNSET  # `builder.coverage`: which tests run the change
 
 
 # ------------------------------------------------------------------- the evaluation report
-class FailedTest(msgspec.Struct, kw_only=True):
+class FailedTest(_Written, kw_only=True):
     test: str
     returncode: int
     timed_out: bool
     output_tail: str = ""
 
 
-class PerTestScore(msgspec.Struct, kw_only=True):
+class PerTestScore(_Written, kw_only=True):
     agent_speedup: float
     agent_ci: list[float] | None
     agent_improved: bool
@@ -321,39 +488,50 @@ class PerTestScore(msgspec.Struct, kw_only=True):
     within_opt_fraction: bool
 
 
-class EvalReport(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """`runs/<run_id>/<model>/<instance_id>/report.json`."""
+class EvalReport(_Written, kw_only=True):
+    """`runs/<run_id>/<model>/<instance_id>/report.json`, built as this Struct by the evaluator
+    (services/evaluator/pipeline.py). A field is UNSET (absent from the JSON) until the step that
+    fills it ran: a patch refused before it is applied has no `applied`, `tests`, `per_test`, …"""
 
     verdict: EvalVerdict
     opt: bool = False
     reason: str = ""
-    instance_id: str = ""
-    run_id: str = ""
-    model: str = ""
-    evaluation_id: str = ""
-    patch_sha256: str = ""  # the evaluated patch: a report is reused only for the same patch
-    wall_seconds: float | None = None
-    sandbox: str | None = None  # bwrap | docker | none (trust_patches without a jail)
-    multi_file: bool | None = None
-    files: list[str] | None = None
-    applied: bool | None = None
-    applied_with: str | None = None
-    apply_log: str | None = None
-    builds: bool | None = None
-    build_tail: str | None = None
-    tests: list[str] | None = None
-    tests_pass: bool | None = None
-    failing_tests: list[FailedTest] | None = None
-    timed_tests: list[str] | None = None
-    rounds: int | None = None
-    seed: int | None = None
-    per_test: dict[str, PerTestScore] | None = None
-    gm_speedup_agent: float | None = None
-    gm_speedup_expert: float | None = None
-    fraction_of_expert: float | None = None
-    agent_significant: bool | None = None
-    agent_regressed: bool | None = None
-    samples: dict[str, dict[str, list[float]]] | None = None
+    instance_id: str | UnsetType = UNSET
+    run_id: str | UnsetType = UNSET
+    model: str | UnsetType = UNSET
+    evaluation_id: str | UnsetType = UNSET
+    patch_sha256: str | UnsetType = UNSET  # the evaluated patch: a report is reused only for the same patch
+    wall_seconds: float | UnsetType = UNSET
+    sandbox: str | UnsetType = UNSET  # bwrap | docker | none (trust_patches without a jail)
+    multi_file: bool | UnsetType = UNSET
+    files: list[str] | UnsetType = UNSET
+    applied: bool | UnsetType = UNSET
+    applied_with: str | UnsetType = UNSET
+    apply_log: str | UnsetType = UNSET
+    builds: bool | UnsetType = UNSET
+    build_tail: str | UnsetType = UNSET
+    tests: list[str] | UnsetType = UNSET
+    tests_pass: bool | UnsetType = UNSET
+    failing_tests: list[FailedTest] | UnsetType = UNSET
+    timed_tests: list[str] | UnsetType = UNSET  # every timed workload: tests and `bench:` benchmarks
+    timed_benchmarks: list[str] | UnsetType = UNSET  # the benchmarks among them
+    benchmarks_skipped: list[SkippedBenchmark] | UnsetType = UNSET
+    rounds: int | UnsetType = UNSET
+    seed: int | UnsetType = UNSET
+    per_test: dict[str, PerTestScore] | UnsetType = UNSET
+    gm_speedup_agent: float | UnsetType = UNSET
+    gm_speedup_expert: float | UnsetType = UNSET
+    fraction_of_expert: float | UnsetType | None = UNSET
+    agent_significant: bool | UnsetType = UNSET
+    agent_regressed: bool | UnsetType = UNSET
+    # per test, per side: the deciding metric's samples, and wall and CPU (not on the bus)
+    samples: dict[str, dict[str, list[float]]] | UnsetType = UNSET
+    samples_wall: dict[str, dict[str, list[float]]] | UnsetType = UNSET
+    samples_cpu: dict[str, dict[str, list[float]]] | UnsetType = UNSET
+    metric: str | UnsetType = UNSET  # builder.metric
+    decided_on: dict[str, str] | UnsetType = UNSET  # per test: the metric that decided
+    repeats: dict[str, int] | UnsetType = UNSET  # per test: runs inside one sample
+    leased_core: int | UnsetType | None = UNSET  # the timing core the three trees were timed on
 
 
 # ------------------------------------------------------------------------------------ schemas

@@ -77,6 +77,17 @@ def stop_all() -> None:
         server.stop()
 
 
+def exited(url: str) -> str | None:
+    """Why the embedded server this process started at `url` is gone for good (its process
+    exited: nobody restarts it), else None (running, or not one of ours: a remote server that
+    nats-py reconnects to)."""
+    for server in list(_RUNNING):
+        if server.url == url and server.proc is not None and (code := server.proc.poll()) is not None:
+            how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+            return f"the embedded NATS server (pid {server.proc.pid}) at {url} exited ({how})"
+    return None
+
+
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)

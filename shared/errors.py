@@ -11,6 +11,7 @@
     │   ├── ServiceUnavailable   a collaborator (LLM server, GitHub, engine) is down or rate limited
     │   └── InfraFailure         the machine failed us (OOM, disk, engine) -- never a patch verdict
     ├── ToolMissing              a required binary (nats-server, git, cmake) is not installed
+    ├── NotProvisioned           a stream or bucket is missing on a bus the admin provisions
     └── StoreInUse               another cppperf process runs the embedded NATS on this store
 
 A *verdict* about a patch (rejected build, failing test, no speed-up) is a value, not an exception:
@@ -66,3 +67,8 @@ class ToolMissing(CppPerfError):
 
 class StoreInUse(CppPerfError):
     """Another process already runs the embedded nats-server on this store directory."""
+
+
+class NotProvisioned(CppPerfError):
+    """A stream, KV bucket or the object store is missing (or the bus refused to say) on a bus
+    whose streams only the admin creates: `cppperf bus provision` with the admin credentials."""

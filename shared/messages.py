@@ -185,6 +185,9 @@ class PatchBuilt(_Msg, frozen=True, kw_only=True):
     regressed_tests: list[str] = msgspec.field(default_factory=list)
     failure_category: str | None = None
     failure_detail: str = ""
+    # the project's benchmarks (`bench:<target>/<benchmark>`) that improved / regressed
+    improved_benchmarks: list[str] = msgspec.field(default_factory=list)
+    regressed_benchmarks: list[str] = msgspec.field(default_factory=list)
     record_path: str = ""  # deprecated, always empty: the record is in `instances` by id
 
     @property

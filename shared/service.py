@@ -15,6 +15,7 @@ import msgspec
 from faststream import AckPolicy
 from faststream.nats import JStream, NatsBroker, PullSub
 from faststream.nats.annotations import NatsMessage
+from nats.aio.msg import Msg
 
 from cppperf.shared.bus import WORK_QUEUES, Bus
 from cppperf.shared.health import Liveness, Tracked
@@ -53,23 +54,9 @@ def subscribe(
     tracked: list[Tracked] = []
 
     async def on_message(msg: NatsMessage) -> None:
-        t = tracked[0]
-        if t.stopping:  # fetched while shutting down: hand it straight back
-            await msg.raw_message.nak()
-            return
-        t.in_flight += 1
-        try:
-            await handle(
-                msg.raw_message,
-                bus=ctx.bus,
-                service=service,
-                subject=subject,
-                typ=typ,
-                work=work,
-                abort=t.abort,
-            )
-        finally:
-            t.in_flight -= 1
+        await handle_tracked(
+            tracked[0], msg.raw_message, bus=ctx.bus, service=service, subject=subject, typ=typ, work=work
+        )
 
     on_message.__name__ = f"{service}_{subject.replace('.', '_')}"
     subscriber = broker.subscriber(
@@ -81,6 +68,29 @@ def subscribe(
     )
     subscriber(on_message)
     tracked.append(ctx.liveness.track(subject, service, subscriber, pull_timeout))
+
+
+async def handle_tracked(
+    t: Tracked,
+    msg: Msg,
+    *,
+    bus: Bus,
+    service: str,
+    subject: str,
+    typ: type[M],
+    work: Callable[[M], Awaitable[None]],
+) -> None:
+    """One fetched message through `worker.handle`, counted in flight on its subscriber's tracker
+    (shutdown waits for it, and aborts it past the grace period); one fetched while shutting down
+    is handed straight back."""
+    if t.stopping:
+        await msg.nak()
+        return
+    t.in_flight += 1
+    try:
+        await handle(msg, bus=bus, service=service, subject=subject, typ=typ, work=work, abort=t.abort)
+    finally:
+        t.in_flight -= 1
 
 
 def call_soon_from_thread(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from cppperf.shared.domain import DecisionRule
 from cppperf.shared.errors import ConfigError
 from cppperf.shared.logging import scrub_text
 
@@ -74,9 +75,20 @@ class BusSettings(msgspec.Struct, kw_only=True):
     output_max_age: float = 30 * 24 * 3600.0  # patch.built / eval.completed announcements kept
     kv_max_bytes: int = 256 * 1024 * 1024  # per KV bucket; a full bucket refuses writes
     blob_max_bytes: int = 4 * 1024 * 1024 * 1024  # the `blobs` object store
+    # who creates/updates streams, buckets and the object store: "self" (each process on connect:
+    # the embedded/open bus), "admin" (`cppperf bus provision`; services only check and stop with
+    # one line when something is missing), "auto" (admin when `creds`/`nkey_seed` is set)
+    provision: Literal["auto", "self", "admin"] = "auto"
 
     def effective_heartbeat(self) -> float:
         return self.heartbeat_interval or max(self.ack_wait / 3.0, 0.05)
+
+    @property
+    def self_provisioning(self) -> bool:
+        """True when this process creates and updates streams and buckets itself."""
+        if self.provision == "auto":
+            return not (self.creds or self.nkey_seed)
+        return self.provision == "self"
 
 
 class GitHubSettings(msgspec.Struct, kw_only=True):
@@ -219,12 +231,26 @@ class BuilderSettings(msgspec.Struct, kw_only=True):
     exact_runs: int = 3  # rounds under Valgrind (an exact count needs few; no warm-up)
     exact_tolerance: float = 0.001  # counts of one side within this relative spread are exact
     valgrind_slowdown: float = 50.0  # a test's timeout is multiplied by this under Valgrind
+    # --- which tests run the change (issue 27) -------------------------------------------------
+    # build the new side once more with --coverage, run each test once, decide on the tests that
+    # execute a changed line (the others are A/A controls). Off by default: a second full build
+    # of the new side (no ccache hits: other flags) and one more run of every test per proof.
+    coverage: bool = False
+    # --- the project's own benchmarks as workloads (shared/engine/benchmarks.py) ---------------
+    # Google Benchmark executables the CMake tree builds (its benchmark options turned on), timed
+    # beside the tests by their own JSON output: per benchmark `benchmark_repetitions` repetitions
+    # of at least `benchmark_min_time` seconds each per sample; a run is cut at `benchmark_timeout`
+    benchmarks: bool = True
+    benchmark_repetitions: int = 5
+    benchmark_min_time: float = 0.05
+    benchmark_timeout: float = 120.0
+    max_benchmarks: int = 50  # per instance (the first, by name); the others are recorded as skipped
 
     def effective_build_type(self) -> str:
         return "Debug" if self.profile == "paper" else self.build_type
 
-    def effective_rule(self) -> str:
-        return "paper" if self.profile == "paper" else self.decision_rule
+    def effective_rule(self) -> DecisionRule:
+        return DecisionRule.PAPER if self.profile == "paper" else DecisionRule(self.decision_rule)
 
 
 class EvaluatorSettings(msgspec.Struct, kw_only=True):
@@ -239,6 +265,7 @@ class EvaluatorSettings(msgspec.Struct, kw_only=True):
     agent_max_pending: int = 16  # an agent's requests queued or running; the next is refused
     agent_max_patch_bytes: int = 512 * 1024  # an agent's inline patch (checked before any write)
     lease_priority: int = 0  # evaluations go before proofs in the timing-core queue
+    keep_failed: bool = False  # debugging: keep work_dir/eval/<hash> of an evaluation that failed
 
 
 class Settings(msgspec.Struct, kw_only=True):
@@ -491,3 +518,15 @@ def _validate_exact(b: BuilderSettings) -> None:
         raise _bad("builder.exact_tolerance", "must be >= 0")
     if b.valgrind_slowdown < 1:
         raise _bad("builder.valgrind_slowdown", f"{b.valgrind_slowdown}; must be >= 1")
+    for key, n in (
+        ("builder.benchmark_repetitions", b.benchmark_repetitions),
+        ("builder.max_benchmarks", b.max_benchmarks),
+    ):
+        if n < 1:
+            raise _bad(key, f"{n}; must be >= 1")
+    for key, x in (
+        ("builder.benchmark_min_time", b.benchmark_min_time),
+        ("builder.benchmark_timeout", b.benchmark_timeout),
+    ):
+        if x <= 0:
+            raise _bad(key, f"{x}; must be > 0")

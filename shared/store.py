@@ -9,7 +9,10 @@ Blobs over `INLINE_LIMIT` bytes go to the object store bucket `blobs`; `claims` 
 Where two stages touch one key, writes are compare-and-set on the entry's revision (`modify`,
 `update`): a concurrent writer makes us re-read and re-apply, never overwrite. A bucket that has
 gone missing (deleted, or never created on this cluster node) is re-created once on the failure
-path, with a `bucket_reprovisioned` log line, and the operation retried.
+path, with a `bucket_reprovisioned` log line, and the operation retried; on a bus that only the
+admin provisions (`bus.provision`, a secured bus) nothing is created: a missing bucket raises
+`NotProvisioned` ("run `cppperf bus provision` …"). `ensure_buckets` is the admin's side: every
+bucket created or brought to the configured limits, also one that exists with older limits.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import json
 import re
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 import msgspec
 from nats.errors import NoRespondersError
@@ -37,8 +40,10 @@ from nats.js.errors import (
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
-from cppperf.shared.domain import InstanceState, to_struct
-from cppperf.shared.errors import TransientError
+from cppperf.shared import buckets
+from cppperf.shared.buckets import INSTANCES, NAMES
+from cppperf.shared.domain import InstanceState
+from cppperf.shared.errors import NotProvisioned, TransientError
 from cppperf.shared.logging import get_logger
 from cppperf.shared.ports import Records
 
@@ -46,7 +51,7 @@ log = get_logger(__name__)
 T = TypeVar("T")
 Change = Callable[[dict[str, Any] | None], dict[str, Any] | None]
 
-BUCKETS: Final = ("repos", "commits", "instances", "evaluations", "progress", "cache", "claims")
+BUCKETS: Final = NAMES  # shared/buckets.py
 CAS_ATTEMPTS: Final = 20
 _STREAM_NOT_FOUND: Final = 10059  # JetStream API err_code
 BLOB_BUCKET: Final = "blobs"
@@ -90,6 +95,7 @@ class Store:
         self.replicas = replicas
         self.kv_max_bytes = KV_MAX_BYTES
         self.blob_max_bytes = BLOB_MAX_BYTES
+        self.creates_buckets = True  # False on a secured bus: a missing bucket is `NotProvisioned`
 
     @classmethod
     async def open(
@@ -99,12 +105,16 @@ class Store:
         replicas: int = 1,
         kv_max_bytes: int = KV_MAX_BYTES,
         blob_max_bytes: int = BLOB_MAX_BYTES,
+        create: bool = True,
     ) -> Store:
+        """The buckets and the object store; `create=False` (a secured bus, which only the admin
+        provisions): a missing one raises `NotProvisioned` instead of being created."""
         kv: dict[str, KeyValue] = {}
         for name in BUCKETS:
-            kv[name] = await _open_bucket(js, name, replicas, kv_max_bytes)
-        store = cls(js, kv, await open_blobs(js, replicas, blob_max_bytes), replicas=replicas)
-        store.kv_max_bytes, store.blob_max_bytes = kv_max_bytes, blob_max_bytes
+            kv[name] = await _open_bucket(js, name, replicas, kv_max_bytes, create=create)
+        blobs = await open_blobs(js, replicas, blob_max_bytes, create=create)
+        store = cls(js, kv, blobs, replicas=replicas)
+        store.kv_max_bytes, store.blob_max_bytes, store.creates_buckets = kv_max_bytes, blob_max_bytes, create
         return store
 
     # ---------------------------------------------------------------- missing buckets
@@ -116,7 +126,9 @@ class Store:
             if not _bucket_gone(exc):
                 raise
             log.warning("bucket_reprovisioned", bucket=bucket, error=str(exc) or type(exc).__name__)
-            self._kv[bucket] = await _open_bucket(self.js, bucket, self.replicas, self.kv_max_bytes)
+            self._kv[bucket] = await _open_bucket(
+                self.js, bucket, self.replicas, self.kv_max_bytes, create=self.creates_buckets
+            )
         return await op(self._kv[bucket])
 
     async def _on_blobs(self, op: Callable[[ObjectStore], Awaitable[T]]) -> T:
@@ -126,7 +138,9 @@ class Store:
             if not _bucket_gone(exc):
                 raise
             log.warning("bucket_reprovisioned", bucket=BLOB_BUCKET, error=str(exc) or type(exc).__name__)
-            self._blobs = await open_blobs(self.js, self.replicas, self.blob_max_bytes)
+            self._blobs = await open_blobs(
+                self.js, self.replicas, self.blob_max_bytes, create=self.creates_buckets
+            )
         return await op(self._blobs)
 
     # ---------------------------------------------------------------- records
@@ -218,12 +232,27 @@ class Store:
             return False
         return True
 
-    async def ids(self, bucket: str) -> list[str]:
+    async def ids(self, bucket: str, *, under: str | None = None) -> list[str]:
+        """Every id in the bucket; `under`: only ids whose first dot-separated part is `under`
+        (an agent's evaluations, `<agent>.<run>/…`), selected by the server (a subject filter),
+        so the rest of the bucket is never read."""
+
         async def op(kv: KeyValue) -> list[str]:
+            if under is None:
+                try:
+                    return list(await kv.keys())
+                except NoKeysError:
+                    return []
+            watcher = await kv.watch(f"{encode_key(under)}.>", ignore_deletes=True, meta_only=True)
+            keys: list[str] = []
             try:
-                return list(await kv.keys())
-            except NoKeysError:
-                return []
+                async for entry in watcher:
+                    if entry is None:  # the end of what is stored now
+                        break
+                    keys.append(entry.key)
+            finally:
+                await watcher.stop()  # type: ignore[no-untyped-call]  # nats-py leaves it unannotated
+            return keys
 
         return [decode_key(k) for k in await self._on_kv(bucket, op)]
 
@@ -266,26 +295,78 @@ class Store:
 async def instance_record(records: Records, iid: str) -> dict[str, Any] | None:
     """An instance record from the `instances` bucket (inline, or from the object store by
     `record_ref`); None when the bucket has no record for it (e.g. an imported dataset on disk)."""
-    state = to_struct(await records.get("instances", iid) or {}, InstanceState)
+    state = await buckets.get(records, INSTANCES, iid) or InstanceState()
     if not state.record and not state.record_ref:
         return None
     record: dict[str, Any] = json.loads(await records.resolve_text(state.record, state.record_ref))
     return record
 
 
-async def _open_bucket(js: JetStreamContext, name: str, replicas: int, max_bytes: int) -> KeyValue:
+NOT_PROVISIONED: Final = "run `cppperf bus provision` with the admin credentials"
+
+
+async def _open_bucket(
+    js: JetStreamContext, name: str, replicas: int, max_bytes: int, *, create: bool = True
+) -> KeyValue:
     try:
         return await js.key_value(name)
     except BucketNotFoundError:
-        return await js.create_key_value(
-            js_api.KeyValueConfig(bucket=name, history=1, replicas=replicas, max_bytes=max_bytes)
-        )
+        if not create:  # a secured bus: only the admin creates buckets
+            raise NotProvisioned(f"KV bucket {name} is missing: {NOT_PROVISIONED}") from None
+        return await js.create_key_value(_kv_config(name, replicas, max_bytes))
 
 
-async def open_blobs(js: JetStreamContext, replicas: int, max_bytes: int = BLOB_MAX_BYTES) -> ObjectStore:
+def _kv_config(name: str, replicas: int, max_bytes: int) -> js_api.KeyValueConfig:
+    return js_api.KeyValueConfig(bucket=name, history=1, replicas=replicas, max_bytes=max_bytes)
+
+
+async def open_blobs(
+    js: JetStreamContext, replicas: int, max_bytes: int = BLOB_MAX_BYTES, *, create: bool = True
+) -> ObjectStore:
     try:
         return await js.object_store(BLOB_BUCKET)
     except (BucketNotFoundError, NotFoundError):
+        if not create:
+            raise NotProvisioned(f"object store {BLOB_BUCKET} is missing: {NOT_PROVISIONED}") from None
         return await js.create_object_store(
             BLOB_BUCKET, js_api.ObjectStoreConfig(replicas=replicas, max_bytes=max_bytes)
         )
+
+
+Action = Literal["created", "updated", "unchanged"]
+
+
+async def ensure_buckets(
+    js: JetStreamContext, *, replicas: int, kv_max_bytes: int, blob_max_bytes: int
+) -> list[tuple[str, Action]]:
+    """Every KV bucket and the object store, created or brought to these limits (`max_bytes`,
+    replicas) when they exist with others: what `cppperf bus provision` does to them."""
+    done: list[tuple[str, Action]] = []
+    for name in BUCKETS:
+        try:
+            await js.key_value(name)
+        except BucketNotFoundError:
+            await js.create_key_value(_kv_config(name, replicas, kv_max_bytes))
+            done.append((f"KV_{name}", "created"))
+            continue
+        done.append((f"KV_{name}", await _limit_stream(js, f"KV_{name}", replicas, kv_max_bytes)))
+    try:
+        await js.object_store(BLOB_BUCKET)
+    except (BucketNotFoundError, NotFoundError):
+        await open_blobs(js, replicas, blob_max_bytes)
+        done.append((f"OBJ_{BLOB_BUCKET}", "created"))
+    else:
+        done.append(
+            (f"OBJ_{BLOB_BUCKET}", await _limit_stream(js, f"OBJ_{BLOB_BUCKET}", replicas, blob_max_bytes))
+        )
+    return done
+
+
+async def _limit_stream(js: JetStreamContext, stream: str, replicas: int, max_bytes: int) -> Action:
+    """A bucket's stream with these limits (its other settings as the server has them)."""
+    config = (await js.stream_info(stream)).config
+    if config.max_bytes == max_bytes and config.num_replicas == replicas:
+        return "unchanged"
+    config.max_bytes, config.num_replicas = max_bytes, replicas
+    await js.update_stream(config)
+    return "updated"

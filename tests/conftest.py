@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import os
 import shutil
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import msgspec
 import pytest
 
 from cppperf.demo import DemoRepo, create_demo_repo
@@ -22,6 +24,7 @@ from cppperf.services.filter.select import to_message
 from cppperf.services.filter.walk import commit_details, iter_commits
 from cppperf.shared import messages as m
 from cppperf.shared.bus import Bus
+from cppperf.shared.domain import InstanceMeta
 from cppperf.shared.embedded import EmbeddedNats
 from cppperf.shared.service import ServiceContext
 from cppperf.shared.settings import Settings, load_settings
@@ -104,6 +107,17 @@ def commit_for(repo: Path, sha: str, name: str = "local/demo") -> m.CommitSelect
     return to_message(name, str(repo), header, details, LinkResolver())
 
 
+S = TypeVar("S", bound=msgspec.Struct)
+
+
+def strict(value: object, typ: type[S]) -> S:
+    """`value` (a record section or a report) read back from its JSON as written and decoded
+    strictly as its domain Struct: a key the Struct does not declare (`forbid_unknown_fields`) or a
+    value of another type fails. (Python's JSON, as the files are written: an unknown CI is
+    `Infinity`, which `msgspec.json` does not read.)"""
+    return msgspec.convert(json.loads(json.dumps(value)), typ, strict=True)
+
+
 @dataclass(frozen=True)
 class Proven:
     """One demo commit proven by the local builder with `make_settings` defaults."""
@@ -136,6 +150,7 @@ def proven(tmp_path_factory: pytest.TempPathFactory, demo_repo: DemoRepo) -> Cal
                 work_dir=root / "work",
                 out_dir=Path(settings.out_dir),
             )
+            strict(built.record["cppperf"], InstanceMeta)  # the record is what the domain declares
             done[kind] = Proven(settings=settings, path=built.path, record=built.record)
         p = done[kind]
         return Proven(settings=p.settings, path=p.path, record=copy.deepcopy(p.record))

@@ -82,8 +82,8 @@ async def main(
             )
             return built
 
-    def register(broker: NatsBroker, ctx: ServiceContext) -> None:
-        builder_app.register(broker, ctx, ops=StandInOps(settings))
+    def register(broker: NatsBroker, ctx: ServiceContext) -> builder_app.Wired:
+        return builder_app.register(broker, ctx, ops=StandInOps(settings))
 
     async with run_services(settings, url, ["builder"], register={"builder": register}):
         (marker_dir / f"ready-{os.getpid()}").write_text("")

@@ -4,13 +4,23 @@ keys and agents made by `cppperf.agents` (the code `cppperf agents add` runs).""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from cppperf.agents import SERVICE_USERS, add_agent, service_keys
+from cppperf.runtime import run_services
+from cppperf.services.evaluator import app as evaluator_app
+from cppperf.services.evaluator.handlers import EvaluatorOps
+from cppperf.shared.bus import Bus
 from cppperf.shared.embedded import EmbeddedNats, free_port
+from cppperf.shared.provision import Provisioned, provision_all
+from cppperf.shared.service import ServiceContext
+from cppperf.shared.settings import Settings
+from tests.conftest import make_settings
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "nats"
 
@@ -58,3 +68,42 @@ def start_secured_bus(root: Path, agents: list[str]) -> SecuredBus:
     )
     server = EmbeddedNats(store, port=port, config=conf_dir / "nats.conf", env=env).start()
     return SecuredBus(server=server, dir=conf_dir)
+
+
+def as_user(
+    secured: SecuredBus,
+    tmp_path: Path,
+    who: str,
+    *,
+    bus: dict[str, object] | None = None,
+    **overrides: object,
+) -> Settings:
+    """Settings of a process connecting as `who` (a service user or `admin`)."""
+    return make_settings(
+        tmp_path, nats_url=secured.url, bus={"creds": secured.creds(who), **(bus or {})}, **overrides
+    )
+
+
+async def fresh_bus(secured: SecuredBus, tmp_path: Path, *, wipe: bool = True) -> list[Provisioned]:
+    """As admin: every stream deleted (`wipe`), then `cppperf bus provision`'s code."""
+    bus = await Bus.connect(secured.url, as_user(secured, tmp_path, "admin").bus)
+    try:
+        if wipe:
+            for info in await bus.js.streams_info():
+                await bus.js.delete_stream(info.config.name)
+        return await provision_all(bus)
+    finally:
+        await bus.close()
+
+
+@contextlib.asynccontextmanager
+async def evaluator_service(
+    secured: SecuredBus, tmp_path: Path, ops: EvaluatorOps, **evaluator: object
+) -> AsyncIterator[ServiceContext]:
+    """A clean bus provisioned as admin, then the evaluator service with only its own user and
+    `ops` as its evaluation (`evaluator`: its settings)."""
+    await fresh_bus(secured, tmp_path)
+    settings = as_user(secured, tmp_path, "evaluator", evaluator=evaluator)
+    register = {"evaluator": lambda b, c: evaluator_app.register(b, c, ops=ops)}
+    async with run_services(settings, secured.url, ["evaluator"], register=register) as running:
+        yield running.ctx

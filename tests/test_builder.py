@@ -15,11 +15,12 @@ import pytest
 
 from cppperf.demo import DemoRepo
 from cppperf.services.builder.service import build_patch, validate_latest
-from cppperf.services.filter.rules import Rules
 from cppperf.shared import messages as m
+from cppperf.shared.domain import InstanceMeta
 from cppperf.shared.errors import RepoRejected
+from cppperf.shared.rules import Rules
 from cppperf.shared.settings import Settings
-from tests.conftest import Proven, commit_for, make_settings
+from tests.conftest import Proven, commit_for, make_settings, strict
 from tests.gitrepo import commit_files
 
 pytestmark = pytest.mark.build
@@ -42,6 +43,7 @@ def prove(demo: DemoRepo, kind: str, settings: Settings, tmp_path: Path) -> dict
     )
     assert built.path.exists()
     assert json.loads(built.path.read_text()) == built.record
+    strict(built.record["cppperf"], InstanceMeta)
     return built.record
 
 

@@ -268,3 +268,14 @@ def test_faststream_pull_loop_restarts_are_one_line_without_a_traceback() -> Non
     ]
     assert logs[0]["task"] == "filter_repo_found" and "exc_info" not in logs[0]
     assert logs[1]["error"] == "RuntimeError: boom"
+
+
+async def test_ids_under_an_agent_are_selected_by_the_server(ctx: ServiceContext) -> None:
+    """`Store.ids(bucket, under=agent)` (an agent's `results`): only `<agent>.…` keys, by a subject
+    filter, never another agent's whose name merely starts the same."""
+    mine = [m.evaluation_id(m.agent_run("amy", r), "m", "o__r-1") for r in ("r1", "r.2")]
+    others = [m.evaluation_id(m.agent_run(a, "r1"), "m", "o__r-1") for a in ("amy2", "bob")]
+    for eid in [*mine, *others, m.evaluation_id("amy", "m", "x")]:  # the last: run `amy`, no agent
+        await ctx.store.put("evaluations", eid, {"verdict": "opt"})
+    assert sorted(await ctx.store.ids("evaluations", under="amy")) == sorted(mine)
+    assert await ctx.store.ids("evaluations", under="nobody") == []

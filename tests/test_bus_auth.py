@@ -18,16 +18,13 @@ from nats.aio.client import Client as NatsClient
 
 from cppperf.agents import list_agents, remove_agent
 from cppperf.client import AgentClient, Refused
-from cppperf.runtime import connect, run_services
-from cppperf.services.evaluator import app as evaluator_app
 from cppperf.services.evaluator.gateway import dedup_id
 from cppperf.services.evaluator.instances import EvalInstance
 from cppperf.services.evaluator.pipeline import EvalRequest
 from cppperf.shared import messages as m
 from cppperf.shared.bus import credential_options
 from cppperf.shared.service import ServiceContext
-from tests.conftest import make_settings
-from tests.secured_bus import SecuredBus, start_secured_bus
+from tests.secured_bus import SecuredBus, evaluator_service, start_secured_bus
 
 INSTANCE = "local__demo-0123456789ab"
 
@@ -62,21 +59,11 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredBus]:
 @pytest.fixture
 async def evaluator(secured: SecuredBus, tmp_path: Path) -> AsyncIterator[tuple[ServiceContext, FakeOps]]:
     """A clean JetStream (wiped as admin), then the evaluator service with only its own user."""
-    admin = make_settings(tmp_path, nats_url=secured.url, bus={"creds": secured.creds("admin")})
-    async with connect(admin, secured.url) as ctx:
-        for info in await ctx.bus.js.streams_info():
-            await ctx.bus.js.delete_stream(info.config.name)
-        await ctx.bus.provision()
-    settings = make_settings(
-        tmp_path,
-        nats_url=secured.url,
-        bus={"creds": secured.creds("evaluator")},
-        evaluator={"agent_max_pending": 3, "agent_max_patch_bytes": 4096},
-    )
     ops = FakeOps()
-    register = {"evaluator": lambda b, c: evaluator_app.register(b, c, ops=ops)}
-    async with run_services(settings, secured.url, ["evaluator"], register=register) as running:
-        yield running.ctx, ops
+    async with evaluator_service(
+        secured, tmp_path, ops, agent_max_pending=3, agent_max_patch_bytes=4096
+    ) as ctx:
+        yield ctx, ops
 
 
 async def as_user(secured: SecuredBus, who: str) -> NatsClient:
@@ -319,7 +306,7 @@ def test_agents_cli_add_list_remove_and_service_keys(tmp_path: Path) -> None:
     assert run(app, ["agents", "remove", "dave", "--config", str(conf)]).exit_code == 0
     assert run(app, ["agents", "list", "--config", str(conf)]).output == ""
     keys = run(app, ["agents", "service-keys", "--out", str(tmp_path / "creds"), "--k8s"])
-    assert "kind: Secret" in keys.output and "SEED_EVALUATOR: SU" in keys.output
+    assert "kind: Secret" in keys.output and "  evaluator.creds: |" in keys.output
     assert (tmp_path / "creds" / "evaluator.creds").stat().st_mode & 0o077 == 0
 
 

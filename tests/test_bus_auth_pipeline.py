@@ -26,7 +26,7 @@ from cppperf.shared.bus import wait_drained
 from cppperf.shared.service import ServiceContext
 from cppperf.shared.settings import Settings
 from tests.conftest import Proven, make_settings
-from tests.secured_bus import SecuredBus, start_secured_bus
+from tests.secured_bus import SecuredBus, fresh_bus, start_secured_bus
 from tests.test_bus_auth import FakeOps
 
 
@@ -71,10 +71,11 @@ async def test_pipeline_runs_with_least_privilege_users(
     secured: SecuredBus, tmp_path: Path, demo_repo: DemoRepo
 ) -> None:
     admin = as_service(secured, tmp_path, "admin")
+    await fresh_bus(secured, tmp_path)
     ops = FakeOps()
 
-    def builder(broker: NatsBroker, ctx: ServiceContext) -> None:
-        builder_app.register(broker, ctx, ops=StandInOps(ctx.settings))
+    def builder(broker: NatsBroker, ctx: ServiceContext) -> builder_app.Wired:
+        return builder_app.register(broker, ctx, ops=StandInOps(ctx.settings))
 
     def evaluator(broker: NatsBroker, ctx: ServiceContext) -> None:
         evaluator_app.register(broker, ctx, ops=ops)
@@ -115,9 +116,7 @@ async def test_real_evaluation_over_the_secured_bus(
         bus={"creds": secured.creds("evaluator")},
         evaluator={"runs": 5, "runs_dir": str(tmp_path / "runs")},
     )
-    async with connect(as_service(secured, tmp_path, "admin"), secured.url) as admin:  # a clean bus
-        for info in await admin.bus.js.streams_info():
-            await admin.bus.js.delete_stream(info.config.name)
+    await fresh_bus(secured, tmp_path)  # a clean bus
     perf = proven("perf")
     perf.copy_to(Path(settings.out_dir))
     iid, patch = perf.record["cppperf"]["instance_id"], perf.record["commit_info"]["patch"][0]

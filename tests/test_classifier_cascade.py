@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from cppperf.classifier.corpus import load_cppperf_db, load_labelled, without_overlap
+from cppperf.classifier.cost import commit_cost, cost_report
+from cppperf.classifier.crossval import cross_validate, targets
 from cppperf.cli import app
 from cppperf.services.classifier.cascade import gate
-from cppperf.services.classifier.corpus import load_cppperf_db, load_labelled, without_overlap
-from cppperf.services.classifier.cost import commit_cost, cost_report
-from cppperf.services.classifier.crossval import cross_validate, targets
 from cppperf.services.classifier.features import commit_features
 from cppperf.services.classifier.scorer import (
     MODEL_PATH,

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from cppperf.services.classifier.crossval import (
+from cppperf.classifier.crossval import (
     RULES,
     VARIANTS,
     cross_validate,

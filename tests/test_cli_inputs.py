@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from typer.testing import CliRunner
 
@@ -461,8 +462,9 @@ def test_repo_id_from_github_origin(git_repo: Path) -> None:
 def test_python_api_scan_and_commit(git_repo: Path) -> None:
     import cppperf
 
-    found = cppperf.scan(git_repo)
-    assert found.scanned == 2
+    seen: list[int] = []
+    found = list(cppperf.scan(git_repo, until="2999-12-31", progress=lambda p: seen.append(p.scanned)))
+    assert seen == [1, 2] and [c.message for c in found] == ["two", "one"]  # newest first
     commit = cppperf.commit_from_repo(git_repo, "HEAD", name="o/n")
     assert commit.repo == "o/n"
     with pytest.raises(ValueError, match="not a git repository"):
@@ -610,7 +612,7 @@ def test_compare_batch_matches_compare_test() -> None:
         [compare_test(k, *samples[k], resamples=0) for k in sorted(samples)],
         strict=True,
     ):
-        for f, u in x.as_dict().items():
+        for f, u in msgspec.structs.asdict(x).items():
             v = getattr(y, f)
             assert u == v or (isinstance(u, float) and math.isclose(u, v, rel_tol=1e-12)), (x.name, f, u, v)
 
@@ -776,3 +778,40 @@ def test_every_option_of_every_verb_is_described() -> None:
 
     walk(typer.main.get_command(app), "cppperf")
     assert not missing, missing
+
+
+def test_evaluate_json_leaves_out_every_sample_key(tmp_path: Path) -> None:
+    """`evaluate --json` strips what the bus strips (handlers.SAMPLE_KEYS), not only `samples`."""
+    from cppperf.services.evaluator.handlers import SAMPLE_KEYS
+    from cppperf.services.evaluator.pipeline import patch_sha256
+
+    out_dir = _store_with(tmp_path)
+    iid = "someowner__a-rather-long-repository-name-" + "b" * 12
+    patch = tmp_path / "p.diff"
+    patch.write_text("diff --git a/x.cpp b/x.cpp\n")
+    cached = out_dir / "runs" / "r" / "m" / iid / "report.json"
+    cached.parent.mkdir(parents=True)
+    samples = {k: {"t": [1.0, 2.0]} for k in SAMPLE_KEYS}
+    cached.write_text(
+        json.dumps({"verdict": "correct", "patch_sha256": patch_sha256(patch.read_text())} | samples)
+    )
+    res = cli(
+        "evaluate", "--instance", iid, "--patch", str(patch), "--model", "m", "--run-id", "r",
+        "--json", "--out", str(out_dir),
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    (report,) = json.loads(res.stdout)["reports"]
+    assert report["verdict"] == "correct" and not SAMPLE_KEYS & report.keys()
+
+
+@pytest.mark.parametrize("verb", ["build", "mine"])
+def test_runs_that_cannot_decide_one_test_are_refused(git_repo: Path, tmp_path: Path, verb: str) -> None:
+    """--runs 4 (3 samples a side): no rank test can reach alpha=0.05, so no verdict but
+    `not-improved` is possible; refused before anything runs, with the smallest --runs."""
+    where = ["--sha", "HEAD"] if verb == "build" else []
+    res = cli(verb, "--repo", str(git_repo), *where, "--runs", "4", "--out", str(tmp_path / "o"))
+    assert res.exit_code == USAGE
+    assert "--runs 4 cannot decide even one test" in error_text(res) and "use --runs 5 or more" in error_text(
+        res
+    )
+    assert not (tmp_path / "o" / "instances").exists()

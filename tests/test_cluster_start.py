@@ -27,7 +27,8 @@ async def test_a_service_waits_for_the_cluster_to_answer_jetstream(tmp_path: Pat
     cluster = Cluster(tmp_path, env)
     settings = load_settings(
         env={
-            "CPPPERF_BUS_CREDS": str(tmp_path / "conf" / "creds" / "filter.creds"),
+            "CPPPERF_BUS_CREDS": str(tmp_path / "conf" / "creds" / "admin.creds"),
+            "CPPPERF_BUS_PROVISION": "self",  # the admin's identity, provisioning as it connects
             "CPPPERF_BUS_REPLICAS": "3",
             "CPPPERF_BUS_RECONNECT_WAIT": "0.5",
         }

@@ -5,6 +5,7 @@ like JSONL, filters, the HTML report rendered in headless Chromium, and the funn
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -189,6 +190,48 @@ def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
         assert expect in dom
         if name == "all":
             assert "the paper's Table 1" in dom and "kimci86/bkcrack" in dom
+    # the overview's script in a real browser: sort by best speed-up (two clicks: descending), then
+    # filter to one repository; the outcome is written into the DOM the browser dumps
+    probe = tmp_path / "probe.html"
+    probe.write_text(
+        (tmp_path / "all.html")
+        .read_text()
+        .replace(
+            "</body>",
+            "<script>var th=document.querySelector('th[data-key=speedup] button');th.click();th.click();"
+            "var rows=[].slice.call(document.querySelectorAll('#instances tbody tr'));"
+            "document.body.dataset.sorted=rows.map(function(r){return r.dataset.speedup||'-'}).join(' ');"
+            "var f=document.getElementById('filters');f.repo.value='kimci86/bkcrack';"
+            "f.repo.dispatchEvent(new Event('change',{bubbles:true}));"
+            "document.body.dataset.visible=rows.filter(function(r){return !r.hidden})"
+            ".map(function(r){return r.dataset.repo}).join(' ');"
+            "document.body.dataset.shown=document.getElementById('shown').textContent;"
+            "document.body.dataset.form=f.hidden?'hidden':'shown';</script></body>",
+        )
+    )
+    dom = subprocess.run(
+        [
+            _chromium() or "",
+            *flags,
+            f"--user-data-dir={tmp_path / 'prof-probe'}",
+            "--dump-dom",
+            probe.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    body = re.search(r"<body([^>]*)>", dom)
+    assert body is not None
+    attrs = dict(re.findall(r'data-(\w+)="([^"]*)"', body[1]))
+    ups = [float(x) for x in attrs["sorted"].split() if x != "-"]
+    assert ups == sorted(ups, reverse=True) and attrs["sorted"].split()[: len(ups)] == [
+        f"{u:.4f}" for u in ups
+    ]
+    visible = attrs["visible"].split()
+    assert visible and set(visible) == {"kimci86/bkcrack"} and attrs["shown"] == str(len(visible))
+    assert attrs["form"] == "shown"
 
 
 @pytest.mark.nats

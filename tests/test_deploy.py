@@ -19,6 +19,7 @@ import yaml
 from cppperf.shared import messages as m
 from cppperf.shared.bus import Bus
 from cppperf.shared.embedded import find_nats_server, free_port
+from cppperf.shared.provision import provision_all
 from cppperf.shared.settings import env_names, load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,6 +71,18 @@ def test_compose_services_and_volumes(compose: dict[str, Any]) -> None:
     assert "bubblewrap" in (ROOT / "deploy" / "Dockerfile").read_text()
     assert {"nats-1", "nats-2", "nats-3", "dataset"} <= set(compose["volumes"])
     assert (ROOT / "deploy" / "Dockerfile").read_text().count('ENTRYPOINT ["cppperf"]') == 1
+
+
+def test_admin_provisions_before_any_service_starts(compose: dict[str, Any]) -> None:
+    svc = compose["services"]
+    provision = svc["provision"]
+    assert provision["command"] == ["bus", "provision"] and provision["restart"] == "no"
+    assert provision["environment"]["CPPPERF_BUS_CREDS"] == "/run/secrets/admin"
+    assert provision["secrets"] == ["admin"]
+    assert compose["secrets"]["admin"]["file"] == "./deploy/nats/creds/admin.creds"
+    for name in ("crawler", "filter", "classifier", "builder", "evaluator"):
+        assert svc[name]["depends_on"]["provision"] == {"condition": "service_completed_successfully"}, name
+        assert "admin" not in svc[name]["secrets"], name
 
 
 def test_every_setting_passed_is_read_by_the_code(compose: dict[str, Any]) -> None:
@@ -132,7 +145,7 @@ def test_nats_configs_form_a_replicated_cluster(tmp_path: Path) -> None:
             while True:
                 bus = await Bus.connect(url, settings.bus)
                 try:
-                    await bus.provision()  # needs the cluster's JetStream meta leader
+                    await provision_all(bus)  # `cppperf bus provision`; needs the meta leader
                     break
                 except Exception:
                     await bus.close()

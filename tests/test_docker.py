@@ -20,6 +20,7 @@ import pytest
 from cppperf.demo import DemoRepo
 from cppperf.services.builder.reproduce import reproduce_image
 from cppperf.services.builder.service import build_patch
+from cppperf.shared.engine import images
 from cppperf.shared.engine.backends import make_backend
 from cppperf.shared.engine.cmake import TestCase as CTestCase
 from cppperf.shared.engine.docker_exec import exec_answer
@@ -265,7 +266,11 @@ def test_missing_package_is_installed_into_an_env_image(engine: Any, tmp_path: P
 
 
 def test_repositories_share_the_base_layers(
-    engine: Any, demo_repo: DemoRepo, docker_perf: tuple[Settings, dict[str, Any]], tmp_path: Path
+    engine: Any,
+    demo_repo: DemoRepo,
+    docker_perf: tuple[Settings, dict[str, Any]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     s = dsettings(tmp_path)
     other = tmp_path / "demo-b"
@@ -286,9 +291,15 @@ def test_repositories_share_the_base_layers(
     assert layers_b[: len(base_layers)] == base_layers  # the instance image is base + its own layer(s)
     assert img_a.attrs["RootFS"]["Layers"][: len(base_layers)] == base_layers
     # the same package set maps to the same env image: built once, shared
-    assert ensure_env_image(engine, base_name("bookworm"), ["libgsl-dev"]) == ensure_env_image(
-        engine, base_name("bookworm"), ["libgsl-dev"]
-    )
+    first = ensure_env_image(engine, base_name("bookworm"), ["libgsl-dev"])
+    first_id = engine.images.get(first).id
+
+    def must_not_build(*_a: object, **_k: object) -> None:
+        raise AssertionError("an env image that exists was built again")
+
+    monkeypatch.setattr(images, "_build", must_not_build)
+    again = ensure_env_image(engine, base_name("bookworm"), ["libgsl-dev"])
+    assert again == first and engine.images.get(again).id == first_id
 
 
 def _has(engine: Any, name: str) -> bool:

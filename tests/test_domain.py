@@ -21,6 +21,7 @@ from cppperf.shared.engine.protocol import measure
 from cppperf.shared.engine.sandbox import RunResult
 from cppperf.shared.engine.stats import compare_all, verdict
 from cppperf.shared.settings import load_settings
+from tests.conftest import strict
 
 
 def test_enums_are_their_strings_on_the_wire() -> None:
@@ -66,9 +67,9 @@ def test_the_record_section_matches_instance_meta() -> None:
         tests=decided,
         measurement=meas,
         build_steps=[
-            {"side": "old", "step": "configure", "ok": True, "seconds": 1.0, "category": None, "log": None}
+            d.BuildStep(side="old", step="configure", ok=True, seconds=1.0, category=None, log=None)
         ],
-        confirmations={"a": {"held": True, "old": [1.0], "new": [0.5], "ci": [0.4, 0.6]}},
+        confirmations={"a": d.Confirmation(held=True, old=[1.0], new=[0.5], ci=[0.4, 0.6])},
     )
     commit = m.CommitSelected(
         repo="o/r", url="u", sha="a" * 40, parent="b" * 40, date="2024-01-01", message="x"
@@ -79,6 +80,7 @@ def test_the_record_section_matches_instance_meta() -> None:
     )
     meta = d.to_struct(json.loads(json.dumps(section)), d.InstanceMeta)
     assert meta.verdict is d.Verdict.IMPROVED and meta.tests[0].name in {"a", "b"}
+    assert strict(section, d.InstanceMeta) == meta  # every key declared, every value its type
 
 
 def test_the_score_block_matches_eval_report() -> None:
@@ -97,10 +99,11 @@ def test_the_score_block_matches_eval_report() -> None:
         "applied": True,
         "tests_pass": True,
         "samples": samples,
-        **block,
+        **msgspec.to_builtins(block),
     }
     assert set(report) <= set(d.EvalReport.__struct_fields__)
     assert d.to_struct(json.loads(json.dumps(report)), d.EvalReport).per_test is not None
+    assert strict(report, d.EvalReport).per_test is not None
 
 
 def test_imported_records_fit_instance_meta() -> None:
@@ -114,3 +117,4 @@ def test_imported_records_fit_instance_meta() -> None:
         section = to_record(json.loads(f.read_text()), f.name)["cppperf"]
         assert set(section) <= set(d.InstanceMeta.__struct_fields__), f.name
         d.to_struct(json.loads(json.dumps(section)), d.InstanceMeta)
+        strict(section, d.InstanceMeta)

@@ -1,6 +1,7 @@
 """The evaluator on a generated instance: the expert patch is `opt`; empty, malformed, unsafe and
 test-editing patches are refused before anything runs; a breaking patch names the failing test; a
-slower patch is correct without speed-up; hostile code (fork bomb, infinite loop, network access,
+slower patch is correct without speed-up; an over-long patch is `too-large` and a host without a
+jail refuses (`untrusted-refused`), both before anything is fetched; hostile code (fork bomb, infinite loop, network access,
 huge output) is contained with the right verdict; finished reports are not recomputed; over the
 bus, two evaluator workers share a predictions file and evaluate each instance once; correctness
 runs are untimed, on the build cores, before the timing core is leased."""
@@ -11,6 +12,7 @@ import contextlib
 import difflib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -22,10 +24,12 @@ import msgspec
 import pytest
 
 from cppperf.demo import core
+from cppperf.services.evaluator.instances import EvalInstance
 from cppperf.services.evaluator.pipeline import EvalRequest, evaluate, summarize
+from cppperf.shared.domain import EvalReport
 from cppperf.shared.engine.leases import core_plan
 from cppperf.shared.settings import Settings
-from tests.conftest import Proven, make_settings
+from tests.conftest import Proven, make_settings, strict
 from tests.fakes import write_bare_instance
 
 pytestmark = pytest.mark.build
@@ -61,7 +65,9 @@ def instance_env(
 
 def run(env: tuple[Settings, str, dict[str, Any]], patch: str, model: str) -> dict[str, Any]:
     settings, iid, _ = env
-    return evaluate(EvalRequest(run_id="t", model=model, instance_id=iid, patch=patch), settings)
+    rep = evaluate(EvalRequest(run_id="t", model=model, instance_id=iid, patch=patch), settings)
+    strict(rep, EvalReport)  # every report is what the domain declares
+    return rep
 
 
 def test_expert_patch_is_opt(instance_env: Any) -> None:
@@ -205,9 +211,60 @@ def test_bad_patches_are_refused_before_running(
     assert not rep.get("applied") and "tests_pass" not in rep
 
 
+def _unbuilt(tmp_path: Path, **evaluator: object) -> tuple[Settings, EvalInstance]:
+    """An instance nothing was built for: refusals decided before any tree exists."""
+    settings = make_settings(tmp_path, evaluator={"runs_dir": str(tmp_path / "runs"), **evaluator})
+    inst = EvalInstance(
+        "o__n-0123456789ab", "o/n", "file:///nowhere", "a" * 40, "b" * 40, "", files=["src/core.cpp"]
+    )
+    return settings, inst
+
+
+def test_an_over_long_patch_is_too_large(tmp_path: Path) -> None:
+    settings, inst = _unbuilt(tmp_path, max_patch_bytes=200)
+    patch = core_patch(core(1) + "// " + "x" * 300 + "\n")
+    rep = evaluate(EvalRequest("t", "big", inst.instance_id, patch), settings, instance=inst)
+    assert rep["verdict"] == "too-large" and "limit 200" in rep["reason"] and not rep["applied"]
+
+
+def test_no_jail_is_untrusted_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import cppperf.services.evaluator.pipeline as ev
+
+    monkeypatch.setattr(ev, "jail_problem", lambda: "bwrap: not installed")  # a host without the jail
+    settings, inst = _unbuilt(tmp_path)
+    rep = evaluate(EvalRequest("t", "nojail", inst.instance_id, core_patch(core(1))), settings, instance=inst)
+    assert rep["verdict"] == "untrusted-refused" and "bwrap: not installed" in rep["reason"]
+    assert "applied" not in rep and not (tmp_path / "mirrors").exists()  # nothing fetched, nothing ran
+
+
 def test_patch_that_does_not_apply(instance_env: Any) -> None:
     rep = run(instance_env, core_patch(core(1), old_text=core(7).replace("x = 0", "y = 0")), "stale")
     assert rep["verdict"] == "apply-failed" and "git apply --recount" in rep["apply_log"]
+
+
+def test_evaluation_workspaces_are_removed_unless_keep_failed(
+    instance_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """work_dir/eval/<hash> goes after each evaluation, whatever the backend's own cleanup
+    removes (docker's: the container and its volume, not the host folder: a no-op here);
+    `evaluator.keep_failed` keeps a failed one for debugging."""
+    from cppperf.shared.engine.backend import LocalBackend
+
+    monkeypatch.setattr(LocalBackend, "cleanup", lambda self: None)
+    settings, iid, _ = instance_env
+    stale = core_patch(core(1), old_text=core(7).replace("x = 0", "y = 0"))
+    eval_dir = settings.work_dir() / "eval"
+    rep = evaluate(EvalRequest(run_id="ws", model="stale", instance_id=iid, patch=stale), settings)
+    assert rep["verdict"] == "apply-failed"
+    assert eval_dir.is_dir() and not list(eval_dir.iterdir())
+    debug = msgspec.structs.replace(
+        settings, evaluator=msgspec.structs.replace(settings.evaluator, keep_failed=True)
+    )
+    rep = evaluate(EvalRequest(run_id="ws", model="stale-kept", instance_id=iid, patch=stale), debug)
+    assert rep["verdict"] == "apply-failed"
+    (kept,) = eval_dir.iterdir()
+    assert (kept / "patch" / "agent.patch").read_text() == stale
+    shutil.rmtree(kept)
 
 
 def test_compile_error_patch(instance_env: Any) -> None:

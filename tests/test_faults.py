@@ -27,6 +27,7 @@ from structlog.testing import capture_logs
 from cppperf.runtime import connect, run_services
 from cppperf.shared import claims, health
 from cppperf.shared import messages as m
+from cppperf.shared.buckets import CLAIMS
 from cppperf.shared.bus import WORK_QUEUES, Bus, wait_drained
 from cppperf.shared.embedded import EmbeddedNats
 from cppperf.shared.errors import StoreInUse
@@ -415,6 +416,23 @@ async def test_outage_longer_than_the_reconnect_window_then_consuming_resumes(
     finally:
         if restarted is not None:
             restarted.stop()
+
+
+async def test_the_runtime_starts_what_a_services_register_returns(
+    own_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    """No service is special-cased by the runtime: the builder's `register` returns its startup,
+    which announces this worker (`worker/<token>` in `claims`) before anything is consumed; a
+    register that returns nothing starts nothing."""
+    settings = make_settings(tmp_path, nats_url=own_nats.url, health_dir=str(tmp_path / "health"))
+    key = f"worker/{claims.TOKEN}"
+    async with run_services(
+        settings, own_nats.url, ["builder"], register={"builder": lambda b, c: None}
+    ) as r:
+        assert await r.ctx.store.get(CLAIMS, key) is None
+    async with run_services(settings, own_nats.url, ["builder"]) as running:
+        lease = await running.ctx.store.get(CLAIMS, key)
+        assert lease is not None and lease["holder"] == claims.TOKEN
 
 
 async def _true(value: bool) -> bool:

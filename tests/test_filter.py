@@ -17,10 +17,10 @@ from cppperf.cli import app
 from cppperf.demo import DemoRepo
 from cppperf.services.filter import app as filter_app
 from cppperf.services.filter.links import Reference, parse_references
-from cppperf.services.filter.rules import Reason, Rules
 from cppperf.services.filter.select import scan_repository
 from cppperf.services.filter.walk import walk
 from cppperf.shared import messages as m
+from cppperf.shared.rules import Reason, Rules
 from cppperf.shared.service import ServiceContext
 from cppperf.shared.settings import load_settings
 
@@ -236,3 +236,30 @@ def test_a_repository_git_cannot_read_is_rejected_not_an_empty_history(tmp_path:
         walk(repo, rules())
     with pytest.raises(RepoRejected, match="not a git repository"):
         list(iter_commits(tmp_path / "missing"))
+
+
+def test_one_github_client_per_service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The filter makes its GitHub client once (its tokens' rate-limit rest state lasts), not per
+    message; offline it makes none."""
+    from cppperf.services.filter.links import GitHubLinkResolver, LinkResolver
+    from cppperf.shared.github import GitHubClient
+    from tests.conftest import make_settings
+    from tests.fakes import FakeContext
+
+    made: list[GitHubClient] = []
+
+    class Counting(GitHubClient):
+        def __init__(self, *a: object, **k: object) -> None:
+            made.append(self)
+            super().__init__(*a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(filter_app, "GitHubClient", Counting)
+    pick = filter_app.resolver_for(FakeContext(make_settings(tmp_path, github={"fetch_links": True})))
+
+    async def three_messages() -> list[LinkResolver]:
+        return [pick(), pick(), pick()]
+
+    resolvers = asyncio.run(three_messages())
+    assert len(made) == 1 and all(isinstance(r, GitHubLinkResolver) for r in resolvers)
+    offline = filter_app.resolver_for(FakeContext(make_settings(tmp_path / "off")))
+    assert type(offline()) is LinkResolver and len(made) == 1

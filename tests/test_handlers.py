@@ -79,6 +79,7 @@ class FakeBuilderOps:
         record = {
             "cppperf": {"instance_id": iid, "verdict": "improved"},
             "diff": diff,
+            "attempt": self.calls.count("prove"),  # a real record differs per build (samples, seed)
             "pad": "x" * self.record_size,
         }
         msg = m.PatchBuilt(
@@ -400,3 +401,11 @@ async def test_force_requeues_a_finished_instance_and_the_builder_proves_it_agai
     assert again.commit.diff.startswith("diff --git")  # read from the repository, not the old message
     assert await on_classified(ctx, ops, again) == "built"
     assert ops.calls.count("prove") == 2
+    # patch.built: the forced result is announced although the instance id is the same (its msg id
+    # carries the record's hash); a re-publish of that same result is deduplicated
+    built_stream = stream_for(m.PATCH_BUILT)
+    assert (await ctx.bus.js.stream_info(built_stream)).state.messages == 2
+    assert await on_classified(ctx, ops, again) == "already-built"
+    assert (await ctx.bus.js.stream_info(built_stream)).state.messages == 2
+    last = await ctx.bus.js.get_last_msg(built_stream, m.PATCH_BUILT)
+    assert (last.headers or {}).get("Nats-Msg-Id", "").startswith(iid + "@")

@@ -10,8 +10,8 @@ from collections import Counter
 from pathlib import Path
 
 from cppperf.services.crawler.checks import check_repository
-from cppperf.services.filter.rules import Rules
 from cppperf.services.filter.walk import walk
+from cppperf.shared.rules import Rules
 from cppperf.shared.settings import MiningSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))

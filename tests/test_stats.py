@@ -3,6 +3,7 @@ false-positive rate on A/A samples over many seeds, Benjamini-Hochberg, and both
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -196,10 +197,10 @@ def test_an_underpowered_proof_says_so_in_its_record() -> None:
 
     few = InstanceResult(instance_id="x", verdict=Verdict.REJECTED)
     _check_power(3, BuilderSettings(runs=5, warmup=1), few)
-    assert "--runs 6" in str(few.environment["power_warning"])
+    assert "--runs 6" in str(few.environment.power_warning)
     enough = InstanceResult(instance_id="y", verdict=Verdict.REJECTED)
     _check_power(3, BuilderSettings(runs=11, warmup=1), enough)
-    assert "power_warning" not in enough.environment
+    assert "power_warning" not in msgspec.to_builtins(enough.environment)
     exact = InstanceResult(instance_id="z", verdict=Verdict.REJECTED)
     _check_power(3, BuilderSettings(runs=5, warmup=1, metric="cachegrind"), exact)
-    assert "power_warning" not in exact.environment
+    assert "power_warning" not in msgspec.to_builtins(exact.environment)

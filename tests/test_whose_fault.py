@@ -1,8 +1,10 @@
 """Whose fault a rejection is, and what the user can do about it, on real generated CMake projects:
 a test the commit breaks (`test-failure`, the parent passes); a test failing on both sides in
 Release that passes in Debug (measured in Debug, both attempts recorded); one failing everywhere
-(`test-failure-both-sides`, "fails on both sides in Release"); a project whose code is in a
-submodule (built) and one whose submodule nobody has (`dependency`, named, at the checkout step)."""
+(`test-failure-both-sides`, "fails on both sides in Release"); one the commit fixes
+(`test-failure-parent-only`); a hanging test (`timeout`, no re-runs); no test at all (`no-tests`);
+a configure error (`configure`); a project whose code is in a submodule (built) and one whose
+submodule nobody has (`dependency`, named, at the checkout step)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from typing import Any
 import pytest
 
 from cppperf.services.builder.service import build_patch
-from tests.conftest import make_settings
+from cppperf.shared.domain import InstanceMeta
+from tests.conftest import make_settings, strict
 from tests.gitrepo import commit_files
 from tests.test_builder import commit_for
 
@@ -41,6 +44,7 @@ def prove(tmp_path: Path, repo: Path, sha: str, **builder: Any) -> dict[str, Any
         commit_for(repo, sha), repo, settings.builder, work_dir=tmp_path / "work", out_dir=tmp_path / "out"
     )
     c: dict[str, Any] = built.record["cppperf"]
+    strict(c, InstanceMeta)  # every rejection's record is what the domain declares
     return c
 
 
@@ -84,6 +88,50 @@ def test_fails_everywhere_is_not_the_commits_fault(tmp_path: Path) -> None:
     # without a fallback build type: one attempt
     c = prove(tmp_path, repo, head, fallback_build_type="")
     assert [a["build_type"] for a in c["attempts"]] == ["Release"]
+
+
+def test_the_commit_fixed_it_is_parent_only(tmp_path: Path) -> None:
+    repo = tmp_path / "r"
+    commit_files(repo, {"CMakeLists.txt": CMAKE, "t.cpp": program(0, False)}, "one")  # k = 0: fails
+    head = commit_files(repo, {"t.cpp": program(1, False)}, "two")
+    c = prove(tmp_path, repo, head, fallback_build_type="")
+    assert (c["verdict"], c["failure_category"], c["failure_step"]) == (
+        "rejected",
+        "test-failure-parent-only",
+        "test",
+    )
+    assert "old side (the parent) only" in c["failure_detail"]
+    assert any("on the new side: passed" in t for t in c["tried"]), c["tried"]
+
+
+def test_a_hanging_test_is_a_timeout(tmp_path: Path) -> None:
+    repo = tmp_path / "r"
+    commit_files(repo, {"CMakeLists.txt": CMAKE, "t.cpp": program(1, False)}, "one")
+    hang = "volatile int k = 1;\nint main() {\n    while (k) {}\n    return 0;\n}\n"
+    head = commit_files(repo, {"t.cpp": hang}, "two")
+    c = prove(tmp_path, repo, head, test_timeout=2.0)
+    assert (c["verdict"], c["failure_category"]) == ("rejected", "timeout")
+    assert "on the new side" in c["failure_detail"] and "(timed out)" in c["failure_detail"]
+    assert not any("again" in t for t in c["tried"])  # a wall decides at once: no re-runs
+
+
+def test_no_common_test_is_no_tests(tmp_path: Path) -> None:
+    repo = tmp_path / "r"
+    cmake = CMAKE.replace("add_test(NAME t COMMAND t)\n", "")
+    commit_files(repo, {"CMakeLists.txt": cmake, "t.cpp": program(1, False)}, "one")
+    head = commit_files(repo, {"t.cpp": program(2, False)}, "two")
+    c = prove(tmp_path, repo, head)
+    assert (c["verdict"], c["failure_category"], c["failure_step"]) == ("rejected", "no-tests", "tests")
+
+
+def test_a_configure_error_is_configure(tmp_path: Path) -> None:
+    repo = tmp_path / "r"
+    cmake = CMAKE.replace("enable_testing()", 'message(FATAL_ERROR "needs a flux capacitor")')
+    commit_files(repo, {"CMakeLists.txt": cmake, "t.cpp": program(1, False)}, "one")
+    head = commit_files(repo, {"t.cpp": program(2, False)}, "two")
+    c = prove(tmp_path, repo, head)
+    assert (c["verdict"], c["failure_category"], c["failure_step"]) == ("rejected", "configure", "configure")
+    assert "flux capacitor" in c["failure_detail"]
 
 
 def _with_submodule(tmp_path: Path) -> tuple[Path, Path, str]:

@@ -2,7 +2,19 @@
 
 import sys
 
-from cppperf.cli import agents, build, classify, dataset, demo, evaluate, health, pipeline, schema, validate  # noqa: F401 - registers commands
+from cppperf.cli import (  # noqa: F401 - registers commands
+    agents,
+    build,
+    bus,
+    classify,
+    dataset,
+    demo,
+    evaluate,
+    health,
+    pipeline,
+    schema,
+    validate,
+)
 from cppperf.cli.common import EXIT_FAILURES, EXIT_USAGE, app, console
 from cppperf.shared.errors import BadInput, ConfigError, CppPerfError
 

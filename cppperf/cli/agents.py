@@ -74,17 +74,22 @@ def service_keys_cmd(
         "deploy/nats/creds"
     ),
     k8s: Annotated[
-        bool, typer.Option("--k8s", help="print a Kubernetes Secret instead of .env lines")
+        bool,
+        typer.Option(
+            "--k8s",
+            help="print deploy/k8s's ConfigMap and Secrets (kubectl apply -f -) instead of .env lines",
+        ),
     ] = False,
 ) -> None:
     """New NKeys for the service users (admin, crawler, filter, classifier, builder, evaluator):
     seeds into --out/<service>.creds; prints the servers' NKEY_* lines for compose's .env, or with
-    --k8s the `cppperf-nats-keys` Secret (public keys and seeds). Running it again rotates them all."""
-    from cppperf.agents import k8s_secret, new_service_keys
+    --k8s what deploy/k8s reads: the ConfigMap `cppperf-nats-users` (public keys) and per namespace
+    the Secret `cppperf-nats-creds` (its services' creds files). Running it again rotates them all."""
+    from cppperf.agents import k8s_objects, new_service_keys
 
     keys = new_service_keys(out_dir)
     if k8s:
-        out.print(k8s_secret(keys), end="", markup=False, highlight=False, soft_wrap=True)
+        out.print(k8s_objects(keys), end="", markup=False, highlight=False, soft_wrap=True)
         return
     for service, key in keys.items():
         out.print(f"NKEY_{service.upper()}={key.public}", markup=False, highlight=False)

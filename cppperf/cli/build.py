@@ -11,7 +11,19 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cppperf.cli.common import AsJson, Config, OutDir, Runs, _fail, _settings, app, console, out, print_json
+from cppperf.cli.common import (
+    AsJson,
+    Config,
+    OutDir,
+    Runs,
+    _fail,
+    _settings,
+    app,
+    console,
+    out,
+    print_json,
+    refuse_powerless,
+)
 from cppperf.cli.repos import check_name, git_repo
 from cppperf.shared.errors import CppPerfError
 
@@ -28,6 +40,16 @@ MetricOpt = Annotated[
     str | None,
     typer.Option(
         "--metric", help="what decides: cpu (default) | wall | instructions", envvar="CPPPERF_BUILDER_METRIC"
+    ),
+]
+
+CoverageOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--coverage/--no-coverage",
+        help="decide on the tests that run the change (a --coverage build of the new side); "
+        "the others are A/A controls",
+        envvar="CPPPERF_BUILDER_COVERAGE",
     ),
 ]
 
@@ -79,11 +101,12 @@ def _print_instance(record: dict[str, Any]) -> None:
         "decided on",
     ):
         t.add_column(col)
-    for ts in c["tests"]:
+    for ts in [*c["tests"], *c.get("benchmarks", [])]:  # benchmarks: per-iteration times
+        ms = "{:.4g}" if ts["name"].startswith("bench:") else "{:.2f}"
         t.add_row(
             ts["name"],
-            f"{ts['median_old'] * 1e3:.2f}",
-            f"{ts['median_new'] * 1e3:.2f}",
+            ms.format(ts["median_old"] * 1e3),
+            ms.format(ts["median_new"] * 1e3),
             f"{ts['median_change'] * 100:+.1f}%",
             f"{ts['ratio']:.3f} [{ts['ci_low']:.3f}, {ts['ci_high']:.3f}]",
             f"{ts['p_improve_adj']:.2g}",
@@ -92,6 +115,13 @@ def _print_instance(record: dict[str, Any]) -> None:
             str(c.get("decided_on", {}).get(ts["name"], "wall")),
         )
     out.print(t)
+    if c.get("proven_by"):
+        out.print(f"proven by: {c['proven_by']}")
+    for skip in c.get("benchmarks_skipped", []):
+        out.print(
+            f"benchmark not timed: {skip['name']} ({skip['reason']}) {skip.get('detail', '')[:200]}",
+            markup=False,
+        )
     if c["failure_category"]:
         out.print(f"[red]rejected ({c['failure_category']})[/red]: {c['failure_detail'][:1500]}")
         if c.get("failure_step"):
@@ -100,10 +130,28 @@ def _print_instance(record: dict[str, Any]) -> None:
             out.print(f"  | {line}", markup=False, highlight=False)
         for what in c.get("tried", []):
             out.print(f"tried: {what}", markup=False, highlight=False)
+    _print_coverage(c.get("coverage"))
     if c["missing_packages"]:
         out.print(f"missing Debian packages: {' '.join(c['missing_packages'])}")
     if c.get("rounds_saved_by_early_stop"):
         out.print(f"early stop saved {c['rounds_saved_by_early_stop']} test rounds")
+
+
+def _print_coverage(cov: dict[str, Any] | None) -> None:
+    if not cov:
+        return
+    if not cov.get("used"):
+        out.print(f"coverage not used (every test decided): {cov.get('reason', '')}", markup=False)
+        return
+    deciding, controls = cov.get("deciding", []), cov.get("controls", [])
+    out.print(
+        f"coverage: decided on the {len(deciding)} test{'' if len(deciding) == 1 else 's'} that run the change; "
+        f"controls: {', '.join(controls) or 'none'}",
+        markup=False,
+    )
+    if cov.get("suspect"):
+        moved = ", ".join(f"{n} {how}" for n, how in cov.get("moved_controls", {}).items())
+        out.print(f"[yellow]suspect measurement[/yellow]: a control moved ({moved})")
 
 
 @app.command()
@@ -154,6 +202,7 @@ def build(
     out_dir: OutDir = None,
     profile: ProfileOpt = None,
     metric: MetricOpt = None,
+    coverage: CoverageOpt = None,
     as_json: AsJson = False,
     config: Config = None,
 ) -> None:
@@ -162,6 +211,7 @@ def build(
 
     Example: cppperf build --repo /tmp/demo --sha HEAD~12 --runs 11
              cppperf build --repo /tmp/bvh --sha e5047b9 --profile paper   # the paper's way
+             cppperf build --repo /tmp/bvh --sha 1c94c25 --coverage   # decide on the tests that run it
     """
     from cppperf.services.builder.service import build_patch
 
@@ -174,7 +224,9 @@ def build(
         builder__keep=keep or None,
         builder__profile=profile,
         builder__metric=metric,
+        builder__coverage=coverage,
     )
+    refuse_powerless(s, runs)
     progress, on_phase = _phase_progress()
     try:
         with progress:

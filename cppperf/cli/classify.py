@@ -105,7 +105,7 @@ def classify_eval(
     Example: cppperf classify eval --labels ../shared/data/commit-labels/dev.jsonl
     Example: cppperf classify eval --labels dev.jsonl --db ../shared/data/cppperf-db --negatives mined.jsonl --json
     """
-    from cppperf.services.classifier.quality import evaluate, load_labels
+    from cppperf.classifier.quality import evaluate, load_labels
     from cppperf.services.classifier.service import Classifier
 
     parent = ctx.obj or {}
@@ -167,8 +167,8 @@ def classify_eval(
 
 
 def _crossval(labels: Path, db: Path, negatives: list[Path], folds: int, progress: Progress) -> Any:
-    from cppperf.services.classifier.corpus import load_cppperf_db, load_labelled
-    from cppperf.services.classifier.crossval import cross_validate
+    from cppperf.classifier.corpus import load_cppperf_db, load_labelled
+    from cppperf.classifier.crossval import cross_validate
 
     pool = load_cppperf_db(db)
     for f in negatives:
@@ -287,7 +287,7 @@ def classify_negatives(
     """
     import subprocess
 
-    from cppperf.services.classifier.corpus import load_cppperf_db, load_labelled, mine_negatives
+    from cppperf.classifier.corpus import load_cppperf_db, load_labelled, mine_negatives
 
     s = _settings(config)
     if not (repo / ".git").exists() and not (repo / "HEAD").exists():
@@ -334,7 +334,7 @@ def classify_train(
 
     Example: cppperf classify train --db ../shared/data/cppperf-db --negatives mined.jsonl
     """
-    from cppperf.services.classifier.corpus import load_cppperf_db, load_labelled
+    from cppperf.classifier.corpus import load_cppperf_db, load_labelled
     from cppperf.services.classifier.scorer import MODEL_PATH, TrainConfig, train
 
     try:

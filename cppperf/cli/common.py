@@ -115,6 +115,26 @@ def _check_runs(value: int | None) -> int | None:
     return value
 
 
+def refuse_powerless(s: Settings, runs: int | None) -> None:
+    """`--runs` too few for even a one-test instance to be decided under the chosen rule (no p
+    can reach alpha): exit 2 naming the smallest that can. More tests need more rounds: that is
+    the per-instance `underpowered` warning. An exact count (instructions) is never refused."""
+    from cppperf.shared.engine.leases import exact_metric
+    from cppperf.shared.engine.stats import runs_needed
+
+    b = s.builder
+    if runs is None or exact_metric(b):
+        return
+    rule = b.effective_rule()
+    need = runs_needed(1, rule=rule, alpha=b.alpha, warmup=b.warmup)
+    if runs < need:
+        raise _fail(
+            f"--runs {runs} cannot decide even one test: {runs - b.warmup} samples a side never reach "
+            f"alpha={b.alpha} under the {rule!r} rule; use --runs {need} or more",
+            EXIT_USAGE,
+        )
+
+
 NatsUrl = Annotated[
     str | None,
     typer.Option(
@@ -175,9 +195,9 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, default=str, indent=1) + "\n")
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str, *, mode: int | None = None) -> None:
     """Write `path` whole or not at all (`shared.files.write_atomic`)."""
-    files.write_atomic(path, text)
+    files.write_atomic(path, text, mode=mode)
 
 
 # ------------------------------------------------------------------------------------------ NATS
@@ -248,8 +268,28 @@ def run_async(coro: Coroutine[Any, Any, T], *, waiting_for: str = "the services 
             loop.add_signal_handler(signal.SIGTERM, on_sigint)  # `kill`, `docker stop`: the same
         return await coro
 
+    from nats.js.errors import APIError
+
     try:
         return asyncio.run(main())
     except (asyncio.CancelledError, KeyboardInterrupt):
         console.print("stopped")
         raise typer.Exit(130) from None
+    except APIError as exc:  # JetStream refused a call: one line with its reason, never a traceback
+        raise _fail(jetstream_refusal(exc)) from None
+
+
+# JetStream's error codes that have a remedy worth saying (nats-server's errors.json)
+_JS_REMEDIES = {
+    10047: "the bus's store has no room: free disk where its store lives (OUT/.state/nats for the"
+    " embedded server) or give the server more (jetstream max_file_store)",
+}
+
+
+def jetstream_refusal(exc: Exception) -> str:
+    """One line for a JetStream API error: what the server said, its code, and a remedy if known."""
+    description = getattr(exc, "description", None) or str(exc)
+    err_code = getattr(exc, "err_code", None)
+    line = f"the bus refused: {description} (JetStream error {err_code})"
+    remedy = _JS_REMEDIES.get(err_code) if isinstance(err_code, int) else None
+    return f"{line}; {remedy}" if remedy else line

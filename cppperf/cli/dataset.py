@@ -314,7 +314,8 @@ def dataset_report(
     out_dir: OutDir = None,
     config: Config = None,
 ) -> None:
-    """Static HTML report with inline SVG plots (no network needed to view it).
+    """Static HTML report with inline SVG plots (no network needed to view it). The overview's
+    instance table sorts (click a header) and filters (repository, verdict, files, speed-up).
 
     Examples: cppperf dataset report --all overview.html --pages; cppperf dataset report ID report.html
     """
@@ -324,42 +325,77 @@ def dataset_report(
     if pages and not all_:
         raise typer.BadParameter("--pages goes with --all", param_hint="--pages")
     s = _settings(config, out_dir=str(out_dir) if out_dir else None)
-    written: list[tuple[Path, str]] = []
-    if all_:
-        dest = output or target
-        records = list(iter_records(Path(s.out_dir)))
-        folder = dest.with_name(dest.stem + "_instances")
-        link = (lambda iid: f"{folder.name}/{iid}.html") if pages else None
-        written.append((dest, page("cppperf dataset", overview_section(records, link))))
-        if pages:
-            with Progress(console=console, transient=True) as progress:
-                for r in progress.track(records, description="instance pages"):
-                    iid = r["cppperf"]["instance_id"]
-                    written.append((folder / f"{iid}.html", page(iid, instance_section(r))))
-    else:
-        if output is None:
-            raise typer.BadParameter("give the output file: cppperf dataset report ID OUT.html")
+    dest = (output or target) if all_ else output
+    if dest is None:
+        raise typer.BadParameter("give the output file: cppperf dataset report ID OUT.html")
+    if not dest.parent.is_dir():
+        raise _fail(f"cannot write {dest}: no folder {dest.parent}", EXIT_USAGE)
+    if not all_:
         try:
-            html_text = page(str(target), instance_section(load_record(Path(s.out_dir), str(target))))
+            text = page(str(target), instance_section(load_record(Path(s.out_dir), str(target))))
         except RecordError as exc:
             raise _fail(exc) from exc
-        written.append((output, html_text))
-    for path, _ in written[:1]:
-        if not path.parent.is_dir():
-            raise _fail(f"cannot write {path}: no folder {path.parent}", EXIT_USAGE)
+        _write_page(dest, text)
+        out.print(f"wrote {dest} ({len(text) // 1024} KiB)")
+        return
+    records = list(iter_records(Path(s.out_dir)))
+    folder = dest.with_name(dest.stem + "_instances")
+    written = _write_instance_pages(records, folder) if pages else 0
+    text = page(
+        "cppperf dataset",
+        overview_section(records, (lambda iid: f"{folder.name}/{iid}.html") if pages else None),
+    )
+    _write_page(dest, text)  # last: the overview never links a page that is not there
+    more = f" and {written} instance page(s) in {folder}" if pages else ""
+    out.print(f"wrote {dest} ({len(text) // 1024} KiB){more}")
+
+
+def _write_page(path: Path, text: str) -> None:
+    """One report file, whole or not at all, mode 0644 (a report is for people to read and serve)."""
     try:
-        for path, text in written:
-            write_atomic(path, text)
-            path.chmod(0o644)  # a report is for people to read (and serve): not the temp file's 0600
+        write_atomic(path, text, mode=0o644)
     except OSError as exc:
         raise _fail(f"cannot write {path}: {exc.strerror or exc}") from exc
-    dest, text = written[0]
-    more = (
-        f" and {len(written) - 1} instance page(s) in {dest.with_name(dest.stem + '_instances')}"
-        if len(written) > 1
-        else ""
+
+
+def _write_instance_pages(records: list[dict[str, Any]], folder: Path) -> int:
+    """Every instance's page into `folder`, with a progress bar; Ctrl-C stops after the page being
+    written (every file on disk is whole) and exits 130 with one line."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
     )
-    out.print(f"wrote {dest} ({len(text) // 1024} KiB){more}")
+
+    from cppperf.dataset.report import instance_section, page
+
+    done = 0
+    columns = (
+        TextColumn("instance pages"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+    try:
+        with Progress(*columns, console=console, transient=True) as progress:
+            task = progress.add_task("pages", total=len(records))
+            for r in records:
+                iid = r["cppperf"]["instance_id"]
+                _write_page(folder / f"{iid}.html", page(iid, instance_section(r)))
+                done += 1
+                progress.advance(task)
+    except KeyboardInterrupt:
+        console.print(
+            f"interrupted: {done} of {len(records)} instance page(s) in {folder}, no overview written",
+            soft_wrap=True,
+            markup=False,
+            highlight=False,
+        )
+        raise typer.Exit(130) from None
+    return done
 
 
 @dataset_app.command("stats")

@@ -178,6 +178,7 @@ def evaluate(  # noqa: PLR0912, PLR0915 - one verb, its input checks and its two
     (`cppperf schema run-report`).
     """
     from cppperf.dataset.records import instance_path
+    from cppperf.services.evaluator.handlers import without_samples
     from cppperf.services.evaluator.pipeline import EvalRequest, run_dir, summarize
     from cppperf.services.evaluator.pipeline import evaluate as evaluate_one
     from cppperf.services.evaluator.runreport import build_run_report, describe, report_path
@@ -301,7 +302,7 @@ def evaluate(  # noqa: PLR0912, PLR0915 - one verb, its input checks and its two
     if as_json:
         print_json(
             {
-                "reports": [{k: v for k, v in r.items() if k != "samples"} for r in reports],
+                "reports": [without_samples(r) for r in reports],
                 "summaries": summaries,
                 "run_reports": [msgspec.to_builtins(rr) for rr in run_reports],
                 "unknown_instances": unknown,

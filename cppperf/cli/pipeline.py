@@ -34,10 +34,12 @@ from cppperf.cli.common import (
     console,
     out,
     print_json,
+    refuse_powerless,
     run_async,
 )
 from cppperf.cli.repos import check_name, git_repo, local_repo_id, looks_like_path
 from cppperf.funnel import Funnel, compute_funnel
+from cppperf.shared.buckets import INSTANCES
 from cppperf.shared.errors import ConfigError, CppPerfError
 from cppperf.shared.logging import configure_logging
 from cppperf.shared.settings import Settings
@@ -112,6 +114,30 @@ def _log_file(s: Settings) -> Path:
     return path
 
 
+async def _drained_while_served(bus: Any, url: str, *, poll: float = 0.2) -> None:
+    """`wait_drained`, which waits out a bus outage (a remote server comes back); but when the
+    embedded server this process started has exited, nothing will bring it back: say so at once
+    in one line, then stop the services (in-flight work gets `bus.stop_grace`) and exit 1."""
+    from cppperf.shared.bus import wait_drained
+    from cppperf.shared.embedded import exited
+
+    waiting = asyncio.ensure_future(wait_drained(bus, poll=poll))
+    try:
+        while not waiting.done():
+            if (why := exited(url)) is not None:
+                console.print(
+                    f"error: {why}; stopping (finished work is kept: run mine again)",
+                    soft_wrap=True,
+                    markup=False,
+                    highlight=False,
+                )
+                raise typer.Exit(EXIT_FAILURES)
+            await asyncio.wait({waiting}, timeout=poll)
+        waiting.result()
+    finally:
+        waiting.cancel()
+
+
 async def _mine(
     settings: Settings,
     url: str,
@@ -124,7 +150,6 @@ async def _mine(
 ) -> dict[str, Any]:
     from cppperf.runtime import CONSUMING_SERVICES, run_services
     from cppperf.services.crawler.handlers import submit
-    from cppperf.shared.bus import wait_drained
 
     async with run_services(settings, url, list(CONSUMING_SERVICES)) as running:
         ctx = running.ctx
@@ -153,10 +178,10 @@ async def _mine(
         for repo, why in report.rejected.items():
             console.print(f"[yellow]rejected[/yellow] {repo}: {why}", soft_wrap=True)
         if not live_view:
-            await wait_drained(ctx.bus)
+            await _drained_while_served(ctx.bus, url)
         else:
             with Live(await _live_view(ctx, settings), console=console, refresh_per_second=4) as live:
-                drained = asyncio.create_task(wait_drained(ctx.bus, poll=0.5))
+                drained = asyncio.create_task(_drained_while_served(ctx.bus, url, poll=0.5))
                 while not drained.done():
                     live.update(await _live_view(ctx, settings))
                     await asyncio.sleep(0.5)
@@ -164,13 +189,15 @@ async def _mine(
                 live.update(_status_table(await ctx.bus.subject_status()))
         rows = await ctx.bus.subject_status()
         total, per, reasons = await compute_funnel(ctx.store)
-        instances = await ctx.store.all("instances")
+        instances = await ctx.store.all(INSTANCES.name)
         if not as_json:
             out.print(_funnel_table(total, per))
             for reason, n in reasons.items():
                 out.print(f"[yellow]repos rejected ({n})[/yellow]: {reason}")
             for rec in sorted(instances, key=lambda r: str(r.get("id"))):
-                improved = ", ".join(rec.get("improved_tests") or [])
+                improved = ", ".join(
+                    [*(rec.get("improved_tests") or []), *(rec.get("improved_benchmarks") or [])]
+                )
                 out.print(
                     f"{rec['id']}: {rec.get('verdict')}{f' ({improved})' if improved else ''} "
                     f"{rec.get('failure_category') or ''} → {rec.get('record_path')}",
@@ -281,6 +308,7 @@ def mine(
         builder__runs=runs,
         builder__profile=profile,
     )
+    refuse_powerless(s, runs)
     live_view = not as_json and console.is_terminal
     if live_view:
         log_path = _log_file(s)
@@ -546,8 +574,8 @@ def filter_cmd(
 
     Example: cppperf filter --repo ~/src/fmt --since 2022-01-01 --explain
     """
-    from cppperf.services.filter.rules import Rules
     from cppperf.services.filter.walk import walk
+    from cppperf.shared.rules import Rules
 
     git_repo(repo)
     s = _settings(config, mining__since=since, mining__until=until, mining__max_files=max_files)

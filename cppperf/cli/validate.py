@@ -35,7 +35,7 @@ def validate(
     config: Config = None,
 ) -> None:
     """Run each instance's expert patch through the evaluator (it must score opt) and a comment-only
-    patch (it must not); record the instance's `oracle` (ctest | none). Exit 1 when any has none.
+    patch (it must not); record the instance's `oracle` (ctest | benchmark | both | none). Exit 1 when any has none.
 
     Example: cppperf validate local__demo-441aadcc50b6
     """

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cppperf.shared.domain import Verdict
+import msgspec
+
+from cppperf.shared.domain import DecisionRule, StatsRecord, Verdict
 from cppperf.shared.engine.images import instance_image_name
 from cppperf.shared.files import write_atomic
 from cppperf.shared.messages import instance_id as make_instance_id
@@ -52,7 +54,7 @@ IMPORT_SEED = 0
 IMPORT_STATISTICS = f"mwu-bh-hl-bootstrap{IMPORT_RESAMPLES}-seed{IMPORT_SEED}"  # recompute when it changes
 
 
-def recompute_tests(published: dict[str, Any]) -> list[dict[str, Any]]:
+def recompute_tests(published: dict[str, Any]) -> list[StatsRecord]:
     """Our statistics (MWU both ways, BH, Hodges-Lehmann ratio) from the published per-test raw
     times, with the published thresholds. The bootstrap CI is computed for the tests whose
     decision depends on it (adjusted p and median change both qualify); the others keep an
@@ -76,13 +78,7 @@ def recompute_tests(published: dict[str, Any]) -> list[dict[str, Any]]:
         else t
         for i, ((n, o, w), t) in enumerate(zip(samples, first, strict=True))
     ]
-    return [t.as_dict() for t in decide(stats, alpha=alpha, min_improvement=threshold)]
-
-
-def _verdict_of(tests: list[dict[str, Any]], prefix: str) -> str:
-    if any(t[f"{prefix}regressed"] for t in tests):
-        return "regressed"
-    return "improved" if any(t[f"{prefix}improved"] for t in tests) else "not-improved"
+    return decide(stats, alpha=alpha, min_improvement=threshold)
 
 
 def to_record(published: dict[str, Any], source: str) -> dict[str, Any]:
@@ -92,7 +88,9 @@ def to_record(published: dict[str, Any], source: str) -> dict[str, Any]:
     validate_published(published)
     ci = published["commit_info"]
     repo = published["metadata"]["repository_name"]
-    tests = recompute_tests(published)
+    from cppperf.shared.engine.stats import verdict  # scipy: imported when a record is
+
+    tests = recompute_tests(published)  # an empty list: not-improved under every rule
     return {
         **published,
         "cppperf": {
@@ -100,11 +98,11 @@ def to_record(published: dict[str, Any], source: str) -> dict[str, Any]:
             "instance_id": make_instance_id(repo, ci["new_sha"]),
             "imported_from": source,
             "statistics": IMPORT_STATISTICS,
-            "verdict": _verdict_of(tests, "") if tests else "not-improved",
-            "verdict_paper_rule": _verdict_of(tests, "paper_") if tests else "not-improved",
-            "improved_tests": [t["name"] for t in tests if t["improved"]],
-            "regressed_tests": [t["name"] for t in tests if t["regressed"]],
-            "tests": tests,
+            "verdict": verdict(tests, rule=DecisionRule.OURS),
+            "verdict_paper_rule": verdict(tests, rule=DecisionRule.PAPER),
+            "improved_tests": [t.name for t in tests if t.improved],
+            "regressed_tests": [t.name for t in tests if t.regressed],
+            "tests": [msgspec.to_builtins(t) for t in tests],
             "failure_category": None,
             "builder": "cppperf-db",
         },

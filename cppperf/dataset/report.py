@@ -1,10 +1,13 @@
-"""Static HTML reports with inline SVG plots (matplotlib, no network, no JavaScript).
+"""Static HTML reports with inline SVG plots (no network at view time).
 
 - one instance: verdict and CIs, the distribution of run times old vs new per test (strip plot
-  over a box plot, improved tests first), the statistics table, the diff;
-- the dataset (`--all`): instances per repository, single- vs multi-file, lines changed, share
-  significant, verdict and best-speed-up distributions, a per-repository table like the paper's
-  Table 1, and every instance with a link to its page.
+  over a box plot, improved tests first; SVG written directly, so 347 pages take seconds), the
+  statistics table, the diff;
+- the dataset (`--all`, matplotlib): instances per repository, single- vs multi-file, lines
+  changed, share significant, verdict and best-speed-up distributions, a per-repository table like
+  the paper's Table 1, and every instance in a table that sorts and filters (a small inline
+  script; without it, a plain table) with a link to its page. Every count on the overview comes
+  from one `summarize` pass, so the header, the plots and the table agree.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import io
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import matplotlib
@@ -22,6 +26,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from cppperf.dataset.records import git_patch, is_significant
+from cppperf.shared.domain import Verdict
 
 plt.rcParams.update({"svg.fonttype": "none", "font.size": 9})
 
@@ -34,6 +39,9 @@ td:first-child,th:first-child{text-align:left} .improved{color:#0a7d2c;font-weig
 pre.diff{background:#f7f7f7;padding:1rem;overflow-x:auto;font-size:.8rem}
 .add{color:#0a7d2c} .del{color:#b00020} figure{margin:1rem 0} .kpi{display:inline-block;margin-right:2rem}
 .kpi b{display:block;font-size:1.6rem}
+#filters{margin:.5rem 0;display:flex;gap:1rem;flex-wrap:wrap;align-items:center;font-size:.85rem}
+th button{font:inherit;font-weight:600;background:none;border:0;padding:0;cursor:pointer}
+th[aria-sort=ascending] button::after{content:" ▲"} th[aria-sort=descending] button::after{content:" ▼"}
 """
 
 
@@ -57,46 +65,60 @@ def test_samples(record: dict[str, Any]) -> dict[str, tuple[list[float], list[fl
     return out
 
 
+def moses_ratio_ci(old: list[float], new: list[float], level: float = 0.95) -> tuple[float, float]:
+    """The distribution-free CI of the Hodges-Lehmann new/old ratio (Moses' interval: order
+    statistics of the pairwise log differences at the Mann-Whitney critical rank). One partition,
+    no resampling: the report computes it for thousands of tests in a second."""
+    import numpy as np
+    from scipy.stats import norm
+
+    lo_old = np.log(np.asarray(old, dtype=np.float64))
+    lo_new = np.log(np.asarray(new, dtype=np.float64))
+    n, m = len(lo_old), len(lo_new)
+    diffs = (lo_new[None, :] - lo_old[:, None]).ravel()
+    z = float(norm.ppf(0.5 + level / 2))
+    k = int(max(0, min(n * m // 2 - 1, np.floor(n * m / 2 - z * np.sqrt(n * m * (n + m + 1) / 12)))))
+    low, high = np.partition(diffs, (k, n * m - 1 - k))[[k, n * m - 1 - k]]
+    return float(np.exp(low)), float(np.exp(high))
+
+
 def _speedup_ci(
-    samples: dict[str, tuple[list[float], list[float]]], t: dict[str, Any], seed: int
-) -> tuple[float, float] | None:
-    """The old/new speed-up CI of one test: the stored ratio CI inverted, or, for imported records
-    (which keep a CI only where the verdict needed one), bootstrapped from the raw times now."""
+    samples: dict[str, tuple[list[float], list[float]]], t: dict[str, Any]
+) -> tuple[tuple[float, float] | None, bool]:
+    """The old/new speed-up CI of one test and whether the report computed it: the stored ratio CI
+    inverted, or, for imported records (which keep a CI only where the verdict needed one), the
+    distribution-free interval from the raw times."""
     if t["ci_low"] > 0 and t["ci_high"] < float("inf"):
-        return (1 / t["ci_high"], 1 / t["ci_low"])
+        return (1 / t["ci_high"], 1 / t["ci_low"]), False
     old, new = samples.get(t["name"], ([], []))
     if len(old) < 2 or len(new) < 2 or min(*old, *new) <= 0:
-        return None
-    import numpy as np
-
-    from cppperf.dataset.records import IMPORT_RESAMPLES
-    from cppperf.shared.engine.stats import bootstrap_ratio_ci
-
-    low, high = bootstrap_ratio_ci(
-        np.asarray(old, dtype=np.float64),
-        np.asarray(new, dtype=np.float64),
-        resamples=IMPORT_RESAMPLES,
-        rng=np.random.default_rng(seed),
-    )
-    return (1 / high, 1 / low)
+        return None, False
+    low, high = moses_ratio_ci(old, new)
+    return (1 / high, 1 / low), True
 
 
 def _test_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
     ours = (record.get("cppperf") or {}).get("tests") or []
     if ours:
         samples = test_samples(record)
-        return [
-            {
-                "name": t["name"],
-                "change": t["median_change"],
-                "ci": _speedup_ci(samples, t, seed=i),
-                # the p of the side that was decided: a regression shows its own (small) p
-                "p": t["p_regress_adj"] if t["regressed"] or t["median_change"] < 0 else t["p_improve_adj"],
-                "improved": t["improved"],
-                "regressed": t["regressed"],
-            }
-            for i, t in enumerate(ours)
-        ]
+        rows = []
+        for t in ours:
+            ci, computed = _speedup_ci(samples, t)
+            rows.append(
+                {
+                    "name": t["name"],
+                    "change": t["median_change"],
+                    "ci": ci,
+                    "ci_computed": computed,
+                    # the p of the side that was decided: a regression shows its own (small) p
+                    "p": t["p_regress_adj"]
+                    if t["regressed"] or t["median_change"] < 0
+                    else t["p_improve_adj"],
+                    "improved": t["improved"],
+                    "regressed": t["regressed"],
+                }
+            )
+        return rows
     improved = set((record.get("tests") or {}).get("significant_improvements_tests") or [])
     regressed = set((record.get("tests") or {}).get("significant_regressions_tests") or [])
     return [
@@ -104,6 +126,7 @@ def _test_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
             "name": t["test_name"],
             "change": t.get("relative_improvement", 0.0),
             "ci": None,
+            "ci_computed": False,
             "p": t.get("p_value"),
             "improved": t["test_name"] in improved,
             "regressed": t["test_name"] in regressed,
@@ -112,30 +135,78 @@ def _test_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _ticks(low: float, high: float) -> list[float]:
+    """About five round tick values covering [low, high]."""
+    import math
+
+    span = high - low or abs(high) or 1.0
+    step = 10 ** math.floor(math.log10(span / 4))
+    step *= next((f for f in (1, 2, 5, 10) if span / (step * f) <= 5), 10)
+    first = math.ceil(low / step) * step
+    return [first + i * step for i in range(int((high - first) / step + 1e-9) + 1)]
+
+
+def _quartiles(xs: list[float]) -> tuple[float, float, float, float, float]:
+    """Whisker ends (1.5 IQR, clipped to the data), quartiles and median, as a box plot draws them."""
+    q1, med, q3 = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else (xs[0],) * 3
+    lo = min(x for x in xs if x >= q1 - 1.5 * (q3 - q1))
+    hi = max(x for x in xs if x <= q3 + 1.5 * (q3 - q1))
+    return lo, q1, med, q3, hi
+
+
 def distribution_plot(samples: dict[str, tuple[list[float], list[float]]], order: list[str]) -> str:
-    names = [n for n in order if n in samples][:30]
+    """Per test (at most 30, in `order`): a box plot with the samples strewn over it, new above old,
+    on the test's own axis (ms). Written as SVG text directly: no plotting library per page."""
+    names = [n for n in order if n in samples and samples[n][0] and samples[n][1]][:30]
     if not names:
         return "<p>No timing samples in this record.</p>"
-    fig, axes = plt.subplots(len(names), 1, figsize=(8, 0.9 * len(names) + 0.6), squeeze=False)
-    for ax, name in zip(axes[:, 0], names, strict=True):
+    width, left, right, panel = 760, 40, 20, 78
+    plot_w = width - left - right
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{panel * len(names) + 24}" '
+        f'viewBox="0 0 {width} {panel * len(names) + 24}" font-size="9" font-family="sans-serif">'
+    ]
+    for i, name in enumerate(names):
         old, new = samples[name]
-        ax.boxplot(
-            [new, old], orientation="horizontal", widths=0.6, showfliers=False, tick_labels=["new", "old"]
-        )
-        for y, xs, color in ((1, new, "#0a7d2c"), (2, old, "#555")):
-            ax.scatter(
-                xs,
-                [y + (i % 5 - 2) * 0.04 for i in range(len(xs))],
-                s=6,
-                color=color,
-                alpha=0.7,
-                gid=f"samples-{name}",
+        low, high = min(*old, *new), max(*old, *new)
+        pad = (high - low) * 0.05 or abs(high) * 0.05 or 1.0
+        low, high = low - pad, high + pad
+
+        def x(v: float, lo: float = low, hi: float = high) -> float:
+            return left + (v - lo) / (hi - lo) * plot_w
+
+        top = i * panel + 12
+        parts.append(f'<g id="samples-{html.escape(name)}" transform="translate(0,{top})">')
+        parts.append(f'<text x="{left}" y="0">{html.escape(name)}</text>')
+        for row, (label, xs, color) in enumerate((("new", new, "#0a7d2c"), ("old", old, "#555"))):
+            y = 14 + row * 22
+            w_lo, q1, med, q3, w_hi = _quartiles(xs)
+            parts.append(
+                f'<text x="{left - 4}" y="{y + 3}" text-anchor="end">{label}</text>'
+                f'<line x1="{x(w_lo):.1f}" x2="{x(w_hi):.1f}" y1="{y}" y2="{y}" stroke="#999"/>'
+                f'<rect x="{x(q1):.1f}" y="{y - 7}" width="{max(x(q3) - x(q1), 0.5):.1f}" height="14" '
+                f'fill="none" stroke="#333"/>'
+                f'<line x1="{x(med):.1f}" x2="{x(med):.1f}" y1="{y - 7}" y2="{y + 7}" stroke="#e67e22" '
+                f'stroke-width="1.5"/>'
             )
-        ax.set_title(name, fontsize=8, loc="left")
-        ax.tick_params(labelsize=7)
-    axes[-1, 0].set_xlabel("run time (ms)")
-    fig.tight_layout()
-    return _svg(fig)
+            parts.extend(
+                f'<circle cx="{x(v):.1f}" cy="{y + (k % 5 - 2) * 2}" r="1.6" fill="{color}" fill-opacity="0.7"/>'
+                for k, v in enumerate(xs)
+            )
+        axis = 14 + 2 * 22
+        parts.append(
+            f'<line x1="{left}" x2="{left + plot_w}" y1="{axis - 8}" y2="{axis - 8}" stroke="#ccc"/>'
+        )
+        parts.extend(
+            f'<text x="{x(t):.1f}" y="{axis + 2}" text-anchor="middle" fill="#555">{t:g}</text>'
+            for t in _ticks(low, high)
+        )
+        parts.append("</g>")
+    parts.append(
+        f'<text x="{left + plot_w / 2}" y="{panel * len(names) + 18}" text-anchor="middle">run time (ms)</text>'
+    )
+    parts.append("</svg>")
+    return "".join(parts)
 
 
 def _diff_html(patch: str) -> str:
@@ -160,13 +231,18 @@ def instance_section(record: dict[str, Any]) -> str:
     table = ["<table><tr><th>test</th><th>change</th><th>speed-up 95% CI</th><th>p</th><th>result</th></tr>"]
     for r in rows[:200]:
         cls = "improved" if r["improved"] else ("regressed" if r["regressed"] else "")
-        ci_txt = f"[{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]" if r["ci"] else "–"
+        ci_txt = f"[{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]{'†' if r['ci_computed'] else ''}" if r["ci"] else "–"
         p_txt = f"{r['p']:.2g}" if isinstance(r["p"], (int, float)) else "–"
         table.append(
             f'<tr class="{cls}"><td>{html.escape(r["name"])}</td><td>{(r["change"] or 0) * 100:+.1f}%</td>'
             f"<td>{ci_txt}</td><td>{p_txt}</td><td>{cls or '–'}</td></tr>"
         )
     table.append("</table>")
+    if any(r["ci_computed"] for r in rows):
+        table.append(
+            "<p>† not stored in the record (imported records keep a CI only where the verdict needed "
+            "one): the distribution-free (Moses) interval of the Hodges-Lehmann ratio, from the raw times.</p>"
+        )
     msg = html.escape("\n".join(ci.get("commit_message") or []))
     return f"""
 <h1>{html.escape(ours.get("instance_id", ""))}</h1>
@@ -198,14 +274,62 @@ def best_speedup(record: dict[str, Any]) -> float | None:
     return max(ups) if ups else None
 
 
-def _distributions(records: list[dict[str, Any]]) -> str:
-    verdicts = Counter(str((r.get("cppperf") or {}).get("verdict")) for r in records)
-    ups = [u for u in (best_speedup(r) for r in records) if u is not None]
+@dataclass(frozen=True)
+class Summary:
+    """One instance as the overview counts it; every number on the overview comes from these."""
+
+    instance_id: str
+    repo: str
+    verdict: str
+    speedup: float | None  # best speed-up among improved tests, for an improved instance only
+    files: int
+    lines: int
+
+    @property
+    def improved(self) -> bool:
+        return self.verdict == Verdict.IMPROVED
+
+    @property
+    def single_file(self) -> bool:
+        return self.files == 1
+
+
+def summarize(records: list[dict[str, Any]]) -> list[Summary]:
+    """The overview's one pass over the records, sorted by instance id."""
+    out = []
+    for r in records:
+        ours = r.get("cppperf") or {}
+        ci = r["commit_info"]
+        improved = is_significant(r)
+        verdict = str(ours.get("verdict") or (Verdict.IMPROVED if improved else "unknown"))
+        out.append(
+            Summary(
+                instance_id=str(ours.get("instance_id")),
+                repo=r["metadata"]["repository_name"],
+                verdict=verdict,
+                speedup=best_speedup(r) if verdict == Verdict.IMPROVED else None,
+                files=len(ci.get("files_changed") or []),
+                lines=int(ci.get("lines_added") or 0) + int(ci.get("lines_removed") or 0),
+            )
+        )
+    return sorted(out, key=lambda x: x.instance_id)
+
+
+def verdict_counts(rows: list[Summary]) -> list[tuple[str, int]]:
+    """Instances per verdict, most common first (ties by name)."""
+    return sorted(Counter(r.verdict for r in rows).items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def _distributions(rows: list[Summary]) -> str:
+    verdicts = verdict_counts(rows)
+    ups = [r.speedup for r in rows if r.improved and r.speedup is not None]
     fig, axes = plt.subplots(1, 2, figsize=(9, 2.8))
-    names = [v for v, _ in verdicts.most_common()]
     colors = {"improved": "#0a7d2c", "regressed": "#b00020"}
     axes[0].bar(
-        names, [verdicts[v] for v in names], color=[colors.get(v, "#888") for v in names], gid="verdicts"
+        [v for v, _ in verdicts],
+        [c for _, c in verdicts],
+        color=[colors.get(v, "#888") for v, _ in verdicts],
+        gid="verdicts",
     )
     axes[0].set_title("verdicts", loc="left")
     axes[0].tick_params(axis="x", labelsize=7, rotation=20)
@@ -216,84 +340,149 @@ def _distributions(records: list[dict[str, Any]]) -> str:
     return _svg(fig)
 
 
-def _instance_links(records: list[dict[str, Any]], link: Callable[[str], str] | None) -> str:
-    rows = ["<table><tr><th>instance</th><th>verdict</th><th>best speed-up</th><th>files</th></tr>"]
-    for r in sorted(records, key=lambda r: str((r.get("cppperf") or {}).get("instance_id"))):
-        ours = r.get("cppperf") or {}
-        iid = html.escape(str(ours.get("instance_id")))
-        name = f'<a href="{html.escape(link(str(ours.get("instance_id"))))}">{iid}</a>' if link else iid
-        up = best_speedup(r)
-        verdict = str(ours.get("verdict"))
-        cls = verdict if verdict in ("improved", "regressed") else ""
-        rows.append(
-            f'<tr><td>{name}</td><td class="{cls}">{html.escape(verdict)}</td>'
-            f"<td>{f'{up:.2f}×' if up else '–'}</td><td>{len(r['commit_info'].get('files_changed') or [])}</td></tr>"
+SCRIPT = """
+(function () {
+  var table = document.getElementById("instances"), form = document.getElementById("filters");
+  if (!table || !form) return;
+  var body = table.tBodies[0], rows = Array.prototype.slice.call(body.rows);
+  form.hidden = false;
+  function apply() {
+    var repo = form.repo.value, verdict = form.verdict.value, files = form.files.value;
+    var min = parseFloat(form.min.value), shown = 0;
+    rows.forEach(function (r) {
+      var d = r.dataset, up = parseFloat(d.speedup);
+      var ok = (!repo || d.repo === repo) && (!verdict || d.verdict === verdict) &&
+        (!files || d.files === files) && (isNaN(min) || (!isNaN(up) && up >= min));
+      r.hidden = !ok;
+      if (ok) shown++;
+    });
+    document.getElementById("shown").textContent = shown;
+  }
+  form.addEventListener("input", apply);
+  form.addEventListener("change", apply);
+  form.addEventListener("reset", function () { setTimeout(apply, 0); });
+  table.tHead.addEventListener("click", function (e) {
+    var th = e.target.closest("th[data-key]");
+    if (!th) return;
+    var key = th.dataset.key, num = th.dataset.type === "num";
+    var dir = th.getAttribute("aria-sort") === "ascending" ? -1 : 1;
+    Array.prototype.forEach.call(table.tHead.rows[0].cells, function (c) { c.removeAttribute("aria-sort"); });
+    th.setAttribute("aria-sort", dir > 0 ? "ascending" : "descending");
+    rows.sort(function (a, b) {
+      var x = a.dataset[key] || "", y = b.dataset[key] || "";
+      if (num) {
+        x = parseFloat(x); y = parseFloat(y);
+        if (isNaN(x)) x = -Infinity;
+        if (isNaN(y)) y = -Infinity;
+        return x === y ? 0 : (x < y ? -dir : dir);
+      }
+      return x < y ? -dir : (x > y ? dir : 0);
+    });
+    rows.forEach(function (r) { body.appendChild(r); });
+  });
+})();
+"""
+
+
+def _options(name: str, label: str, values: list[str]) -> str:
+    opts = "".join(f'<option value="{html.escape(v)}">{html.escape(v)}</option>' for v in values)
+    return f'<label>{label} <select name="{name}"><option value="">all</option>{opts}</select></label>'
+
+
+def _instance_table(rows: list[Summary], link: Callable[[str], str] | None) -> str:
+    """Every instance; `data-*` attributes carry what the inline script sorts and filters on."""
+    form = (
+        '<form id="filters" hidden>'
+        + _options("repo", "repository", sorted({r.repo for r in rows}))
+        + _options("verdict", "verdict", [v for v, _ in verdict_counts(rows)])
+        + _options("files", "files", ["single", "multi"])
+        + '<label>best speed-up ≥ <input name="min" type="number" step="0.05" min="0" size="5"></label>'
+        + f' <button type="reset">clear</button> <span><b id="shown">{len(rows)}</b> of {len(rows)} shown</span>'
+        + "</form>"
+    )
+    head = (
+        '<table id="instances" class="sortable"><thead><tr>'
+        '<th data-key="id"><button type="button">instance</button></th>'
+        '<th data-key="repo"><button type="button">repository</button></th>'
+        '<th data-key="verdict"><button type="button">verdict</button></th>'
+        '<th data-key="speedup" data-type="num"><button type="button">best speed-up</button></th>'
+        '<th data-key="nfiles" data-type="num"><button type="button">files</button></th>'
+        '<th data-key="lines" data-type="num"><button type="button">lines changed</button></th>'
+        "</tr></thead><tbody>"
+    )
+    body = []
+    for r in rows:
+        iid = html.escape(r.instance_id)
+        name = f'<a href="{html.escape(link(r.instance_id))}">{iid}</a>' if link else iid
+        cls = r.verdict if r.verdict in ("improved", "regressed") else ""
+        up = f"{r.speedup:.4f}" if r.speedup is not None else ""
+        body.append(
+            f'<tr data-id="{iid}" data-repo="{html.escape(r.repo)}" data-verdict="{html.escape(r.verdict)}" '
+            f'data-speedup="{up}" data-files="{"single" if r.single_file else "multi"}" '
+            f'data-nfiles="{r.files}" data-lines="{r.lines}">'
+            f'<td>{name}</td><td>{html.escape(r.repo)}</td><td class="{cls}">{html.escape(r.verdict)}</td>'
+            f"<td>{f'{r.speedup:.2f}×' if r.speedup is not None else '–'}</td><td>{r.files}</td>"
+            f"<td>{r.lines}</td></tr>"
         )
-    rows.append("</table>")
-    return "".join(rows)
+    return form + head + "".join(body) + f"</tbody></table><script>{SCRIPT}</script>"
 
 
 def overview_section(records: list[dict[str, Any]], link: Callable[[str], str] | None = None) -> str:
     """The dataset page; `link(instance_id)` gives the href of each instance's page."""
-    per_repo: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in records:
-        per_repo[r["metadata"]["repository_name"]].append(r)
-    n = len(records)
-    sig = sum(is_significant(r) for r in records)
-    single = sum(len(r["commit_info"].get("files_changed") or []) == 1 for r in records)
-    counts = Counter({k: len(v) for k, v in per_repo.items()})
-    top = counts.most_common(30)
+    rows = summarize(records)
+    n = len(rows)
+    if not n:
+        return "<h1>Dataset overview</h1><p>No instances.</p>"
+    per_repo: dict[str, list[Summary]] = defaultdict(list)
+    for r in rows:
+        per_repo[r.repo].append(r)
+    sig = sum(r.improved for r in rows)
+    single = sum(r.single_file for r in rows)
+    top = Counter({k: len(v) for k, v in per_repo.items()}).most_common(30)
     fig, ax = plt.subplots(figsize=(8, 0.22 * len(top) + 0.8))
     ax.barh([k for k, _ in reversed(top)], [v for _, v in reversed(top)], color="#4a6fa5", gid="per-repo")
     ax.set_xlabel("instances")
     ax.set_title("instances per repository (top 30)", loc="left")
     per_repo_svg = _svg(fig)
-    changed = [
-        int(r["commit_info"].get("lines_added") or 0) + int(r["commit_info"].get("lines_removed") or 0)
-        for r in records
-    ]
     fig, axes = plt.subplots(1, 2, figsize=(9, 2.8))
     axes[0].bar(
         ["single-file", "multi-file"], [single, n - single], color=["#4a6fa5", "#a5774a"], gid="files"
     )
     axes[0].set_title("files changed", loc="left")
-    axes[1].hist([max(c, 1) for c in changed], bins=30, color="#4a6fa5", log=False, gid="lines")
+    axes[1].hist([max(r.lines, 1) for r in rows], bins=30, color="#4a6fa5", log=False, gid="lines")
     axes[1].set_xscale("log")
     axes[1].set_title("lines changed per patch", loc="left")
     shape_svg = _svg(fig)
-    rows = [
+    table = [
         "<table><tr><th>repository</th><th>instances</th><th>single-file</th><th>multi-file</th>"
         "<th>mean lines changed</th><th>significant</th></tr>"
     ]
     for repo, rs in sorted(per_repo.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        s1 = sum(len(r["commit_info"].get("files_changed") or []) == 1 for r in rs)
-        lines = [
-            int(r["commit_info"].get("lines_added") or 0) + int(r["commit_info"].get("lines_removed") or 0)
-            for r in rs
-        ]
-        rows.append(
+        s1 = sum(r.single_file for r in rs)
+        table.append(
             f"<tr><td>{html.escape(repo)}</td><td>{len(rs)}</td><td>{s1}</td><td>{len(rs) - s1}</td>"
-            f"<td>{statistics.fmean(lines):.1f}</td><td>{sum(is_significant(r) for r in rs)}</td></tr>"
+            f"<td>{statistics.fmean(r.lines for r in rs):.1f}</td><td>{sum(r.improved for r in rs)}</td></tr>"
         )
-    rows.append("</table>")
-    return (
-        f"""
+    table.append("</table>")
+    verdict_line = " · ".join(
+        f'<span data-verdict="{html.escape(v)}"><b>{c}</b> {html.escape(v)}</span>'
+        for v, c in verdict_counts(rows)
+    )
+    return f"""
 <h1>Dataset overview</h1>
 <p><span class="kpi"><b>{n}</b>instances</span><span class="kpi"><b>{len(per_repo)}</b>repositories</span>
 <span class="kpi"><b>{single}</b>single-file</span><span class="kpi"><b>{n - single}</b>multi-file</span>
-<span class="kpi"><b>{sig} ({sig / n:.0%})</b>with a significantly faster test</span></p>
+<span class="kpi" data-verdict="improved"><b>{sig} ({sig / n:.0%})</b>improved (a significantly faster test, none slower)</span></p>
+<p class="verdicts">verdicts: {verdict_line}</p>
 <figure class="per-repo">{per_repo_svg}</figure>
 <figure class="shape">{shape_svg}</figure>
 <h2>Verdicts and speed-ups</h2>
-<figure class="distributions">{_distributions(records)}</figure>
+<figure class="distributions">{_distributions(rows)}</figure>
 <h2>Per repository (the paper's Table 1)</h2>
-{"".join(rows)}
-<h2>Instances</h2>
-{_instance_links(records, link)}
+{"".join(table)}
+<h2 id="all-instances">Instances</h2>
+{_instance_table(rows, link)}
 """
-        if n
-        else "<h1>Dataset overview</h1><p>No instances.</p>"
-    )
 
 
 def page(title: str, body: str) -> str:

@@ -7,6 +7,7 @@ handler; a replica that finds it claimed waits, then gets the recorded result.""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 from faststream.nats import NatsBroker
 
@@ -28,7 +29,17 @@ async def startup(ctx: ServiceContext) -> None:
     await claims.clean_stale_workspaces(ctx.store, s.work_dir(), owner=s.run_owner())
 
 
-def register(broker: NatsBroker, ctx: ServiceContext, *, ops: BuilderOps | None = None) -> None:
+@dataclass(frozen=True)
+class Wired:
+    """What `register` leaves the runtime: `startup` once the subscribers are wired."""
+
+    ctx: ServiceContext
+
+    async def startup(self) -> None:
+        await startup(self.ctx)
+
+
+def register(broker: NatsBroker, ctx: ServiceContext, *, ops: BuilderOps | None = None) -> Wired:
     work = ops or EngineOps(ctx.settings)
     exclusive = asyncio.Lock()
 
@@ -59,3 +70,4 @@ def register(broker: NatsBroker, ctx: ServiceContext, *, ops: BuilderOps | None 
     subscribe(
         broker, ctx, subject=m.COMMIT_CLASSIFIED, service="builder", typ=m.CommitClassified, work=classified
     )
+    return Wired(ctx)

@@ -25,13 +25,14 @@ from cppperf.services.builder.service import (
     validate_latest,
     write_instance,
 )
-from cppperf.shared import claims
+from cppperf.shared import buckets, claims
 from cppperf.shared import messages as m
-from cppperf.shared.domain import InstanceState, RepoState, Stage, Verdict, to_json_dict, to_struct
+from cppperf.shared.buckets import COMMITS, INSTANCES, REPOS
+from cppperf.shared.domain import InstanceState, RepoState, Stage, Verdict, to_struct
 from cppperf.shared.errors import RepoRejected
 from cppperf.shared.mirror import ensure_local
 from cppperf.shared.ports import StageContext
-from cppperf.shared.results import republish_finished
+from cppperf.shared.results import built_msg_id, republish_finished
 from cppperf.shared.settings import Settings
 
 CandidateOutcome = Literal["already-validated", "rejected", "validated"]
@@ -92,7 +93,7 @@ def with_oracle(built: BuiltPatch, settings: Settings) -> BuiltPatch:
 
 async def on_candidate(ctx: StageContext, ops: BuilderOps, cand: m.RepoCandidate) -> CandidateOutcome:
     path = await asyncio.to_thread(ops.checkout, cand.url, cand.repo)
-    prior = to_struct(await ctx.store.get("repos", cand.repo) or {}, RepoState)
+    prior = await buckets.get(ctx.store, REPOS, cand.repo) or RepoState()
     head = await asyncio.to_thread(ops.head, path)
     if prior.validated and prior.head_sha == head:
         # validated earlier at this very commit: pass it on without rebuilding
@@ -112,11 +113,11 @@ async def on_candidate(ctx: StageContext, ops: BuilderOps, cand: m.RepoCandidate
         found = await asyncio.to_thread(ops.validate, cand, path)
     except RepoRejected as exc:
         rejected = RepoState(stage=Stage.REJECTED, by="builder", reason=str(exc), url=cand.url)
-        await ctx.store.put("repos", cand.repo, to_json_dict(rejected))
+        await buckets.put(ctx.store, REPOS, cand.repo, rejected)
         return "rejected"  # a verdict about the repo, recorded; nothing to retry
     await ctx.bus.publish(m.REPO_FOUND, found)
     await ctx.store.update(
-        "repos",
+        REPOS.name,
         cand.repo,
         stage=Stage.FOUND,
         validated=True,
@@ -132,7 +133,7 @@ async def on_classified(ctx: StageContext, ops: BuilderOps, item: m.CommitClassi
     if not item.label:
         return "negative"
     iid = m.instance_id(commit.repo, commit.sha)
-    done = to_struct(await ctx.store.get("instances", iid) or {}, InstanceState)
+    done = await buckets.get(ctx.store, INSTANCES, iid) or InstanceState()
     if done.verdict is not None:  # finished earlier: a redelivery must not redo 30 minutes of work
         await republish_finished(ctx, iid)  # but a second request gets the result (dedup by id)
         return "already-built"
@@ -140,7 +141,8 @@ async def on_classified(ctx: StageContext, ops: BuilderOps, item: m.CommitClassi
     diff = await ctx.store.resolve_text(commit.diff, commit.diff_ref)
     built = await asyncio.to_thread(ops.prove, commit, path, diff)
     msg = built.message
-    record, record_ref = await ctx.store.inline_or_ref(f"record/{iid}", json.dumps(built.record))
+    record_text = json.dumps(built.record)
+    record, record_ref = await ctx.store.inline_or_ref(f"record/{iid}", record_text)
     state = to_struct(
         {
             "stage": Stage.BUILT,
@@ -150,6 +152,8 @@ async def on_classified(ctx: StageContext, ops: BuilderOps, item: m.CommitClassi
             "parent": msg.parent,
             "improved_tests": msg.improved_tests,
             "regressed_tests": msg.regressed_tests,
+            "improved_benchmarks": msg.improved_benchmarks,
+            "regressed_benchmarks": msg.regressed_benchmarks,
             "failure_category": msg.failure_category,
             "record": record,
             "record_ref": record_ref,
@@ -159,9 +163,9 @@ async def on_classified(ctx: StageContext, ops: BuilderOps, item: m.CommitClassi
     )
     # Store before publish: the record is the truth and patch.built is derived from it; if another
     # attempt recorded first, its result is the one announced (record, KV and message agree).
-    if not await ctx.store.create("instances", iid, to_json_dict(state)):
+    if not await buckets.create(ctx.store, INSTANCES, iid, state):
         await republish_finished(ctx, iid)
         return "already-built"
-    await ctx.bus.publish(m.PATCH_BUILT, msg)
-    await ctx.store.update("commits", commit.id, stage=Stage.BUILT, verdict=msg.verdict)
+    await ctx.bus.publish(m.PATCH_BUILT, msg, msg_id=built_msg_id(iid, record_text))
+    await ctx.store.update(COMMITS.name, commit.id, stage=Stage.BUILT, verdict=msg.verdict)
     return "built"

@@ -28,23 +28,44 @@ from typing import Any
 
 import msgspec
 
-from cppperf.shared.domain import FailureCategory, Verdict
+from cppperf.services.builder.blame import blame, explain, limit_category
+from cppperf.shared.domain import (
+    Attempt,
+    BenchmarkWorkload,
+    BuildStep,
+    Confirmation,
+    Coverage,
+    DecisionRule,
+    Environment,
+    FailureCategory,
+    SkippedBenchmark,
+    StatsRecord,
+    Verdict,
+)
 from cppperf.shared.engine.backend import SIDES, Backend, SideName, Sides, build_sides
+from cppperf.shared.engine.benchmarks import (
+    Discovered,
+    bench_settings,
+    executables_identical,
+    is_benchmark,
+    timed_run,
+)
+from cppperf.shared.engine.benchmarks import find as find_benchmarks
 from cppperf.shared.engine.cases import split as split_cases
 from cppperf.shared.engine.cmake import (
     NO_WERROR_ARGS,
     BuildSpec,
     StepResult,
     TestCase,
-    normalise,
     werror_only,
 )
+from cppperf.shared.engine.coverage import flag_controls, measure_coverage, split_family
 from cppperf.shared.engine.errorlines import first_error_lines
 from cppperf.shared.engine.leases import Turns, core_plan, exact_metric, timing_turns
 from cppperf.shared.engine.limits import limits_for
 from cppperf.shared.engine.protocol import Measurement, RunFailure, check_metric, measure
 from cppperf.shared.engine.sandbox import Limits, RunResult
-from cppperf.shared.engine.stats import TestStats, compare_all, compare_test, power_problem, verdict
+from cppperf.shared.engine.stats import compare_all, compare_test, power_problem, verdict
 from cppperf.shared.engine.submodules import MissingSubmodule
 from cppperf.shared.logging import get_logger
 from cppperf.shared.settings import BuilderSettings
@@ -60,39 +81,46 @@ class InstanceResult:
     verdict: Verdict
     verdict_paper: Verdict = Verdict.REJECTED
     verdict_strict: Verdict = Verdict.REJECTED
-    decision_rule: str = "ours"  # the rule whose verdict is `verdict`
+    decision_rule: DecisionRule = DecisionRule.OURS  # the rule whose verdict is `verdict`
     compared_tests: list[str] = field(default_factory=list)  # tests on both sides
     failure_category: FailureCategory | None = None
     failure_detail: str = ""
     improved_tests: list[str] = field(default_factory=list)
     regressed_tests: list[str] = field(default_factory=list)
-    tests: list[TestStats] = field(default_factory=list)
-    confirmations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tests: list[StatsRecord] = field(default_factory=list)
+    confirmations: dict[str, Confirmation] = field(default_factory=dict)
     measurement: Measurement | None = None
-    build_steps: list[dict[str, Any]] = field(default_factory=list)
+    build_steps: list[BuildStep] = field(default_factory=list)
     added_tests: list[str] = field(default_factory=list)
     removed_tests: list[str] = field(default_factory=list)
     missing_packages: list[str] = field(default_factory=list)
     llm_proposed_packages: list[str] = field(default_factory=list)
-    environment: dict[str, Any] = field(default_factory=dict)
+    environment: Environment = field(default_factory=Environment)
     failure_step: str = ""  # checkout | configure | build | tests | test
     failure_lines: list[str] = field(default_factory=list)  # the log lines that matter
     tried: list[str] = field(default_factory=list)  # what cppperf did about the failure
-    attempts: list[dict[str, Any]] = field(default_factory=list)  # one per build profile tried
+    attempts: list[Attempt] = field(default_factory=list)  # one per build profile tried
     werror_only: bool = False  # the build failed on warnings made errors only
+    # the project's benchmarks as workloads (engine/benchmarks.py): timed beside the tests, one
+    # family with them; `improved_tests`/`regressed_tests` name tests only, these the benchmarks
+    benchmark_workloads: list[BenchmarkWorkload] = field(default_factory=list)
+    benchmarks_skipped: list[SkippedBenchmark] = field(default_factory=list)
+    improved_benchmarks: list[str] = field(default_factory=list)
+    regressed_benchmarks: list[str] = field(default_factory=list)
+    coverage: Coverage | None = None  # builder.coverage: which tests run the change
 
-    def attempt_summary(self, build_type: str, profile_change: str = "") -> dict[str, Any]:
-        return {
-            "build_type": build_type,
-            "profile_change": profile_change,
-            "verdict": self.verdict,
-            "failure_category": self.failure_category,
-            "failure_step": self.failure_step,
-            "failure_lines": self.failure_lines,
-            "failure_detail": self.failure_detail[:600],
-            "tried": list(self.tried),
-            "build_steps": list(self.build_steps),
-        }
+    def attempt_summary(self, build_type: str, profile_change: str = "") -> Attempt:
+        return Attempt(
+            build_type=build_type,
+            profile_change=profile_change,
+            verdict=self.verdict,
+            failure_category=self.failure_category,
+            failure_step=self.failure_step,
+            failure_lines=self.failure_lines,
+            failure_detail=self.failure_detail[:600],
+            tried=list(self.tried),
+            build_steps=list(self.build_steps),
+        )
 
 
 def _cppperf_version() -> str:
@@ -109,7 +137,7 @@ def _loadavg() -> list[float]:
         return []
 
 
-def environment_facts(settings: BuilderSettings) -> dict[str, Any]:
+def environment_facts(settings: BuilderSettings) -> Environment:
     cpu = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -119,33 +147,33 @@ def environment_facts(settings: BuilderSettings) -> dict[str, Any]:
     except OSError:
         pass
     plan = core_plan(settings)
-    return {
-        "platform": platform.platform(),
-        "cpu_model": cpu,
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "cppperf_version": _cppperf_version(),
-        "profile": settings.profile,
-        "build_type": settings.effective_build_type(),
-        "thread_env": dict(settings.thread_env),
-        "pinned_cpu": settings.pin_cpu,
-        "timing_cores": list(plan.timing),
-        "build_cores": list(plan.build),
-        "leased_core": None,
-        "load_average_start": _loadavg(),
-    }
+    return Environment(
+        platform=platform.platform(),
+        cpu_model=cpu,
+        cpu_count=os.cpu_count(),
+        python=platform.python_version(),
+        cppperf_version=_cppperf_version(),
+        profile=settings.profile,
+        build_type=settings.effective_build_type(),
+        thread_env=dict(settings.thread_env),
+        pinned_cpu=settings.pin_cpu,
+        timing_cores=list(plan.timing),
+        build_cores=list(plan.build),
+        leased_core=None,
+        load_average_start=_loadavg(),
+    )
 
 
-def _step_dict(side: SideName, s: StepResult) -> dict[str, Any]:
-    return {
-        "side": side,
-        "step": s.step,
-        "command": list(s.argv),
-        "ok": s.ok,
-        "seconds": round(s.result.wall_s, 3),
-        "category": s.category,
-        "log": str(s.log_path) if s.log_path else None,
-    }
+def _build_step(side: SideName, s: StepResult) -> BuildStep:
+    return BuildStep(
+        side=side,
+        step=s.step,
+        command=list(s.argv),
+        ok=s.ok,
+        seconds=round(s.result.wall_s, 3),
+        category=s.category,
+        log=str(s.log_path) if s.log_path else None,
+    )
 
 
 def _build_both(
@@ -158,7 +186,7 @@ def _build_both(
     step, log lines and what was tried go into `result`)."""
 
     def record(side: SideName, steps: list[StepResult]) -> None:
-        result.build_steps += [_step_dict(side, s) for s in steps]
+        result.build_steps += [_build_step(side, s) for s in steps]
         if not steps[-1].ok and sum(1 for st in steps if st.step == "configure") > 1:
             missing = steps[-1].missing.debian if steps[-1].missing else []
             result.tried.append(f"configured again with {' '.join(missing)} installed")
@@ -200,15 +228,17 @@ def prove(
     seed: int | None = None,
     llm_propose: Callable[[str], list[str]] | None = None,
     time_identical: bool = False,
+    coverage: Coverage | None = None,
 ) -> InstanceResult:
     """Run the whole protocol for instance `iid`: `sides` `{"old": parent, "new": sha}` exported from
     `repo_path`, or None when the backend holds the trees already (an instance image). With
     `time_identical` byte-identical binaries are timed anyway (an A/A calibration run). When a test
-    fails on both sides, once more in `settings.fallback_build_type` (both attempts recorded)."""
+    fails on both sides, once more in `settings.fallback_build_type` (both attempts recorded).
+    `coverage`: a recorded one (reproducing an instance) decides instead of a new measurement."""
     if sides is not None and repo_path is None:
         raise ValueError("prove: sides to export need the repository they come from")
-    once = _Once(iid, sides, repo_path, backend, on_phase, seed, llm_propose, time_identical)
-    current = once.prove(settings)
+    once = _Once(iid, sides, repo_path, backend, on_phase, seed, llm_propose, time_identical, coverage)
+    current = _attempt(once, settings)
     current.attempts = [current.attempt_summary(settings.effective_build_type())]
     if (
         current.failure_category == FailureCategory.COMPILE
@@ -247,15 +277,13 @@ def _retry(
     kept = _read_logs(backend.logs)  # the retry starts from a clean workspace: keep the logs
     backend.cleanup()
     backend.spec = spec
-    nxt = once.prove(settings)
-    earlier = backend.logs / f"attempt-{n}-{prev.attempts[-1]['build_type']}"
+    nxt = _attempt(once, settings)
+    earlier = backend.logs / f"attempt-{n}-{prev.attempts[-1].build_type}"
     _write_logs(earlier, kept)
-    for step in prev.build_steps:  # the same dicts as in prev.attempts[-1]
-        if step.get("log") and Path(step["log"]).parent == backend.logs:
-            step["log"] = str(earlier / Path(step["log"]).name)
-    changes = [a["profile_change"] for a in prev.attempts if a.get("profile_change")] + (
-        [change] if change else []
-    )
+    for step in prev.build_steps:  # the same BuildSteps as in prev.attempts[-1]
+        if step.log and Path(step.log).parent == backend.logs:
+            step.log = str(earlier / Path(step.log).name)
+    changes = [a.profile_change for a in prev.attempts if a.profile_change] + ([change] if change else [])
     nxt.attempts = [*prev.attempts, nxt.attempt_summary(spec.build_type, " ".join(changes))]
     nxt.tried = [*prev.tried, what, *nxt.tried]
     if nxt.verdict == Verdict.REJECTED:
@@ -295,12 +323,11 @@ class _Once:
     seed: int | None
     llm_propose: Callable[[str], list[str]] | None
     time_identical: bool
-
-    def prove(self, settings: BuilderSettings) -> InstanceResult:
-        return _prove_once(self, settings)
+    coverage: Coverage | None = None  # a recorded one: decides instead of a measurement
 
 
-def _prove_once(once: _Once, settings: BuilderSettings) -> InstanceResult:
+# one attempt of the protocol in `settings`' build type (`prove` retries with another)
+def _attempt(once: _Once, settings: BuilderSettings) -> InstanceResult:
     iid, backend, seed, llm_propose = once.iid, once.backend, once.seed, once.llm_propose
     phase = once.on_phase or (lambda _p, _d, _t: None)
     result = InstanceResult(
@@ -328,7 +355,9 @@ def _prove_once(once: _Once, settings: BuilderSettings) -> InstanceResult:
     if failure is not None:
         return reject(*failure)
     phase("build new", 2, 2)
-    result.environment.update({f"{k}_version": v for k, v in backend.toolchain().items()})
+    result.environment = msgspec.structs.replace(  # compiler_version, cmake_version
+        result.environment, **{f"{k}_version": v for k, v in backend.toolchain().items()}
+    )
 
     tests_by_side: dict[SideName, dict[str, TestCase]] = {
         side: {t.name: t for t in backend.tests(side) if not t.disabled} for side in SIDES
@@ -341,25 +370,23 @@ def _prove_once(once: _Once, settings: BuilderSettings) -> InstanceResult:
         result.failure_step = "tests"
         result.tried.append("enabled BUILD_TESTING and the project's own test options")
         return reject(FailureCategory.NO_TESTS, "no CTest test exists on both sides")
-    if not once.time_identical and backend.binaries_identical(common):
+    if (
+        not once.time_identical
+        and backend.binaries_identical(common)
+        and executables_identical(backend, settings)
+    ):
         result.verdict = result.verdict_paper = result.verdict_strict = Verdict.UNCHANGED_BINARIES
         return result
-    if settings.split_cases:
-        tests_by_side, common = _split_cases(backend, tests_by_side, common, phase, settings)
-        result.compared_tests = common
+    tests_by_side, common = _before_timing(once, tests_by_side, common, settings, result, phase)
+    benches = _benchmarks(backend, settings, result, phase)
 
     run_seed = settings.seed if seed is None else seed
     exact = exact_metric(settings)
-    _check_power(len(common), settings, result)
+    _check_power(len(split_family(result.coverage, common)[0]) + len(benches.common), settings, result)
     with timing_turns(settings, phase) as turns:
-
-        def run_one(side: SideName, name: str) -> RunResult:
-            t = tests_by_side[side][name]
-            limits = limits_for(t, settings, cpu=turns.cpu, instructions=count, counted=exact)
-            return normalise(t, backend.run_test(side, t, limits))
-
+        run_one = _runner(backend, settings, tests_by_side, benches, turns, count=count, exact=exact)
         meas = measure(
-            common,
+            common + benches.common,
             run_one,
             # an exact count needs no warm-up, no repeats, no early stop: a few identical runs
             rounds=settings.exact_runs if exact else settings.runs,
@@ -374,16 +401,86 @@ def _prove_once(once: _Once, settings: BuilderSettings) -> InstanceResult:
             floor=0.0 if exact else settings.sample_floor,
             max_repeats=settings.max_repeats,
             turn=turns.turn,
+            pinned=dict.fromkeys(benches.common, 1),
         )
         result.measurement = meas
         try:
             if meas.failure is not None:  # re-runs that say whose fault it is: on a leased core too
                 return _reject_failure(meas.failure, run_one, settings, result, reject, phase, turns)
             _decide(meas, run_one, settings, run_seed, result, phase, turns)
+            _split_benchmarks(result)
         finally:
-            result.environment.update(turns.facts())
-        result.environment["load_average_end"] = _loadavg()
+            result.environment = msgspec.structs.replace(result.environment, **turns.facts())
+        result.environment.load_average_end = _loadavg()
     return result
+
+
+def _runner(
+    backend: Backend,
+    settings: BuilderSettings,
+    tests: dict[SideName, dict[str, TestCase]],
+    benches: Discovered,
+    turns: Turns,
+    *,
+    count: bool,
+    exact: bool,
+) -> Callable[[SideName, str], RunResult]:
+    """One timed run of a workload on a side: a test as CTest judges it, a benchmark as the
+    sample its own JSON gives (timed, never under Valgrind)."""
+    workloads = {side: {**tests[side], **benches.by_side[side]} for side in SIDES}
+
+    def run_one(side: SideName, name: str) -> RunResult:
+        t = workloads[side][name]
+        if is_benchmark(name):
+            return timed_run(backend, side, t, limits_for(t, settings, cpu=turns.cpu))
+        return timed_run(
+            backend, side, t, limits_for(t, settings, cpu=turns.cpu, instructions=count, counted=exact)
+        )
+
+    return run_one
+
+
+def _benchmarks(
+    backend: Backend, settings: BuilderSettings, result: InstanceResult, phase: PhaseCallback
+) -> Discovered:
+    """The project's benchmarks to time beside the tests (what is not timed, and why, recorded)."""
+    phase("benchmarks", 0, 1)
+    benches = find_benchmarks(backend, SIDES, settings, unchanged=("old", "new"))
+    result.benchmark_workloads = benches.records(bench_settings(settings))
+    result.benchmarks_skipped = benches.skipped
+    phase("benchmarks", 1, 1)
+    return benches
+
+
+def _split_benchmarks(result: InstanceResult) -> None:
+    """The improved and regressed benchmarks apart from the tests (one family, two kinds)."""
+    for kind in ("improved", "regressed"):
+        names: list[str] = getattr(result, f"{kind}_tests")
+        setattr(result, f"{kind}_tests", [n for n in names if not is_benchmark(n)])
+        setattr(result, f"{kind}_benchmarks", [n for n in names if is_benchmark(n)])
+
+
+def _before_timing(
+    once: _Once,
+    tests_by_side: dict[SideName, dict[str, TestCase]],
+    common: list[str],
+    settings: BuilderSettings,
+    result: InstanceResult,
+    phase: PhaseCallback,
+) -> tuple[dict[SideName, dict[str, TestCase]], list[str]]:
+    """Untimed work on the build cores: which tests run the change (`builder.coverage`, on the
+    CTest tests, before they are split), then each test split into its cases."""
+    if once.coverage is not None:
+        result.coverage = msgspec.structs.replace(once.coverage, moved_controls={}, suspect=False)
+    elif settings.coverage:
+        new_tests = {n: tests_by_side["new"][n] for n in common}
+        result.coverage = measure_coverage(
+            once.backend, once.repo_path, once.sides, new_tests, settings, phase
+        )
+    if settings.split_cases:
+        tests_by_side, common = _split_cases(once.backend, tests_by_side, common, phase, settings)
+        result.compared_tests = common
+    return tests_by_side, common
 
 
 def _check_power(tests: int, settings: BuilderSettings, result: InstanceResult) -> None:
@@ -397,7 +494,7 @@ def _check_power(tests: int, settings: BuilderSettings, result: InstanceResult) 
     )
     if why:
         log.warning("underpowered", instance=result.instance_id, reason=why)
-        result.environment["power_warning"] = why
+        result.environment.power_warning = why
 
 
 def _decide(
@@ -409,27 +506,41 @@ def _decide(
     phase: PhaseCallback,
     turns: Turns,
 ) -> None:
-    """Statistics on each test's deciding metric, confirmation runs, verdicts under every rule."""
-    decided = compare_all(
-        meas.decision_samples(),
-        alpha=settings.alpha,
-        min_improvement=settings.min_improvement,
-        resamples=settings.bootstrap_resamples,
-        seed=run_seed,
-        exact=[n for n in meas.samples if meas.metric_of(n) == "cachegrind"],
-        tolerance=settings.exact_tolerance,
-    )
-    if settings.confirm:
-        decided = _confirm(decided, meas, run_one, settings, run_seed, result, phase, turns)
-    result.tests = decided
+    """Statistics on each test's deciding metric, confirmation runs, verdicts under every rule.
+    With coverage the tests that run the change are one family (its own correction) and decide;
+    the others are A/A controls, a family of their own: one that moves makes the record suspect."""
+
+    def family(names: list[str]) -> list[StatsRecord]:
+        if not names:
+            return []
+        decided = compare_all(
+            {n: s for n, s in meas.decision_samples().items() if n in set(names)},
+            alpha=settings.alpha,
+            min_improvement=settings.min_improvement,
+            resamples=settings.bootstrap_resamples,
+            seed=run_seed,
+            exact=[n for n in names if meas.metric_of(n) == "cachegrind"],
+            tolerance=settings.exact_tolerance,
+        )
+        if settings.confirm:
+            decided = _confirm(decided, meas, run_one, settings, run_seed, result, phase, turns)
+        return decided
+
+    deciding, controls = split_family(result.coverage, sorted(meas.samples))
+    decided, checked = family(deciding), family(controls)
     rule = settings.effective_rule()
+    if result.coverage is not None and checked:
+        flag_controls(result.coverage, checked, rule=rule)
+    cleared = [
+        msgspec.structs.replace(t, **_CLEARED, paper_improved=False, paper_regressed=False) for t in checked
+    ]
+    result.tests = sorted([*decided, *cleared], key=lambda t: t.name)
     result.decision_rule = rule
     result.verdict = verdict(decided, rule=rule)
-    result.verdict_paper = verdict(decided, rule="paper")
-    result.verdict_strict = verdict(decided, rule="strict")
-    imp, reg = ("improved", "regressed") if rule == "ours" else (f"{rule}_improved", f"{rule}_regressed")
-    result.improved_tests = [t.name for t in decided if getattr(t, imp)]
-    result.regressed_tests = [t.name for t in decided if getattr(t, reg)]
+    result.verdict_paper = verdict(decided, rule=DecisionRule.PAPER)
+    result.verdict_strict = verdict(decided, rule=DecisionRule.STRICT)
+    result.improved_tests = [t.name for t in decided if rule.improved(t)]
+    result.regressed_tests = [t.name for t in decided if rule.regressed(t)]
 
 
 def _reject_failure(
@@ -441,49 +552,26 @@ def _reject_failure(
     phase: PhaseCallback,
     turns: Turns,
 ) -> InstanceResult:
-    """The rejection for a failed run, saying whose fault a failing test is."""
+    """The rejection for a failed run: the re-runs that say whose fault it is (blame.py decides)."""
     result.failure_step = "test"
     result.failure_lines = first_error_lines(f.output_tail)
-    killed = f.returncode in (-9, 137) and not f.timed_out  # the kernel's OOM killer or the pids wall
-    if f.timed_out or killed:
-        why = "timed out" if f.timed_out else "killed (resource limit)"
-        return reject(
-            FailureCategory.TIMEOUT if f.timed_out else FailureCategory.RESOURCE_LIMIT,
-            f"test {f.test} failed on the {f.side} side in round {f.round} ({why}): {f.output_tail[-800:]}",
-        )
-    other: SideName = "old" if f.side == "new" else "new"
-    phase("recheck", 0, 2)
-    with turns.turn():
-        same = run_one(f.side, f.test)
-        phase("recheck", 1, 2)
-        there = run_one(other, f.test)
-    phase("recheck", 2, 2)
+    category = limit_category(timed_out=f.timed_out, returncode=f.returncode)
+    if category is None:
+        other: SideName = "old" if f.side == "new" else "new"
+        phase("recheck", 0, 2)
+        with turns.turn():
+            same = run_one(f.side, f.test)
+            phase("recheck", 1, 2)
+            there = run_one(other, f.test)
+        phase("recheck", 2, 2)
 
-    def said(r: RunResult) -> str:
-        return "passed" if r.ok else ("timed out" if r.timed_out else f"failed (exit {r.returncode})")
+        def said(r: RunResult) -> str:
+            return "passed" if r.ok else ("timed out" if r.timed_out else f"failed (exit {r.returncode})")
 
-    result.tried.append(f"ran {f.test} again on the {f.side} side: {said(same)}")
-    result.tried.append(f"ran {f.test} on the {other} side: {said(there)}")
-    bt = settings.build_type
-    head = f"test {f.test} failed on the {f.side} side in round {f.round} (exit code {f.returncode})"
-    tail = f.output_tail[-600:]
-    if same.ok:
-        return reject(FailureCategory.TEST_FLAKY, f"{head} and passed when re-run there: {tail}")
-    if not there.ok:
-        why = "the project or the build profile, not the commit"
-        return reject(
-            FailureCategory.TEST_FAILURE_BOTH_SIDES, f"{head}; it fails on both sides in {bt} ({why}): {tail}"
-        )
-    if f.side == "new":
-        return reject(
-            FailureCategory.TEST_FAILURE,
-            f"{head}; it fails on the new side only (the commit broke it): {tail}",
-        )
-    why = "the commit fixes it, nothing to time"
-    return reject(
-        FailureCategory.TEST_FAILURE_PARENT_ONLY,
-        f"{head}; it fails on the old side (the parent) only ({why}): {tail}",
-    )
+        result.tried.append(f"ran {f.test} again on the {f.side} side: {said(same)}")
+        result.tried.append(f"ran {f.test} on the {other} side: {said(there)}")
+        category = blame(f.side, same_ok=same.ok, other_ok=there.ok)
+    return reject(category, explain(category, f, settings.build_type))
 
 
 def _split_cases(
@@ -515,7 +603,7 @@ _CLEARED = {"improved": False, "regressed": False, "strict_improved": False, "st
 
 
 def _confirm(
-    decided: list[TestStats],
+    decided: list[StatsRecord],
     main: Measurement,
     run_one: Callable[[SideName, str], Any],
     settings: BuilderSettings,
@@ -523,7 +611,7 @@ def _confirm(
     result: InstanceResult,
     phase: PhaseCallback,
     turns: Turns,
-) -> list[TestStats]:
+) -> list[StatsRecord]:
     """Re-run each flagged test alone with a fresh order; a change must hold there to count."""
     # an exact count is its own confirmation: its re-runs agreed within builder.exact_tolerance
     flagged = [
@@ -534,7 +622,7 @@ def _confirm(
     if not flagged:
         return decided
     rounds = max(settings.early_stop_min_rounds, settings.runs // 2) + settings.warmup
-    out: dict[str, TestStats] = {t.name: t for t in decided}
+    out: dict[str, StatsRecord] = {t.name: t for t in decided}
     for i, t in enumerate(flagged):
         phase("confirm", i, len(flagged))
         meas = measure(
@@ -549,8 +637,8 @@ def _confirm(
             turn=turns.turn,
         )
         if meas.failure is not None:
-            result.confirmations[t.name] = {"held": False, "failure": meas.failure.output_tail[-500:]}
-            out[t.name] = TestStats(**{**t.as_dict(), **_CLEARED})
+            result.confirmations[t.name] = Confirmation(held=False, failure=meas.failure.output_tail[-500:])
+            out[t.name] = msgspec.structs.replace(t, **_CLEARED)
             continue
         s = meas.samples[t.name]
         metric = main.metric_of(t.name)
@@ -560,20 +648,20 @@ def _confirm(
             held = c.p_improve < settings.alpha and c.median_change >= settings.min_improvement
         else:
             held = c.p_regress < settings.alpha and c.median_change <= -settings.min_improvement
-        result.confirmations[t.name] = {
-            "held": held,
-            "metric": metric,
-            "old": old,
-            "new": new,
-            "old_wall_s": s.old,
-            "new_wall_s": s.new,
-            "median_change": c.median_change,
-            "p_improve": c.p_improve,
-            "p_regress": c.p_regress,
-            "ratio": c.ratio,
-            "ci": [c.ci_low, c.ci_high],
-        }
+        result.confirmations[t.name] = Confirmation(
+            held=held,
+            metric=metric,
+            old=old,
+            new=new,
+            old_wall_s=s.old,
+            new_wall_s=s.new,
+            median_change=c.median_change,
+            p_improve=c.p_improve,
+            p_regress=c.p_regress,
+            ratio=c.ratio,
+            ci=[c.ci_low, c.ci_high],
+        )
         if not held:
-            out[t.name] = TestStats(**{**t.as_dict(), **_CLEARED})
+            out[t.name] = msgspec.structs.replace(t, **_CLEARED)
     phase("confirm", len(flagged), len(flagged))
     return [out[t.name] for t in decided]

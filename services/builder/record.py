@@ -7,7 +7,11 @@ the paper's rule), per-test statistics with CIs, raw samples both sides (wall an
 environment (cppperf/compiler/CMake versions, leased core, load average), the metric that decided
 each test (`decided_on`), repeats per sample, early-stop savings, confirmation runs, failure
 category, and the instance verdict under all three rules (`decision_rule` says which one is
-`verdict`).
+`verdict`); with `builder.coverage`, `coverage` (domain.Coverage): which tests run the change, the
+deciding family, the controls and whether one moved (`suspect`); the project's benchmarks
+(`bench_record.py`: `proven_by`, per-benchmark `benchmarks`, workloads and skips). The published
+`tests` keys and `cppperf.tests` hold the CTest tests only; `performance_analysis.test_name` is
+the improved workload (a test or a benchmark) with the largest median change.
 """
 
 from __future__ import annotations
@@ -18,8 +22,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
+from msgspec import UNSET
+
+from cppperf.services.builder.bench_record import benchmark_fields
 from cppperf.services.builder.instance import InstanceResult
-from cppperf.shared.domain import Verdict
+from cppperf.shared.domain import InstanceMeta, SideSamples, Verdict
+from cppperf.shared.engine.benchmarks import is_benchmark
 from cppperf.shared.engine.cmake import BuildSpec, configure_argv
 from cppperf.shared.messages import CommitSelected
 from cppperf.shared.settings import BuilderSettings
@@ -41,10 +50,10 @@ def _ms(xs: list[float]) -> list[float]:
 
 def _commands(res: InstanceResult, side: str, settings: BuilderSettings) -> list[str]:
     """The configure and build commands as they ran on `side`, every option included."""
-    cmds = [shlex.join(s["command"]) for s in res.build_steps if s["side"] == side and s.get("command")]
+    cmds = [shlex.join(s.command) for s in res.build_steps if s.side == side and s.command]
     if cmds:
         return cmds
-    build_type = str(res.environment.get("build_type") or settings.effective_build_type())
+    build_type = res.environment.build_type or settings.effective_build_type()
     spec = BuildSpec(build_type=build_type)  # nothing ran: what would have
     return [shlex.join(configure_argv(Path("src"), Path("build"), spec, options=[])), "cmake --build build"]
 
@@ -53,15 +62,17 @@ def build_record(
     commit: CommitSelected, res: InstanceResult, *, diff: str, settings: BuilderSettings
 ) -> dict[str, Any]:
     meas = res.measurement
+    tests = [t for t in res.tests if not is_benchmark(t.name)]  # the CTest tests (published keys)
     per_test: list[dict[str, Any]] = []
     old_total: list[float] = []
     new_total: list[float] = []
     if meas is not None and meas.failure is None:
-        full = [s for s in meas.samples.values() if len(s.old) == len(next(iter(meas.samples.values())).old)]
+        timed = [s for n, s in meas.samples.items() if not is_benchmark(n)]
+        full = [s for s in timed if len(s.old) == len(timed[0].old)] if timed else []
         if full:
             old_total = [sum(v) for v in zip(*(s.old for s in full), strict=False)]
             new_total = [sum(v) for v in zip(*(s.new for s in full), strict=False)]
-    for t in res.tests:
+    for t in tests:
         s = meas.samples[t.name] if meas else None
         old_ms, new_ms = (_ms(s.old), _ms(s.new)) if s else ([], [])
         per_test.append(
@@ -86,10 +97,10 @@ def build_record(
                 "new_times": new_ms,
             }
         )
-    improved = [t.name for t in res.tests if t.improved]
-    regressed = [t.name for t in res.tests if t.regressed]
-    paper_imp = [t.name for t in res.tests if t.paper_improved]
-    paper_reg = [t.name for t in res.tests if t.paper_regressed]
+    improved = [t.name for t in tests if t.improved]
+    regressed = [t.name for t in tests if t.regressed]
+    paper_imp = [t.name for t in tests if t.paper_improved]
+    paper_reg = [t.name for t in tests if t.paper_regressed]
     old_mean = statistics.fmean(old_total) if old_total else 0.0
     new_mean = statistics.fmean(new_total) if new_total else 0.0
     issues = [
@@ -116,8 +127,8 @@ def build_record(
         per_test = [
             {"test_name": n, "is_significant": False, "unchanged_binary": True} for n in res.compared_tests
         ]
-    rule_imp = "improved" if res.decision_rule == "ours" else f"{res.decision_rule}_improved"
-    best = max((t for t in res.tests if getattr(t, rule_imp)), key=lambda t: t.median_change, default=None)
+    rule = res.decision_rule
+    best = max((t for t in res.tests if rule.improved(t)), key=lambda t: t.median_change, default=None)
     return {
         "metadata": {
             "collection_date": datetime.now(UTC).isoformat(),
@@ -164,7 +175,7 @@ def build_record(
             "new_times_s": new_total,
         },
         "tests": {
-            "total_tests": len(res.tests) or len(res.compared_tests),
+            "total_tests": len(tests) or len(res.compared_tests),
             "significant_improvements": len(improved),
             "significant_improvements_tests": improved,
             "significant_regressions": len(regressed),
@@ -176,9 +187,9 @@ def build_record(
             "tests": per_test,
         },
         "logs": {
-            "build_success": not any(not s["ok"] for s in res.build_steps),
+            "build_success": not any(not s.ok for s in res.build_steps),
             "test_success": not (res.failure_category or "").startswith(("test-", "timeout")),
-            "build_logs": [s["log"] for s in res.build_steps if s.get("log")],
+            "build_logs": [s.log for s in res.build_steps if s.log],
         },
         "raw_timing_data": {
             "warmup_runs": meas.warmup if meas else 0,
@@ -186,52 +197,60 @@ def build_record(
             "min_exec_time_improvement": settings.min_improvement,
             "min_p_value": settings.alpha,
         },
-        "cppperf": {
-            "record_version": RECORD_VERSION,
-            "instance_id": res.instance_id,
-            "verdict": res.verdict,
-            "decision_rule": res.decision_rule,
-            "verdict_paper_rule": res.verdict_paper,
-            "verdict_strict_rule": res.verdict_strict,
-            "profile": settings.profile,
-            "metric": settings.metric,
-            "decided_on": dict(meas.decided_on) if meas else {},
-            "repeats": dict(meas.repeats) if meas else {},
-            "sample_floor_s": settings.sample_floor,
-            "compared_tests": res.compared_tests,
-            "failure_category": res.failure_category,
-            "failure_detail": res.failure_detail,
-            "failure_step": res.failure_step,
-            "failure_lines": res.failure_lines,
-            "tried": res.tried,
-            "attempts": res.attempts,
-            "builder": settings.backend,
-            "environment": res.environment,
-            "seed": meas.seed if meas else None,
-            "rounds": meas.rounds if meas else 0,
-            "rounds_run": dict(meas.rounds_run) if meas else {},
-            "rounds_saved_by_early_stop": meas.rounds_saved if meas and meas.failure is None else 0,
-            "settled_early": dict(meas.settled) if meas else {},
-            "added_tests": res.added_tests,
-            "removed_tests": res.removed_tests,
-            "missing_packages": res.missing_packages,
-            "llm_proposed_packages": res.llm_proposed_packages,
-            "build_steps": res.build_steps,
-            "tests": [t.as_dict() for t in res.tests],
-            "confirmations": res.confirmations,
-            "samples": {
-                n: {
-                    "old_s": s.old,
-                    "new_s": s.new,
-                    "old_cpu_s": s.old_cpu,
-                    "new_cpu_s": s.new_cpu,
-                    "old_instructions": s.instructions.get("old", []),
-                    "new_instructions": s.instructions.get("new", []),
-                    "old_ir": s.ir.get("old", []),
-                    "new_ir": s.ir.get("new", []),
-                }
-                for n, s in (meas.samples.items() if meas else [])
-            },
-            "linked_texts_fetched": commit.links_fetched,
-        },
+        "cppperf": msgspec.to_builtins(_meta(commit, res, settings)),
     }
+
+
+def _meta(commit: CommitSelected, res: InstanceResult, settings: BuilderSettings) -> InstanceMeta:
+    """The record's `cppperf` section, as its Struct (the record file holds its JSON)."""
+    meas = res.measurement
+    return InstanceMeta(
+        record_version=RECORD_VERSION,
+        instance_id=res.instance_id,
+        verdict=res.verdict,
+        decision_rule=res.decision_rule,
+        verdict_paper_rule=res.verdict_paper,
+        verdict_strict_rule=res.verdict_strict,
+        profile=settings.profile,
+        metric=settings.metric,
+        decided_on=dict(meas.decided_on) if meas else {},
+        repeats=dict(meas.repeats) if meas else {},
+        sample_floor_s=settings.sample_floor,
+        compared_tests=res.compared_tests,
+        failure_category=res.failure_category,
+        failure_detail=res.failure_detail,
+        failure_step=res.failure_step,
+        failure_lines=res.failure_lines,
+        tried=res.tried,
+        attempts=res.attempts,
+        builder=settings.backend,
+        environment=res.environment,
+        seed=meas.seed if meas else None,
+        rounds=meas.rounds if meas else 0,
+        rounds_run=dict(meas.rounds_run) if meas else {},
+        rounds_saved_by_early_stop=meas.rounds_saved if meas and meas.failure is None else 0,
+        settled_early=dict(meas.settled) if meas else {},
+        added_tests=res.added_tests,
+        removed_tests=res.removed_tests,
+        missing_packages=res.missing_packages,
+        llm_proposed_packages=res.llm_proposed_packages,
+        build_steps=res.build_steps,
+        tests=[t for t in res.tests if not is_benchmark(t.name)],  # the CTest tests
+        confirmations=res.confirmations,
+        samples={
+            n: SideSamples(
+                old_s=s.old,
+                new_s=s.new,
+                old_cpu_s=s.old_cpu,
+                new_cpu_s=s.new_cpu,
+                old_instructions=s.instructions.get("old", []),
+                new_instructions=s.instructions.get("new", []),
+                old_ir=s.ir.get("old", []),
+                new_ir=s.ir.get("new", []),
+            )
+            for n, s in (meas.samples.items() if meas else [])
+        },
+        linked_texts_fetched=commit.links_fetched,
+        coverage=res.coverage if res.coverage is not None else UNSET,  # only with builder.coverage
+        **benchmark_fields(res),
+    )

@@ -1,5 +1,6 @@
 """Reproduce an instance from its image alone: read the record inside the image, run the timing
-protocol on the trees built in it, compare the verdict with the recorded one."""
+protocol on the trees built in it, compare the verdict with the recorded one (decided on the
+recorded coverage's family when the record has one: the image holds no coverage build)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import msgspec
 
 from cppperf.services.builder.instance import PhaseCallback, prove
+from cppperf.shared.domain import Coverage, to_struct
 from cppperf.shared.engine.backends import make_backend
 from cppperf.shared.settings import BuilderSettings
 
@@ -21,7 +23,16 @@ def reproduce_image(
     try:
         backend.prepare(Path("/nonexistent"), {})  # the image holds both trees, built
         record = backend.read_record()
-        res = prove(record["cppperf"]["instance_id"], backend, settings, sides=None, on_phase=on_phase)
+        cov_rec = record["cppperf"].get("coverage")  # the family that decided it decides again
+        coverage = to_struct(cov_rec, Coverage) if cov_rec else None
+        res = prove(
+            record["cppperf"]["instance_id"],
+            backend,
+            settings,
+            sides=None,
+            on_phase=on_phase,
+            coverage=coverage,
+        )
     finally:
         backend.cleanup()
     recorded = record["cppperf"]["verdict"]

@@ -89,12 +89,12 @@ def build_patch(
             llm_propose=llm_propose,
         )
         work_logs = work_dir / iid / "logs"
-        steps = [*res.build_steps, *(st for a in res.attempts for st in a.get("build_steps", []))]
+        steps = [*res.build_steps, *(st for a in res.attempts for st in a.build_steps)]
         for step in {id(st): st for st in steps}.values():  # point the record at the kept copies
-            if step.get("log"):
-                log = Path(step["log"])
+            if step.log:
+                log = Path(step.log)
                 rel = log.relative_to(work_logs) if work_logs in log.parents else Path(log.name)
-                step["log"] = str(logs_dir / rel)
+                step.log = str(logs_dir / rel)
         record = build_record(commit, res, diff=commit.diff if diff is None else diff, settings=settings)
         _commit_image(backend, settings, record)
     finally:
@@ -110,6 +110,8 @@ def build_patch(
         verdict=res.verdict,
         improved_tests=res.improved_tests,
         regressed_tests=res.regressed_tests,
+        improved_benchmarks=res.improved_benchmarks,
+        regressed_benchmarks=res.regressed_benchmarks,
         failure_category=res.failure_category,
         failure_detail=res.failure_detail[:2000],
     )

@@ -8,6 +8,7 @@ from typing import Any
 
 from cppperf.services.classifier.service import Classifier
 from cppperf.shared import messages as m
+from cppperf.shared.buckets import CACHE, COMMITS
 from cppperf.shared.domain import Stage
 from cppperf.shared.ports import Records, StageContext
 
@@ -19,10 +20,10 @@ class StoreCache:
         self.store = store
 
     async def get(self, key: str) -> dict[str, Any] | None:
-        return await self.store.get("cache", key)
+        return await self.store.get(CACHE, key)
 
     async def put(self, key: str, value: dict[str, Any]) -> None:
-        await self.store.put("cache", key, value)
+        await self.store.put(CACHE, key, value)
 
 
 async def on_selected(ctx: StageContext, classifier: Classifier, commit: m.CommitSelected) -> bool:
@@ -31,7 +32,7 @@ async def on_selected(ctx: StageContext, classifier: Classifier, commit: m.Commi
     result = await classifier.classify(commit, diff)
     await ctx.bus.publish(m.COMMIT_CLASSIFIED, result)  # before the store marks it: a crash re-publishes
     await ctx.store.update(
-        "commits",
+        COMMITS.name,
         commit.id,
         repo=commit.repo,  # complete even when this record is written before the filter's
         sha=commit.sha,

@@ -13,8 +13,10 @@ from typing import Any
 from cppperf.services.crawler.checks import check_repository
 from cppperf.services.crawler.search import search_repositories
 from cppperf.services.crawler.sources import candidate_for
+from cppperf.shared import buckets
 from cppperf.shared import messages as m
-from cppperf.shared.domain import Stage
+from cppperf.shared.buckets import PROGRESS, REPOS
+from cppperf.shared.domain import RepoState, Stage
 from cppperf.shared.errors import CppPerfError
 from cppperf.shared.github import GitHubClient
 from cppperf.shared.logging import get_logger
@@ -52,16 +54,13 @@ async def submit(
             reason = str(exc)
         if reason:
             report.rejected[cand.repo] = reason
-            await ctx.store.put(
-                "repos",
-                cand.repo,
-                {"stage": Stage.REJECTED, "by": "crawler", "reason": reason, "url": cand.url},
-            )
+            rejected = RepoState(stage=Stage.REJECTED, by="crawler", reason=reason, url=cand.url)
+            await buckets.put(ctx.store, REPOS, cand.repo, rejected)
             log.info("repo_rejected", repo=cand.repo, reason=reason)
             continue
         cand = m.RepoCandidate(repo=cand.repo, url=cand.url, source=cand.source, language=language)
         # update, not put: a resumed run keeps what later stages recorded (validated head, walk)
-        await ctx.store.update("repos", cand.repo, stage=Stage.CANDIDATE, url=cand.url, source=cand.source)
+        await ctx.store.update(REPOS.name, cand.repo, stage=Stage.CANDIDATE, url=cand.url, source=cand.source)
         if validate:
             await ctx.bus.publish(m.REPO_CANDIDATE, cand)
         else:
@@ -78,7 +77,7 @@ class StoreProgress:
         self.key = key
 
     async def _get(self) -> dict[str, Any]:
-        return await self.ctx.store.get("progress", self.key) or {"root": None, "done": {}}
+        return await self.ctx.store.get(PROGRESS, self.key) or {"root": None, "done": {}}
 
     async def root(self) -> str | None:
         root: str | None = (await self._get())["root"]
@@ -87,7 +86,7 @@ class StoreProgress:
     async def set_root(self, key: str) -> None:
         rec = await self._get()
         rec["root"] = key
-        await self.ctx.store.put("progress", self.key, rec)
+        await self.ctx.store.put(PROGRESS, self.key, rec)
 
     async def done_slices(self) -> set[str]:
         return set((await self._get())["done"])
@@ -95,7 +94,7 @@ class StoreProgress:
     async def mark_done(self, key: str, count: int) -> None:
         rec = await self._get()
         rec["done"][key] = count
-        await self.ctx.store.put("progress", self.key, rec)
+        await self.ctx.store.put(PROGRESS, self.key, rec)
 
 
 async def crawl_search(ctx: StageContext, client: GitHubClient, *, validate: bool) -> SubmitReport:
@@ -105,14 +104,14 @@ async def crawl_search(ctx: StageContext, client: GitHubClient, *, validate: boo
     progress = StoreProgress(ctx, f"search/cpp/{s.min_stars}")
     async for item in search_repositories(client, min_stars=s.min_stars, progress=progress):
         repo = str(item["full_name"])
-        prior = await ctx.store.get("repos", repo)
-        if prior is not None and prior.get("stage") != Stage.REJECTED:
+        prior = await buckets.get(ctx.store, REPOS, repo)
+        if prior is not None and prior.stage != Stage.REJECTED:
             continue  # known from an earlier crawl
         paths = await client.tree_paths(repo, str(item.get("default_branch") or "HEAD"))
         if "CMakeLists.txt" not in paths:
             reason = "no CMakeLists.txt at the repository root"
             report.rejected[repo] = reason
-            await ctx.store.update("repos", repo, stage=Stage.REJECTED, by="crawler", reason=reason)
+            await ctx.store.update(REPOS.name, repo, stage=Stage.REJECTED, by="crawler", reason=reason)
             continue
         sub = await submit(
             ctx, [str(item["clone_url"])], validate=validate, repo_ids={str(item["clone_url"]): repo}

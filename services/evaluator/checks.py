@@ -32,8 +32,8 @@ from pathlib import Path, PurePosixPath
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
-from cppperf.services.filter.rules import Rules
 from cppperf.shared.domain import EvalVerdict
+from cppperf.shared.rules import Rules
 
 _BINARY = re.compile(r"^(GIT binary patch|Binary files .* differ|literal \d+|delta \d+)", re.MULTILINE)
 _MODE_LINE = re.compile(r"^(?:new file mode|new mode|old mode|deleted file mode) +(\S+)\s*$", re.MULTILINE)

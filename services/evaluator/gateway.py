@@ -19,9 +19,11 @@ from typing import Any
 from nats.js.errors import APIError, NotFoundError
 
 from cppperf.services.evaluator.pipeline import patch_sha256
+from cppperf.shared import buckets
 from cppperf.shared import messages as m
+from cppperf.shared.buckets import EVALUATIONS
 from cppperf.shared.bus import WORK_QUEUES
-from cppperf.shared.domain import EvaluationState, to_struct
+from cppperf.shared.domain import EvaluationState
 from cppperf.shared.errors import CppPerfError
 from cppperf.shared.logging import get_logger
 from cppperf.shared.service import ServiceContext
@@ -107,7 +109,7 @@ def owns(agent: str, evaluation_id: str) -> bool:
 
 
 async def _report(ctx: ServiceContext, evaluation_id: str) -> dict[str, Any] | None:
-    state = to_struct(await ctx.store.get("evaluations", evaluation_id) or {}, EvaluationState)
+    state = await buckets.get(ctx.store, EVALUATIONS, evaluation_id) or EvaluationState()
     if state.verdict is None:
         return None
     report: dict[str, Any] = json.loads(await ctx.store.resolve_text(state.report, state.report_ref))
@@ -140,7 +142,7 @@ async def results(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer
         return refused(error)
     prefix = m.evaluation_id(m.agent_run(agent, q.run_id), "x", "x").rsplit("/", 2)[0] + "/"
     rows: list[dict[str, Any]] = []
-    for eid in sorted(await ctx.store.ids("evaluations")):
+    for eid in sorted(await ctx.store.ids(EVALUATIONS.name, under=agent)):  # only this agent's keys
         if not eid.startswith(prefix):
             continue
         report = await _report(ctx, eid)

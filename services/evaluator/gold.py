@@ -3,7 +3,8 @@
 The expert's patch goes through the evaluator as if an agent had sent it and must score `opt`; a
 null patch — one comment line appended to the first C++ file the expert changed, so it applies,
 builds and runs every test exactly like the original — must not. Both hold: the instance has an
-oracle (`oracle` = the workload that proved it: `ctest` today; `none` when either check fails).
+oracle (`oracle` = the kind of workload the expert's patch is `opt` on: `ctest`, `benchmark` (the
+project's own benchmarks, engine/benchmarks.py) or `both`; `none` when either check fails).
 The result goes into the record (`cppperf.validation`, `cppperf.oracle`); the evaluator's reports
 stay under `evaluator.runs_dir/validate/{gold,null}/<id>/`.
 """
@@ -18,13 +19,14 @@ from typing import Any
 
 from cppperf.services.evaluator.instances import from_record
 from cppperf.services.evaluator.pipeline import EvalRequest, Phase, evaluate
-from cppperf.shared.domain import EvalVerdict
+from cppperf.shared.domain import EvalVerdict, Oracle
+from cppperf.shared.engine.benchmarks import is_benchmark
 from cppperf.shared.files import write_atomic
 from cppperf.shared.mirror import ensure_local
 from cppperf.shared.settings import Settings
 
 RUN_ID = "validate"
-ORACLES = ("ctest", "benchmark", "both", "none")
+ORACLES = tuple(Oracle)
 NULL_COMMENT = "// cppperf validate: a comment-only (null) patch\n"
 
 
@@ -64,14 +66,21 @@ def null_patch_for(record: dict[str, Any], settings: Settings) -> str:
 
 
 def oracle_of(gold: dict[str, Any], null: dict[str, Any]) -> str:
-    """Which workload lets the instance grade agents: the gold patch is `opt`, the null patch not."""
+    """Which workload lets the instance grade agents: the gold patch is `opt`, the null patch not;
+    then `ctest`, `benchmark` or `both` by the kinds of workload the gold patch significantly
+    improved (a report without per-workload scores: `ctest`, the only kind before benchmarks)."""
     if gold.get("verdict") != EvalVerdict.OPT or null.get("opt"):
-        return "none"
-    return "ctest"
+        return Oracle.NONE
+    per = gold.get("per_test") or {}
+    improved = [n for n, v in per.items() if isinstance(v, dict) and v.get("agent_improved")]
+    if not improved:
+        return Oracle.CTEST
+    benches = [n for n in improved if is_benchmark(n)]
+    return Oracle.of(ctest=len(benches) < len(improved), benchmark=bool(benches))
 
 
 def _brief(report: dict[str, Any]) -> dict[str, Any]:
-    keys = ("verdict", "opt", "reason", "gm_speedup_agent", "timed_tests", "wall_seconds")
+    keys = ("verdict", "opt", "reason", "gm_speedup_agent", "timed_tests", "timed_benchmarks", "wall_seconds")
     return {k: report.get(k) for k in keys if k in report}
 
 
@@ -88,7 +97,7 @@ def validate_record(
     gold = run("gold", inst.expert_patch)
     null = run("null", null_patch_for(record, settings)) if gold.get("verdict") == EvalVerdict.OPT else {}
     oracle = oracle_of(gold, null)
-    block = {"gold": _brief(gold), "null": _brief(null), "oracle": oracle, "can_grade": oracle != "none"}
+    block = {"gold": _brief(gold), "null": _brief(null), "oracle": oracle, "can_grade": oracle != Oracle.NONE}
     if gold.get("verdict") != EvalVerdict.OPT:
         block["why"] = f"the expert's patch scores {gold.get('verdict')}: {gold.get('reason', '')}"[:500]
     elif null.get("opt"):

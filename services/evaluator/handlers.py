@@ -19,8 +19,10 @@ from typing import Any, Final, Literal, Protocol
 
 from cppperf.services.evaluator.instances import EvalInstance, from_record
 from cppperf.services.evaluator.pipeline import EvalRequest, evaluate, patch_sha256
+from cppperf.shared import buckets
 from cppperf.shared import messages as m
-from cppperf.shared.domain import EvaluationState, to_json_dict, to_struct
+from cppperf.shared.buckets import EVALUATIONS
+from cppperf.shared.domain import EvaluationState, to_struct
 from cppperf.shared.errors import BadInput
 from cppperf.shared.ports import StageContext
 from cppperf.shared.settings import Settings
@@ -71,6 +73,11 @@ async def _instance(ctx: StageContext, iid: str) -> EvalInstance | None:
 SAMPLE_KEYS: Final = frozenset({"samples", "samples_wall", "samples_cpu"})
 
 
+def without_samples(report: dict[str, Any]) -> dict[str, Any]:
+    """The report as the bus, the bucket and `evaluate --json` carry it."""
+    return {k: v for k, v in report.items() if k not in SAMPLE_KEYS}
+
+
 def completed(msg: m.EvalRequested, report: dict[str, Any]) -> m.EvalCompleted:
     return m.EvalCompleted(
         request_id=msg.request_id,
@@ -80,7 +87,7 @@ def completed(msg: m.EvalRequested, report: dict[str, Any]) -> m.EvalCompleted:
         instance_id=msg.instance_id,
         verdict=str(report["verdict"]),
         opt=bool(report.get("opt")),
-        report={k: v for k, v in report.items() if k not in SAMPLE_KEYS},
+        report=without_samples(report),
     )
 
 
@@ -91,7 +98,7 @@ def completed_subject(msg: m.EvalRequested) -> str:
 
 async def on_request(ctx: StageContext, ops: EvaluatorOps, msg: m.EvalRequested) -> Outcome:
     patch = await _patch(ctx, msg)
-    prior = to_struct(await ctx.store.get("evaluations", msg.id) or {}, EvaluationState)
+    prior = await buckets.get(ctx.store, EVALUATIONS, msg.id) or EvaluationState()
     if prior.verdict is not None and (prior.report or prior.report_ref):
         report: dict[str, Any] = json.loads(await ctx.store.resolve_text(prior.report, prior.report_ref))
         if report.get("patch_sha256") == patch_sha256(patch):  # the same patch, not just the same id
@@ -121,7 +128,7 @@ async def on_request(ctx: StageContext, ops: EvaluatorOps, msg: m.EvalRequested)
         },
         EvaluationState,
     )
-    await ctx.store.put("evaluations", req.id, to_json_dict(state))
+    await buckets.put(ctx.store, EVALUATIONS, req.id, state)
     await ctx.bus.publish(completed_subject(msg), done)  # after the record: a crash re-publishes from it
     if msg.reply_to:
         await ctx.bus.reply(msg.reply_to, done)

@@ -20,6 +20,9 @@ class EvalInstance:
     expert_sha: str
     expert_patch: str
     improved_tests: list[str] = field(default_factory=list)
+    # the tests that run the expert's change (`cppperf.coverage.deciding`, when coverage decided)
+    deciding_tests: list[str] = field(default_factory=list)
+    improved_benchmarks: list[str] = field(default_factory=list)  # `bench:` workloads that proved it
     files: list[str] = field(default_factory=list)
     date: str = ""
 
@@ -42,9 +45,17 @@ def from_record(record: dict[str, Any]) -> EvalInstance:
         expert_sha=ci["new_sha"],
         expert_patch="".join(ci.get("patch") or []),
         improved_tests=list((record.get("tests") or {}).get("significant_improvements_tests") or []),
+        deciding_tests=_deciding(ours.get("coverage")),
+        improved_benchmarks=[str(n) for n in ours.get("improved_benchmarks") or []],
         files=[f.get("filename", "") for f in ci.get("files_changed") or []],
         date=str(ci.get("commit_date") or ""),
     )
+
+
+def _deciding(coverage: object) -> list[str]:
+    if not isinstance(coverage, dict) or not coverage.get("used"):
+        return []
+    return [str(n) for n in coverage.get("deciding") or []]
 
 
 def load_instance(instance_id: str, out_dir: Path) -> EvalInstance:

@@ -35,15 +35,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from cppperf.services.evaluator.apply import apply_patch
 from cppperf.services.evaluator.checks import check_patch, check_tree, snapshot
 from cppperf.services.evaluator.instances import EvalInstance, load_instance
 from cppperf.services.evaluator.score import score
-from cppperf.services.filter.rules import Rules
-from cppperf.shared.domain import EvalVerdict
+from cppperf.services.evaluator.verdict import (
+    apply_verdict,
+    build_verdict,
+    common_tests_verdict,
+    correctness_verdict,
+    instance_id_verdict,
+    refusal,
+    score_verdict,
+    tests_defined_verdict,
+    timing_verdict,
+)
+from cppperf.shared.domain import BenchmarkSkip, EvalReport, EvalVerdict, FailedTest
 from cppperf.shared.engine.backend import Backend, SideName, build_sides, export_tree
 from cppperf.shared.engine.backends import make_backend
-from cppperf.shared.engine.cmake import StepResult, TestCase, normalise, test_description
+from cppperf.shared.engine.benchmarks import Discovered, broken_on, is_benchmark, timed_edits, timed_run
+from cppperf.shared.engine.benchmarks import find as find_benchmarks
+from cppperf.shared.engine.cmake import StepResult, TestCase, test_description
 from cppperf.shared.engine.leases import exact_metric, on_build_cores, timing_core
 from cppperf.shared.engine.limits import limits_for
 from cppperf.shared.engine.protocol import check_metric, measure
@@ -52,6 +66,7 @@ from cppperf.shared.files import write_atomic
 from cppperf.shared.logging import get_logger
 from cppperf.shared.messages import evaluation_id
 from cppperf.shared.mirror import ensure_local
+from cppperf.shared.rules import Rules
 from cppperf.shared.settings import Settings
 
 log = get_logger(__name__)
@@ -59,7 +74,6 @@ log = get_logger(__name__)
 Phase = Callable[[str, int, int], None]
 SIDES = ("old", "agent", "expert")
 BUILD_ORDER = ("old", "expert", "agent")  # the trusted trees fill the ccache the agent only reads
-INSTANCE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,150}__[A-Za-z0-9._-]{1,150}-[0-9a-f]{12}$")
 LOG_HEAD_TAIL = 100_000  # bytes of each build step's log kept on disk (head and tail each)
 
 
@@ -114,17 +128,18 @@ def evaluate(
     `instance` is the instance (from the `instances` bucket); without it, its record is read from
     OUT/instances."""
     digest = patch_sha256(req.patch)
-    if not INSTANCE_ID.fullmatch(req.instance_id):  # before any path is built from it
-        return {
-            **_verdict(
-                EvalVerdict.UNKNOWN_INSTANCE,
+    unknown = instance_id_verdict(req.instance_id)  # before any path is built from it
+    if unknown is not None:
+        return as_json(
+            _verdict(
+                unknown,
                 f"invalid instance id {req.instance_id[:200]!r} (owner__name-<sha12>)",
-            ),
-            "instance_id": req.instance_id[:200],
-            "run_id": req.run_id,
-            "model": req.model,
-            "patch_sha256": digest,
-        }
+                instance_id=req.instance_id[:200],
+                run_id=req.run_id,
+                model=req.model,
+                patch_sha256=digest,
+            )
+        )
     out = run_dir(settings, req)
     report_path = out / "report.json"
     if report_path.is_file() and not force:
@@ -135,8 +150,8 @@ def evaluate(
     out.mkdir(parents=True, exist_ok=True)
     _write(out / "patch.diff", req.patch)
     t0 = time.perf_counter()
-    report = _evaluate(req, settings, out, on_phase or (lambda _p, _d, _t: None), instance)
-    report.update(
+    report = msgspec.structs.replace(
+        _evaluate(req, settings, out, on_phase or (lambda _p, _d, _t: None), instance),
         instance_id=req.instance_id,
         run_id=req.run_id,
         model=req.model,
@@ -144,23 +159,30 @@ def evaluate(
         patch_sha256=digest,
         wall_seconds=round(time.perf_counter() - t0, 2),
     )
-    _write(report_path, json.dumps(report, indent=1))
-    return report
+    written = as_json(report)
+    _write(report_path, json.dumps(written, indent=1))
+    return written
 
 
-def _verdict(verdict: EvalVerdict, reason: str, **extra: Any) -> dict[str, Any]:
-    return {"verdict": verdict, "opt": False, "reason": reason, **extra}
+def as_json(report: EvalReport) -> dict[str, Any]:
+    """The report as JSON-shaped builtins (what report.json holds): a decoding boundary."""
+    out: dict[str, Any] = msgspec.to_builtins(report)
+    return out
+
+
+def _verdict(verdict: EvalVerdict, reason: str, **fields: Any) -> EvalReport:
+    return EvalReport(verdict=verdict, opt=False, reason=reason, **fields)
 
 
 def _evaluate(
     req: EvalRequest, s: Settings, out: Path, phase: Phase, instance: EvalInstance | None
-) -> dict[str, Any]:
+) -> EvalReport:
     ev = s.evaluator
     try:
         inst = instance or load_instance(req.instance_id, Path(s.out_dir))
     except Exception as exc:
         return _verdict(EvalVerdict.UNKNOWN_INSTANCE, str(exc))
-    base: dict[str, Any] = {"multi_file": inst.multi_file, "files": inst.files}
+    base = {"multi_file": inst.multi_file, "files": inst.files}
     rules = Rules.from_settings(s.mining)
     check = check_patch(
         req.patch, rules, max_bytes=ev.max_patch_bytes, allow_build_changes=ev.allow_build_changes
@@ -169,9 +191,10 @@ def _evaluate(
         return _verdict(check.verdict or EvalVerdict.MALFORMED_PATCH, check.reason, applied=False, **base)
     docker = s.builder.backend == "docker"
     why_not = jail_problem()
-    if why_not and not ev.trust_patches and not docker:
+    refused = refusal(why_not, trust_patches=ev.trust_patches, docker=docker)
+    if refused is not None:
         return _verdict(
-            EvalVerdict.UNTRUSTED_REFUSED,
+            refused,
             f"no sandbox for agents' code here: {why_not} (install bubblewrap; or pass --trust-patches "
             "to run it unsandboxed, only for patches you trust)",
             **base,
@@ -183,18 +206,32 @@ def _evaluate(
     # local: always sandboxed, jailed when bubblewrap works; docker: see docker_backend.py
     # hardened for agents' code (or an InfraFailure: never a silent unhardened run)
     backend = make_backend(s.builder, ws, source=(repo_path, inst.expert_sha, inst.date), untrusted=True)
-    base["sandbox"] = "docker" if docker else ("none" if why_not else "bwrap")
+    sandbox = "docker" if docker else ("none" if why_not else "bwrap")
     jailed = not why_not  # the patch is applied on the host: in the jail when there is one
+    report: EvalReport | None = None
     try:
         with on_build_cores(s.builder):  # untimed work (and its children) off the timing cores
-            return {**base, **_run(req, inst, s, backend, repo_path, out, phase, ws, rules, jailed)}
+            report = msgspec.structs.replace(
+                _run(req, inst, s, backend, repo_path, out, phase, ws, rules, jailed), sandbox=sandbox, **base
+            )
+            return report
     finally:
-        if not s.builder.keep:
+        if not keep_workspace(s, report):
             backend.cleanup()
+            shutil.rmtree(ws, ignore_errors=True)  # the host side too (exports, patch, logs)
+
+
+def keep_workspace(s: Settings, report: EvalReport | None) -> bool:
+    """`builder.keep` keeps every workspace; `evaluator.keep_failed` (debugging) those of
+    evaluations that raised or did not end `opt`/`correct`. Else work_dir/eval/<hash> is removed."""
+    if s.builder.keep:
+        return True
+    ok = report is not None and report.verdict in (EvalVerdict.OPT, EvalVerdict.CORRECT)
+    return s.evaluator.keep_failed and not ok
 
 
 class _Stop(Exception):
-    def __init__(self, report: dict[str, Any]) -> None:
+    def __init__(self, report: EvalReport) -> None:
         self.report = report
 
 
@@ -239,10 +276,11 @@ def _prepare(
             )
         backend.prepare(repo, {"old": inst.base_sha, "agent": agent_src, "expert": inst.expert_sha})
     _write(out / "build.log", bounded(applied.log) + "\n")
-    if not applied.ok:
+    not_applied = apply_verdict(applied.ok)
+    if not_applied is not None:
         raise _Stop(
             _verdict(
-                EvalVerdict.APPLY_FAILED,
+                not_applied,
                 "no method applied the patch (git apply, git apply --recount -C1)",
                 applied=False,
                 apply_log=applied.log[-3000:],
@@ -265,10 +303,11 @@ def _build_all(backend: Backend, out: Path, applied_with: str, phase: Phase) -> 
     )
     if failed is not None:
         side, last = failed.side, failed.step
-        if side == "agent":
+        verdict = build_verdict(side)
+        if verdict == EvalVerdict.BUILD_FAILED:
             raise _Stop(
                 _verdict(
-                    EvalVerdict.BUILD_FAILED,
+                    verdict,
                     f"{last.step} failed ({last.category})",
                     applied=True,
                     applied_with=applied_with,
@@ -277,7 +316,7 @@ def _build_all(backend: Backend, out: Path, applied_with: str, phase: Phase) -> 
             )
         raise _Stop(
             _verdict(
-                EvalVerdict.INSTANCE_BROKEN,
+                verdict,
                 f"the {side} side does not build: {last.result.output[-800:]}",
                 applied=True,
                 applied_with=applied_with,
@@ -289,10 +328,13 @@ def _build_all(backend: Backend, out: Path, applied_with: str, phase: Phase) -> 
 def _same_tests(backend: Backend, applied_with: str) -> None:
     """The agent's tree must define the original's tests, by meaning (cmake.test_description)."""
     agent = test_description(backend.tests_json("agent"), backend.tree_root("agent"))
-    if agent != test_description(backend.tests_json("old"), backend.tree_root("old")):
+    edited = tests_defined_verdict(
+        agent == test_description(backend.tests_json("old"), backend.tree_root("old"))
+    )
+    if edited is not None:
         raise _Stop(
             _verdict(
-                EvalVerdict.TEST_EDIT,
+                edited,
                 "the agent's tree defines different tests "
                 "(ctest --show-only=json-v1 differs from the original's)",
                 applied=True,
@@ -301,15 +343,30 @@ def _same_tests(backend: Backend, applied_with: str) -> None:
         )
 
 
+def _benchmarks(backend: Backend, s: Settings, inst: EvalInstance, applied_with: str) -> Discovered:
+    """The instance's own benchmarks (those that proved it), timed beside its improved tests; the
+    agent may not change their definitions (their own sources, from the original's file API)."""
+    benches = find_benchmarks(backend, SIDES, s.builder, only=inst.improved_benchmarks)
+    if edits := timed_edits(backend, benches, "old", "agent"):
+        why = f"edits the source of a timed benchmark: {', '.join(edits)} (benchmarks are the specification)"
+        raise _Stop(_verdict(EvalVerdict.TEST_EDIT, why, applied=True, applied_with=applied_with))
+    if broken := broken_on(benches, "agent"):  # the agent's tree breaks a benchmark the others run
+        first = broken[0]
+        verdict = EvalVerdict.TIMEOUT if first.reason == BenchmarkSkip.TIMEOUT else EvalVerdict.TESTS_FAILED
+        why = f"benchmark {first.name} on the agent's tree: {first.reason} {first.detail[:300]}"
+        raise _Stop(_verdict(verdict, why, applied=True, applied_with=applied_with, tests_pass=False))
+    return benches
+
+
 def _correctness(
     backend: Backend,
     tests: dict[str, TestCase],
     limits_for: Callable[[TestCase], Limits],
     out: Path,
     phase: Phase,
-) -> list[dict[str, Any]]:
+) -> list[FailedTest]:
     """Every test once on the agent tree; the failures."""
-    failures: list[dict[str, Any]] = []
+    failures: list[FailedTest] = []
     with (out / "test.log").open("w") as log:
         for i, (name, t) in enumerate(sorted(tests.items())):
             phase("correctness", i, len(tests))
@@ -321,12 +378,12 @@ def _correctness(
             )
             if not passed:
                 failures.append(
-                    {
-                        "test": name,
-                        "returncode": res.returncode,
-                        "timed_out": res.timed_out,
-                        "output_tail": res.output[-1500:],
-                    }
+                    FailedTest(
+                        test=name,
+                        returncode=res.returncode,
+                        timed_out=res.timed_out,
+                        output_tail=res.output[-1500:],
+                    )
                 )
     return failures
 
@@ -342,7 +399,7 @@ def _run(
     ws: Path,
     rules: Rules,
     jailed: bool,
-) -> dict[str, Any]:
+) -> EvalReport:
     ev = s.evaluator
     try:
         phase("prepare", 0, 1)
@@ -360,43 +417,48 @@ def _run(
         phase("prepare", 1, 1)
         _build_all(backend, out, applied_with, phase)
         _same_tests(backend, applied_with)
+        benches = _benchmarks(backend, s, inst, applied_with)
     except _Stop as stop:
         return stop.report
     tests = {side: {t.name: t for t in backend.tests(side) if not t.disabled} for side in SIDES}
     common = sorted(set(tests["old"]) & set(tests["agent"]) & set(tests["expert"]))
-    if not common:
-        return _verdict(EvalVerdict.INSTANCE_BROKEN, "no test exists on all three sides", applied=True)
+    broken = common_tests_verdict(common)
+    if broken is not None:
+        return _verdict(broken, "no test exists on all three sides", applied=True)
 
     def limits(t: TestCase, cpu: int | None = None, instructions: bool = False) -> Limits:
         return limits_for(t, s.builder, timeout=ev.test_timeout, cpu=cpu, instructions=instructions)
 
-    info = {"applied": True, "applied_with": applied_with, "builds": True, "tests": common}
-    timed = [n for n in common if n in set(inst.improved_tests)] or common
+    info: dict[str, Any] = {"applied": True, "applied_with": applied_with, "builds": True, "tests": common}
+    if benches.skipped:
+        info["benchmarks_skipped"] = list(benches.skipped)
+    # the expert's improved tests and benchmarks, else the tests that run its change (coverage),
+    # else every test
+    timed = [n for n in common if n in set(inst.improved_tests)] + benches.common
+    timed = timed or [n for n in common if n in set(inst.deciding_tests)] or common
+    workloads = {side: {**tests[side], **benches.by_side[side]} for side in SIDES}
     count = check_metric(backend, s.builder)
     exact = exact_metric(s.builder)
     # correctness runs are untimed: on the build cores, before the timing core is leased, so a
     # second evaluation worker can time while this one checks. A timed test cannot behave only
     # while it is checked: every timed run on the leased core must pass too (measure).
     failures = _correctness(backend, {n: tests["agent"][n] for n in common}, limits, out, phase)
-    if failures:
-        verdict = EvalVerdict.TIMEOUT if all(f["timed_out"] for f in failures) else EvalVerdict.TESTS_FAILED
-        names = ", ".join(f["test"] for f in failures)
-        return {
-            **_verdict(verdict, f"failing tests: {names}"),
-            **info,
-            "tests_pass": False,
-            "failing_tests": failures,
-        }
+    failed = correctness_verdict([f.timed_out for f in failures])
+    if failed is not None:
+        names = ", ".join(f.test for f in failures)
+        return _verdict(failed, f"failing tests: {names}", **info, tests_pass=False, failing_tests=failures)
     with timing_core(s.builder, phase, priority=s.evaluator.lease_priority) as pin:
 
         def pinned(t: TestCase) -> Limits:
+            if is_benchmark(t.name):  # timed by its own JSON, never counted
+                return limits_for(t, s.builder, cpu=pin)
             if exact:  # counted under Valgrind, on any core
                 return limits_for(t, s.builder, timeout=ev.test_timeout, counted=True)
             return limits(t, pin, count)
 
         def run_one(side: str, name: str) -> RunResult:
-            t = tests[side][name]
-            return normalise(t, backend.run_test(side, t, pinned(t)))
+            t = workloads[side][name]
+            return timed_run(backend, side, t, pinned(t))
 
         meas = measure(
             timed,
@@ -410,23 +472,16 @@ def _run(
             multithread_ratio=s.builder.multithread_ratio,
             floor=0.0 if exact else s.builder.sample_floor,
             max_repeats=s.builder.max_repeats,
+            pinned=dict.fromkeys(benches.common, 1),
         )
     if meas.failure is not None:
         f = meas.failure
-        if f.side == "agent":
+        timing = timing_verdict(f.side, timed_out=f.timed_out)
+        if timing != EvalVerdict.INSTANCE_BROKEN:
             why = f"test {f.test} failed during timing (round {f.round}): flaky or nondeterministic"
-            return {
-                **_verdict(EvalVerdict.TIMEOUT if f.timed_out else EvalVerdict.TESTS_FAILED, why),
-                **info,
-                "tests_pass": False,
-            }
-        return {
-            **_verdict(
-                EvalVerdict.INSTANCE_BROKEN, f"test {f.test} failed on the {f.side} side during timing"
-            ),
-            **info,
-        }
-    scores = score(
+            return _verdict(timing, why, **info, tests_pass=False)
+        return _verdict(timing, f"test {f.test} failed on the {f.side} side during timing", **info)
+    sc = score(
         {n: meas.samples[n].by_metric(meas.metric_of(n)) for n in timed},
         alpha=s.builder.alpha,
         min_improvement=s.builder.min_improvement,
@@ -434,24 +489,30 @@ def _run(
         resamples=s.builder.bootstrap_resamples,
         seed=s.builder.seed,
     )
-    return {
-        "verdict": EvalVerdict.OPT if scores["opt"] else EvalVerdict.CORRECT,
-        "opt": scores["opt"],
-        "reason": "",
+    return EvalReport(
+        verdict=score_verdict(sc.opt),
+        opt=sc.opt,
+        reason="",
         **info,
-        "tests_pass": True,
-        "timed_tests": timed,
-        "rounds": ev.runs,
-        "seed": s.builder.seed,
-        **scores,
-        "samples": {n: meas.samples[n].by_metric(meas.metric_of(n)) for n in timed},
-        "samples_wall": {n: meas.samples[n].wall for n in timed},
-        "samples_cpu": {n: meas.samples[n].cpu for n in timed},
-        "metric": s.builder.metric,
-        "decided_on": dict(meas.decided_on),
-        "repeats": dict(meas.repeats),
-        "leased_core": pin,
-    }
+        tests_pass=True,
+        timed_tests=timed,
+        timed_benchmarks=benches.common,
+        rounds=ev.runs,
+        seed=s.builder.seed,
+        per_test=sc.per_test,
+        gm_speedup_agent=sc.gm_speedup_agent,
+        gm_speedup_expert=sc.gm_speedup_expert,
+        fraction_of_expert=sc.fraction_of_expert,
+        agent_significant=sc.agent_significant,
+        agent_regressed=sc.agent_regressed,
+        samples={n: meas.samples[n].by_metric(meas.metric_of(n)) for n in timed},
+        samples_wall={n: meas.samples[n].wall for n in timed},
+        samples_cpu={n: meas.samples[n].cpu for n in timed},
+        metric=s.builder.metric,
+        decided_on=dict(meas.decided_on),
+        repeats=dict(meas.repeats),
+        leased_core=pin,
+    )
 
 
 def summarize(settings: Settings, run_id: str, model: str) -> dict[str, Any]:

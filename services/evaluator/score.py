@@ -8,9 +8,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
+import msgspec
+
+from cppperf.shared.domain import PerTestScore, StatsRecord
 from cppperf.shared.engine.stats import compare_all, compare_test
+
+
+class Score(msgspec.Struct, kw_only=True, frozen=True):
+    """The score block of a report (`EvalReport` has these fields)."""
+
+    per_test: dict[str, PerTestScore]
+    gm_speedup_agent: float
+    gm_speedup_expert: float
+    fraction_of_expert: float | None
+    agent_significant: bool
+    agent_regressed: bool
+    opt: bool
 
 
 def geomean(xs: Sequence[float]) -> float:
@@ -25,10 +39,10 @@ def score(
     opt_fraction: float,
     resamples: int,
     seed: int,
-) -> dict[str, Any]:
+) -> Score:
     """`samples[test][side]` with sides old, agent, expert → the score block of a report."""
 
-    def against_old(side: str) -> dict[str, Any]:
+    def against_old(side: str) -> dict[str, StatsRecord]:
         decided = compare_all(
             {n: (s["old"], s[side]) for n, s in samples.items()},
             alpha=alpha,
@@ -39,7 +53,7 @@ def score(
         return {t.name: t for t in decided}
 
     agent, expert = against_old("agent"), against_old("expert")
-    per_test: dict[str, dict[str, Any]] = {}
+    per_test: dict[str, PerTestScore] = {}
     within = True
     for i, name in enumerate(sorted(samples)):
         a, e = agent[name], expert[name]
@@ -48,35 +62,34 @@ def score(
         )
         close_enough = vs.ci_low <= 1 / opt_fraction  # t_agent / t_expert
         within = within and close_enough
-        per_test[name] = {
-            "agent_speedup": 1 / a.ratio,
-            "agent_ci": [1 / a.ci_high, 1 / a.ci_low] if a.ci_low > 0 else None,
-            "agent_improved": a.improved,
-            "agent_regressed": a.regressed,
-            "expert_speedup": 1 / e.ratio,
-            "expert_ci": [1 / e.ci_high, 1 / e.ci_low] if e.ci_low > 0 else None,
-            "expert_improved": e.improved,
-            "median_ms": {
+        per_test[name] = PerTestScore(
+            agent_speedup=1 / a.ratio,
+            agent_ci=[1 / a.ci_high, 1 / a.ci_low] if a.ci_low > 0 else None,
+            agent_improved=a.improved,
+            agent_regressed=a.regressed,
+            expert_speedup=1 / e.ratio,
+            expert_ci=[1 / e.ci_high, 1 / e.ci_low] if e.ci_low > 0 else None,
+            expert_improved=e.improved,
+            median_ms={
                 "old": a.median_old * 1e3,
                 "agent": a.median_new * 1e3,
                 "expert": e.median_new * 1e3,
             },
-            "agent_vs_expert_time_ratio": vs.ratio,
-            "agent_vs_expert_ci": [vs.ci_low, vs.ci_high],
-            "within_opt_fraction": close_enough,
-        }
-    gm_agent = geomean([float(v["agent_speedup"]) for v in per_test.values()])
-    gm_expert = geomean([float(v["expert_speedup"]) for v in per_test.values()])
+            agent_vs_expert_time_ratio=vs.ratio,
+            agent_vs_expert_ci=[vs.ci_low, vs.ci_high],
+            within_opt_fraction=close_enough,
+        )
+    gm_agent = geomean([v.agent_speedup for v in per_test.values()])
+    gm_expert = geomean([v.expert_speedup for v in per_test.values()])
     fraction = (gm_agent - 1) / (gm_expert - 1) if gm_expert > 1 else None
-    significant = any(v["agent_improved"] for v in per_test.values())
-    regressed = any(v["agent_regressed"] for v in per_test.values())
-    opt = significant and not regressed and within
-    return {
-        "per_test": per_test,
-        "gm_speedup_agent": gm_agent,
-        "gm_speedup_expert": gm_expert,
-        "fraction_of_expert": fraction,
-        "agent_significant": significant,
-        "agent_regressed": regressed,
-        "opt": opt,
-    }
+    significant = any(v.agent_improved for v in per_test.values())
+    regressed = any(v.agent_regressed for v in per_test.values())
+    return Score(
+        per_test=per_test,
+        gm_speedup_agent=gm_agent,
+        gm_speedup_expert=gm_expert,
+        fraction_of_expert=fraction,
+        agent_significant=significant,
+        agent_regressed=regressed,
+        opt=significant and not regressed and within,
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from faststream.nats import NatsBroker
 
@@ -10,7 +11,25 @@ from cppperf.services.filter.handlers import github_resolver, on_repo_found
 from cppperf.services.filter.links import LinkResolver
 from cppperf.shared import messages as m
 from cppperf.shared.github import GitHubClient
+from cppperf.shared.ports import StageContext
 from cppperf.shared.service import ServiceContext, subscribe
+
+
+def resolver_for(
+    ctx: StageContext, *, resolver: LinkResolver | None = None, github: GitHubClient | None = None
+) -> Callable[[], LinkResolver]:
+    """The link resolver for each message: the given one; else GitHub when a client is given or
+    `github.fetch_links` is on; else references only (offline). The GitHub client is made once,
+    here, and lives as long as the service: its tokens' rate-limit rest state is kept between
+    messages (a client per message forgot it)."""
+    if resolver is not None:
+        given = resolver
+        return lambda: given
+    client = github or (GitHubClient(ctx.settings.github) if ctx.settings.github.fetch_links else None)
+    if client is None:
+        return LinkResolver
+    shared_client = client
+    return lambda: github_resolver(ctx, shared_client, asyncio.get_running_loop())
 
 
 def register(
@@ -20,16 +39,8 @@ def register(
     resolver: LinkResolver | None = None,
     github: GitHubClient | None = None,
 ) -> None:
-    """Linked texts: the given resolver; else GitHub when a client is given or `github.fetch_links`
-    is on; else references only (offline)."""
-
-    def pick() -> LinkResolver:
-        if resolver is not None:
-            return resolver
-        if github is not None or ctx.settings.github.fetch_links:
-            client = github or GitHubClient(ctx.settings.github)
-            return github_resolver(ctx, client, asyncio.get_running_loop())
-        return LinkResolver()
+    """Linked texts as `resolver_for` says."""
+    pick = resolver_for(ctx, resolver=resolver, github=github)
 
     async def work(item: m.RepoFound) -> None:
         await on_repo_found(ctx, item, pick())

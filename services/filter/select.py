@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cppperf.services.filter.links import LinkResolver, parse_references
-from cppperf.services.filter.rules import Rules
 from cppperf.services.filter.walk import CommitDetails, CommitHeader, commit_details, walk
 from cppperf.shared.messages import CommitSelected
+from cppperf.shared.rules import Rules
 
 
 @dataclass

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import git
 
-from cppperf.services.filter.rules import Reason, Rules
 from cppperf.shared.errors import RepoRejected
 from cppperf.shared.messages import FileChange
+from cppperf.shared.rules import Reason, Rules
 
 _RS = "\x1e"  # record separator: starts each commit
 _US = "\x1f"  # unit separator: between header fields
@@ -138,12 +138,19 @@ def iter_commits(repo_path: Path, rev: str = "HEAD", *, chunk: int = 1 << 16) ->
         )
 
 
+def judged_commits(
+    repo_path: Path, rules: Rules, rev: str = "HEAD"
+) -> Iterator[tuple[CommitHeader, Reason | None]]:
+    """Every commit as it streams, with the rule that rejects it (None: selected)."""
+    for c in iter_commits(repo_path, rev):
+        yield c, rules.check(parents=len(c.parents), when=c.date, paths=c.paths)
+
+
 def walk(repo_path: Path, rules: Rules, *, rev: str = "HEAD", explain: bool = False) -> WalkResult:
     """Apply the structural rules to every commit; keep the selected ones (and rejects if asked)."""
     result = WalkResult()
-    for c in iter_commits(repo_path, rev):
+    for c, reason in judged_commits(repo_path, rules, rev):
         result.scanned += 1
-        reason = rules.check(parents=len(c.parents), when=c.date, paths=c.paths)
         if reason is None:
             result.selected.append(c)
         else:

@@ -36,6 +36,7 @@ from cppperf.shared.engine.cmake import (
     BuildSpec,
     StepResult,
     TestCase,
+    benchmark_options,
     build,
     configure,
     ctest_json,
@@ -43,6 +44,7 @@ from cppperf.shared.engine.cmake import (
     tool_env,
 )
 from cppperf.shared.engine.fetchcontent import archive
+from cppperf.shared.engine.fileapi import write_query
 from cppperf.shared.engine.runner_script import instructions_unsupported, valgrind_unsupported
 from cppperf.shared.engine.sandbox import (
     JAIL_TMP,
@@ -154,7 +156,35 @@ def export_tree(repo_path: Path, sha: str, dest: Path, submodules: Sources | Non
     dest.mkdir(parents=True, exist_ok=True)
     data = archive(repo_path, sha, submodules)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(dest, filter="data")
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(dest, filter="data")
+        else:  # Python < 3.11.4 (Debian bookworm's 3.11.2, the shipped image): no extraction filters
+            tar.extractall(dest, members=_data_members(tar, dest))  # noqa: S202 (members checked)
+
+
+def _data_members(tar: tarfile.TarFile, dest: Path) -> list[tarfile.TarInfo]:
+    """What tarfile's `data` filter lets through, for Pythons without it: regular files,
+    folders and links that stay inside `dest`; no devices, no absolute or escaping names, no
+    set-id bits. A member that breaks this refuses the whole tree, as the filter does."""
+    root = os.path.realpath(dest)
+
+    def inside(path: str) -> bool:
+        real = os.path.realpath(path)
+        return real == root or real.startswith(root + os.sep)
+
+    members = tar.getmembers()
+    for m in members:
+        target = os.path.join(root, m.name)
+        link_base = root if m.islnk() else os.path.dirname(target)
+        escapes = os.path.isabs(m.name) or not inside(target)
+        if m.issym() or m.islnk():
+            escapes = escapes or os.path.isabs(m.linkname) or not inside(os.path.join(link_base, m.linkname))
+        if escapes or not (m.isreg() or m.isdir() or m.issym() or m.islnk()):
+            raise tarfile.TarError(f"refused archive member {m.name!r} (outside the tree or not a file)")
+        m.mode = 0o755 if m.isdir() or m.mode & 0o100 else 0o644
+        m.uid = m.gid = 0
+        m.uname = m.gname = ""
+    return members
 
 
 @dataclass
@@ -236,22 +266,46 @@ class LocalBackend:
         return jail_env(cc)
 
     def build(self, side: SideName) -> list[StepResult]:
-        d, mount = self._view(side), self._mount(side)
         env = self._env(side)
         jail = self._jail(side, building=True)
+        if self.spec.benchmarks:  # CMake's file API answers it at configure (engine/benchmarks.py)
+            write_query(self.side_dir(side) / "build")
         if jail is not None:
             (self.side_dir(side) / "build").mkdir(parents=True, exist_ok=True)
             self.ccache.mkdir(parents=True, exist_ok=True)
             hand_over(self.side_dir(side), self.ccache)
-        log = self.logs / f"{side}-configure.log"
-        steps = [configure(d / "src", d / "build", self.spec, env=env, log=log, mount=mount, jail=jail)]
+        steps = self._configure_build(side, env, jail)
+        switched = [o for o in benchmark_options(self.side_dir(side) / "src") if o.endswith("=ON")]
+        if not steps[-1].ok and self.spec.benchmarks and switched:
+            # the benchmarks may need what this host lacks (or not compile): once more without them
+            steps += self._configure_build(side, env, jail, benchmarks=False)
+        return steps
+
+    def _configure_build(
+        self, side: SideName, env: dict[str, str], jail: Jail | None, *, benchmarks: bool = True
+    ) -> list[StepResult]:
+        d, mount = self._view(side), self._mount(side)
+        tag = "" if benchmarks else "-no-benchmarks"
+        log = self.logs / f"{side}-configure{tag}.log"
+        steps = [
+            configure(
+                d / "src",
+                d / "build",
+                self.spec,
+                env=env,
+                log=log,
+                mount=mount,
+                jail=jail,
+                benchmarks=benchmarks,
+            )
+        ]
         if steps[-1].ok:
             steps.append(
                 build(
                     d / "build",
                     self.spec,
                     env=env,
-                    log=self.logs / f"{side}-build.log",
+                    log=self.logs / f"{side}-build{tag}.log",
                     mount=mount,
                     jail=jail,
                 )
@@ -266,6 +320,13 @@ class LocalBackend:
             mount=self._mount(side),
             jail=self._jail(side, building=False),
         )
+
+    def host_build_dir(self, side: SideName) -> Path:
+        """The side's build tree on this host (its CMake file API reply is read here)."""
+        return self.side_dir(side) / "build"
+
+    def host_source_dir(self, side: SideName) -> Path:
+        return self.side_dir(side) / "src"
 
     def tree_root(self, side: SideName) -> str:
         """The side's tree as its builds and tests see it."""

@@ -33,6 +33,7 @@ def build_spec(settings: BuilderSettings) -> BuildSpec:
         memory_mb=settings.memory_limit_mb,
         processes=settings.max_processes,
         cpus=core_plan(settings).build if settings.pin_cpu else (),
+        benchmarks=settings.benchmarks,
     )
 
 

@@ -50,12 +50,50 @@ def test_options_from_text(texts: list[str]) -> list[str]:
     return [f"-D{o}=ON" for o in opts]
 
 
-def test_options(src: Path) -> list[str]:
-    """Test switches declared in the project's top CMakeLists.txt and cmake/*.cmake."""
+def top_cmake_texts(src: Path) -> list[str]:
+    """The project's top CMakeLists.txt and cmake/*.cmake, where its switches are declared."""
     files = [src / "CMakeLists.txt"]
     if (src / "cmake").is_dir():
         files += sorted((src / "cmake").glob("*.cmake"))
-    return test_options_from_text([f.read_text(errors="replace") for f in files if f.is_file()])
+    return [f.read_text(errors="replace") for f in files if f.is_file()]
+
+
+def test_options(src: Path) -> list[str]:
+    """Test switches declared in the project's top CMakeLists.txt and cmake/*.cmake."""
+    return test_options_from_text(top_cmake_texts(src))
+
+
+_BENCH_OPTION = re.compile(
+    r"option\s*\(\s*(\w*(?:BUILD_BENCH\w*|_BENCHMARKS?|ENABLE_BENCH\w*|WITH_BENCH\w*|_BENCH))\b",
+    re.IGNORECASE,
+)
+# Google Benchmark's own switches, for a tree that builds it from source (add_subdirectory,
+# FetchContent): its tests need GoogleTest (or a download), never what we time
+BENCHMARK_LIBRARY_OFF = ("-DBENCHMARK_ENABLE_TESTING=OFF", "-DBENCHMARK_ENABLE_GTEST_TESTS=OFF")
+
+
+def benchmark_options_from_text(texts: list[str], *, on: bool = True) -> list[str]:
+    """`-D<opt>=ON` for the benchmark switches declared with option() in the given CMake texts
+    (`FOO_BUILD_BENCHMARKS`, `FOO_BENCHMARK`, `ENABLE_BENCHMARKS`, …; Google Benchmark's own
+    `BENCHMARK_*` switches excepted) and, when the tree mentions benchmarks at all, Google
+    Benchmark's own tests off. Nothing for a tree without benchmarks (its commands stay as they
+    were). `on=False`: the same switches explicitly off."""
+    opts: dict[str, None] = {}
+    mentions = False
+    for text in texts:
+        mentions = mentions or "benchmark" in text.lower()
+        for name in _BENCH_OPTION.findall(text):
+            upper = name.upper()
+            if upper.startswith("BENCHMARK_") or "DISABLE" in upper or "NO_" in upper:
+                continue
+            opts.setdefault(name, None)
+    value = "ON" if on else "OFF"
+    return [f"-D{o}={value}" for o in opts] + (list(BENCHMARK_LIBRARY_OFF) if mentions or opts else [])
+
+
+def benchmark_options(src: Path, *, on: bool = True) -> list[str]:
+    """Benchmark switches declared in the project's top CMakeLists.txt and cmake/*.cmake."""
+    return benchmark_options_from_text(top_cmake_texts(src), on=on)
 
 
 # `-Wno-error` after every flag of a compile (target options such as `-Werror` included): the rule
@@ -84,6 +122,7 @@ class BuildSpec:
     memory_mb: int | None = None  # the whole step (memory cgroup), else per process (RLIMIT_AS)
     processes: int | None = None  # pids cgroup (else RLIMIT_NPROC) for jailed steps
     cpus: tuple[int, ...] = ()  # the build cores (never a core leased for timing); empty: any
+    benchmarks: bool = False  # the tree's benchmark options on (`benchmark_options`), GB's own tests off
 
 
 def _step_limits(spec: BuildSpec, timeout: float, jail: Jail | None) -> Limits:
@@ -153,15 +192,16 @@ def configure(
     log: Path,
     mount: tuple[Path, Path] | None = None,
     jail: Jail | None = None,
+    benchmarks: bool = True,
 ) -> StepResult:
     """`mount=(host, seen)`: the tree at `host` is seen at `seen` (a mount namespace, or the
-    jail's bind); `src`/`build` are paths as seen."""
+    jail's bind); `src`/`build` are paths as seen. With `spec.benchmarks` the tree's benchmark
+    switches are on, or explicitly off with `benchmarks=False` (a retry after they failed)."""
     if mount is None:
         build.mkdir(parents=True, exist_ok=True)
     real_src = src if mount is None else mount[0] / src.relative_to(mount[1])
-    argv = configure_argv(
-        src, build, spec, options=test_options(real_src), init_cache=(real_src / INIT_CACHE).is_file()
-    )
+    options = test_options(real_src) + (benchmark_options(real_src, on=benchmarks) if spec.benchmarks else [])
+    argv = configure_argv(src, build, spec, options=options, init_cache=(real_src / INIT_CACHE).is_file())
     res = run(
         argv,
         env=env,
@@ -175,22 +215,24 @@ def configure(
     )
     if res.ok:
         return StepResult("configure", True, res, log_path=log, argv=tuple(argv))
+    missing = None if res.timed_out or res.memory_exceeded else diagnose(res.output, build / "CMakeCache.txt")
+    category = step_category("configure", res, missing=missing is not None)
+    return StepResult("configure", False, res, category, missing, log, argv=tuple(argv))
+
+
+def step_category(step: str, res: RunResult, *, missing: bool = False) -> FailureCategory:
+    """Why a failed configure or build step failed (a pure decision over its run): a wall
+    (timeout, the memory cgroup), a missing dependency (configure), the build killed from
+    outside (infra), else the project's own configure or compile error."""
     if res.timed_out:
-        return StepResult("configure", False, res, FailureCategory.TIMEOUT, log_path=log, argv=tuple(argv))
-    if res.memory_exceeded:
-        return StepResult(
-            "configure", False, res, FailureCategory.RESOURCE_LIMIT, log_path=log, argv=tuple(argv)
-        )
-    missing = diagnose(res.output, build / "CMakeCache.txt")
-    return StepResult(
-        "configure",
-        False,
-        res,
-        FailureCategory.DEPENDENCY if missing else FailureCategory.CONFIGURE,
-        missing,
-        log,
-        argv=tuple(argv),
-    )
+        return FailureCategory.TIMEOUT
+    if res.memory_exceeded:  # the run's memory cgroup: the step needs more than builder.memory_limit_mb
+        return FailureCategory.RESOURCE_LIMIT
+    if step == "configure":
+        return FailureCategory.DEPENDENCY if missing else FailureCategory.CONFIGURE
+    if res.returncode < 0 or "Killed signal terminated program" in res.output:
+        return FailureCategory.INFRA
+    return FailureCategory.COMPILE
 
 
 def build(
@@ -217,13 +259,7 @@ def build(
     )
     if res.ok:
         return StepResult("build", True, res, log_path=log, argv=argv)
-    if res.timed_out:
-        return StepResult("build", False, res, FailureCategory.TIMEOUT, log_path=log, argv=argv)
-    if res.memory_exceeded:  # the run's memory cgroup: the build needs more than builder.memory_limit_mb
-        return StepResult("build", False, res, FailureCategory.RESOURCE_LIMIT, log_path=log, argv=argv)
-    if res.returncode < 0 or "Killed signal terminated program" in res.output:
-        return StepResult("build", False, res, FailureCategory.INFRA, log_path=log, argv=argv)
-    return StepResult("build", False, res, FailureCategory.COMPILE, log_path=log, argv=argv)
+    return StepResult("build", False, res, step_category("build", res), log_path=log, argv=argv)
 
 
 @dataclass(frozen=True)

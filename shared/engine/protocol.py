@@ -21,7 +21,7 @@ import contextlib
 import math
 import random
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 
@@ -261,10 +261,13 @@ def measure(
     max_repeats: int = 200,
     repeats: dict[str, int] | None = None,
     turn: Turn | None = None,
+    pinned: Mapping[str, int] | None = None,
 ) -> Measurement:
     """Run the rounds. `repeats` fixes the runs per sample (confirmation runs reuse the main
-    protocol's); else tests shorter than `floor` get theirs from the warm-up runs. `turn`: the
-    timing-core lease each round (and the calibration) runs under."""
+    protocol's); else tests shorter than `floor` get theirs from the warm-up runs, except those
+    in `pinned`, which keep their own count (benchmarks: their sample is their own timing).
+    `turn`: the timing-core lease each round (and the calibration) runs under."""
+    pinned = pinned or {}
     turn = turn or contextlib.nullcontext
     rng = random.Random(seed)
     samples = {t: Samples() for t in tests}
@@ -277,7 +280,7 @@ def measure(
         rounds_run=rounds_run,
         metric=metric,
         multithread_ratio=multithread_ratio,
-        repeats={t: (repeats or {}).get(t, 1) for t in tests},
+        repeats={t: (repeats or pinned).get(t, 1) for t in tests},
     )
     shortest: dict[str, float] = {}  # test -> shortest warm-up (or calibration) run, seconds
     if floor > 0 and repeats is None and warmup == 0:  # no warm-up to learn from: one calibration run
@@ -285,7 +288,7 @@ def measure(
             meas.failure = _calibrate(tests, sides, run_one, shortest)
         if meas.failure is not None:
             return meas
-        meas.repeats = {n: repeats_for(shortest[n], floor, max_repeats) for n in tests}
+        meas.repeats = {n: pinned.get(n) or repeats_for(shortest[n], floor, max_repeats) for n in tests}
     active = list(tests)
     total = rounds * len(tests)
     done = 0
@@ -304,7 +307,9 @@ def measure(
                 if progress:
                     progress(done, total)
         if r == warmup - 1 and floor > 0 and repeats is None:
-            meas.repeats = {n: repeats_for(shortest.get(n, floor), floor, max_repeats) for n in tests}
+            meas.repeats = {
+                n: pinned.get(n) or repeats_for(shortest.get(n, floor), floor, max_repeats) for n in tests
+            }
         kept = r + 1 - warmup
         if early_stop and kept >= min_rounds and set(sides) == {"old", "new"}:
             for name in _settle(meas, active, min_improvement, seed + r):

@@ -17,46 +17,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
-from typing import Any
 
+import msgspec
 import numpy as np
 from numpy.typing import NDArray
 from scipy import stats as sps
 
-from cppperf.shared.domain import Verdict
+from cppperf.shared.domain import DecisionRule, StatsRecord, Verdict
 
 FloatArray = NDArray[np.float64]
-
-
-@dataclass(frozen=True)
-class TestStats:
-    name: str
-    n_old: int
-    n_new: int
-    median_old: float
-    median_new: float
-    mean_old: float
-    mean_new: float
-    median_change: float
-    mean_change: float
-    ratio: float
-    ci_low: float
-    ci_high: float
-    p_improve: float
-    p_regress: float
-    p_improve_adj: float = 1.0
-    p_regress_adj: float = 1.0
-    improved: bool = False
-    regressed: bool = False
-    paper_improved: bool = False
-    paper_regressed: bool = False
-    strict_improved: bool = False
-    strict_regressed: bool = False
-    exact: bool = False  # decided on exact counts (`compare_exact`), not on a distribution
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+# the smallest value a sample is taken as (logs need it > 0): a femtosecond, below any real
+# sample — a Google Benchmark per-iteration time can be well under a nanosecond
+FLOOR = 1e-15
 
 
 def hodges_lehmann_ratio(old: FloatArray, new: FloatArray) -> float:
@@ -95,14 +67,14 @@ def compare_test(
     *,
     resamples: int = 2000,
     seed: int = 0,
-) -> TestStats:
+) -> StatsRecord:
     """Unadjusted statistics for one test (decisions need `decide` across the instance)."""
     o = np.asarray(old, dtype=np.float64)
     n = np.asarray(new, dtype=np.float64)
     if len(o) < 2 or len(n) < 2:
         raise ValueError(f"{name}: need at least 2 samples per side, got {len(o)} and {len(n)}")
-    o = np.maximum(o, 1e-9)
-    n = np.maximum(n, 1e-9)
+    o = np.maximum(o, FLOOR)
+    n = np.maximum(n, FLOOR)
     if resamples > 0:
         ci_low, ci_high = bootstrap_ratio_ci(o, n, resamples=resamples, rng=np.random.default_rng(seed))
     else:  # not computed: an unknown CI never "excludes 1"
@@ -112,10 +84,10 @@ def compare_test(
 
 def _test_stats(
     name: str, o: FloatArray, n: FloatArray, ci_low: float, ci_high: float, p_improve: float, p_regress: float
-) -> TestStats:
+) -> StatsRecord:
     med_o, med_n = float(np.median(o)), float(np.median(n))
     mean_o, mean_n = float(np.mean(o)), float(np.mean(n))
-    return TestStats(
+    return StatsRecord(
         name=name,
         n_old=len(o),
         n_new=len(n),
@@ -136,7 +108,7 @@ def _test_stats(
 _EXACT_MWU_MAX = 8  # scipy's `auto` MWU is exact up to this sample size: keep those per test
 
 
-def compare_batch(samples: Mapping[str, tuple[Sequence[float], Sequence[float]]]) -> list[TestStats]:
+def compare_batch(samples: Mapping[str, tuple[Sequence[float], Sequence[float]]]) -> list[StatsRecord]:
     """`compare_test(..., resamples=0)` for many tests at once, sorted by name: medians, means,
     Hodges-Lehmann ratios and one Mann-Whitney U per sample-size group, vectorised (per-call
     overhead dominates thousands of small tests, e.g. importing published records)."""
@@ -144,13 +116,13 @@ def compare_batch(samples: Mapping[str, tuple[Sequence[float], Sequence[float]]]
     arrays: list[tuple[FloatArray, FloatArray]] = []
     groups: dict[tuple[int, int], list[int]] = {}
     for i, name in enumerate(names):
-        o = np.maximum(np.asarray(samples[name][0], dtype=np.float64), 1e-9)
-        n = np.maximum(np.asarray(samples[name][1], dtype=np.float64), 1e-9)
+        o = np.maximum(np.asarray(samples[name][0], dtype=np.float64), FLOOR)
+        n = np.maximum(np.asarray(samples[name][1], dtype=np.float64), FLOOR)
         if len(o) < 2 or len(n) < 2:
             raise ValueError(f"{name}: need at least 2 samples per side, got {len(o)} and {len(n)}")
         arrays.append((o, n))
         groups.setdefault((len(o), len(n)), []).append(i)
-    out: list[TestStats | None] = [None] * len(names)
+    out: list[StatsRecord | None] = [None] * len(names)
     for (n_old, n_new), idx in groups.items():
         old_m = np.stack([arrays[i][0] for i in idx])
         new_m = np.stack([arrays[i][1] for i in idx])
@@ -172,7 +144,7 @@ def compare_batch(samples: Mapping[str, tuple[Sequence[float], Sequence[float]]]
             p_reg[varied] = sps.mannwhitneyu(old_m[varied], new_m[varied], alternative="less", axis=1).pvalue
         for k, i in enumerate(idx):
             mo, mn, ao, an = float(med_o[k]), float(med_n[k]), float(mean_o[k]), float(mean_n[k])
-            out[i] = TestStats(
+            out[i] = StatsRecord(
                 name=names[i],
                 n_old=n_old,
                 n_new=n_new,
@@ -193,14 +165,14 @@ def compare_batch(samples: Mapping[str, tuple[Sequence[float], Sequence[float]]]
 
 def compare_exact(
     name: str, old: Sequence[float], new: Sequence[float], *, tolerance: float
-) -> TestStats | None:
+) -> StatsRecord | None:
     """Statistics for exact counts (Cachegrind's instructions): when each side's counts agree
     within `tolerance` (relative spread; a deterministic test's re-runs are identical), the change
     is certain and only its size decides — p is 0 in the direction the counts moved (1 the other
     way and when they did not move), and the "CI" is the range of new/old over all pairs. None
     when a side's counts spread wider: they are not exact, and the usual statistics decide."""
-    o = np.maximum(np.asarray(old, dtype=np.float64), 1e-9)
-    n = np.maximum(np.asarray(new, dtype=np.float64), 1e-9)
+    o = np.maximum(np.asarray(old, dtype=np.float64), FLOOR)
+    n = np.maximum(np.asarray(new, dtype=np.float64), FLOOR)
     if len(o) < 2 or len(n) < 2:
         raise ValueError(f"{name}: need at least 2 samples per side, got {len(o)} and {len(n)}")
     if max(o.max() / o.min(), n.max() / n.min()) - 1 > tolerance:
@@ -208,7 +180,7 @@ def compare_exact(
     low, high = float(n.min() / o.max()), float(n.max() / o.min())
     p_improve = 0.0 if high < 1.0 else 1.0
     p_regress = 0.0 if low > 1.0 else 1.0
-    return replace(_test_stats(name, o, n, low, high, p_improve, p_regress), exact=True)
+    return msgspec.structs.replace(_test_stats(name, o, n, low, high, p_improve, p_regress), exact=True)
 
 
 def benjamini_hochberg(pvalues: Sequence[float]) -> list[float]:
@@ -218,8 +190,8 @@ def benjamini_hochberg(pvalues: Sequence[float]) -> list[float]:
 
 
 def decide(
-    tests: Sequence[TestStats], *, alpha: float = 0.05, min_improvement: float = 0.05
-) -> list[TestStats]:
+    tests: Sequence[StatsRecord], *, alpha: float = 0.05, min_improvement: float = 0.05
+) -> list[StatsRecord]:
     """Apply BH across the instance's tests and both decision rules.
 
     The family is every hypothesis tested: both directions of every test (an instance is flagged
@@ -229,7 +201,7 @@ def decide(
     out = []
     for t, pi, pr in zip(tests, adj_i, adj_r, strict=True):
         out.append(
-            replace(
+            msgspec.structs.replace(
                 t,
                 p_improve_adj=pi,
                 p_regress_adj=pr,
@@ -244,12 +216,12 @@ def decide(
     return out
 
 
-def verdict(tests: Sequence[TestStats], *, paper: bool = False, rule: str = "ours") -> Verdict:
+def verdict(tests: Sequence[StatsRecord], *, paper: bool = False, rule: str = "ours") -> Verdict:
     """improved | regressed | not-improved for one instance's decided tests under a rule:
     `ours` (the default), `paper`, or `strict` (the whole CI beyond the threshold)."""
-    rule = "paper" if paper else rule
-    imp = any(getattr(t, "improved" if rule == "ours" else f"{rule}_improved") for t in tests)
-    reg = any(getattr(t, "regressed" if rule == "ours" else f"{rule}_regressed") for t in tests)
+    by = DecisionRule.PAPER if paper else DecisionRule(rule)
+    imp = any(by.improved(t) for t in tests)
+    reg = any(by.regressed(t) for t in tests)
     if reg:
         return Verdict.REGRESSED
     return Verdict.IMPROVED if imp else Verdict.NOT_IMPROVED
@@ -260,8 +232,8 @@ def clearly_settled(
 ) -> str | None:
     """Early-stop check: 'unchanged' when the ratio CI lies inside ±band, 'changed' when beyond
     the threshold; None while undecided."""
-    o = np.maximum(np.asarray(old, dtype=np.float64), 1e-9)
-    n = np.maximum(np.asarray(new, dtype=np.float64), 1e-9)
+    o = np.maximum(np.asarray(old, dtype=np.float64), FLOOR)
+    n = np.maximum(np.asarray(new, dtype=np.float64), FLOOR)
     low, high = bootstrap_ratio_ci(o, n, resamples=400, rng=np.random.default_rng(seed))
     if 1 - band <= low and high <= 1 + band:
         return "unchanged"
@@ -280,7 +252,7 @@ def compare_all(
     all_cis: bool = True,
     exact: Collection[str] = (),
     tolerance: float = 0.001,
-) -> list[TestStats]:
+) -> list[StatsRecord]:
     """Decide every test. With `all_cis=False` the (costly) bootstrap CI is computed only for
     tests whose adjusted p and magnitude already qualify: the others' decisions cannot depend on
     it (their CI fields are then 0 and inf). Tests in `exact` (counted, not timed) are decided

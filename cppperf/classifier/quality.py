@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cppperf.classifier.cost import CommitCost, commit_cost, cost_report
 from cppperf.services.classifier.cascade import gate
-from cppperf.services.classifier.cost import CommitCost, commit_cost, cost_report
 from cppperf.services.classifier.prefilter import prefilter
 from cppperf.services.classifier.service import Classifier, linked_text
 from cppperf.shared.messages import CommitSelected, LinkedText

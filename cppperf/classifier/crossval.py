@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from cppperf.classifier.corpus import without_overlap
 from cppperf.services.classifier.cascade import gate
-from cppperf.services.classifier.corpus import without_overlap
 from cppperf.services.classifier.heuristic import HeuristicResult, score_commit
 from cppperf.services.classifier.scorer import (
     GATE_RECALLS,

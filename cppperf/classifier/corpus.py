@@ -99,8 +99,8 @@ def mine_negatives(
 ) -> Iterator[dict[str, Any]]:
     """Up to `limit` structurally selected commits of a local clone as label rows (label false),
     a deterministic spread over the history (ordered by a hash of the sha)."""
-    from cppperf.services.filter.rules import Rules
     from cppperf.services.filter.walk import commit_details, walk
+    from cppperf.shared.rules import Rules
 
     skip = set(exclude)
     selected = [c for c in walk(repo_path, Rules.from_settings(settings)).selected if c.sha not in skip]

@@ -3,6 +3,8 @@
 A commit is selected when it: is not a merge; has a commit date inside the window; changes at
 least one and at most `max_files` files; changes only C++ source/header files; touches no test
 file; touches no vendored path. The first rule a commit breaks is its rejection reason.
+The filter selects with them; the evaluator's patch checks and the classifier's corpus tooling
+use the same test/vendored/source rules, so they live here, not in a stage.
 
 Test files: any path segment named like `test`, `tests`, `unittest`, `testing` (case-insensitive),
 or a file name matching `*_test.*`, `test_*.*`, `*Test.*`, `*_unittest.*` (settings
