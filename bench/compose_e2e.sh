@@ -50,7 +50,12 @@ cleanup() {
 trap cleanup EXIT
 cleanup
 t0=$(date +%s)
-"${pc[@]}" up -d --no-build nats-1 nats-2 nats-3 filter builder evaluator >"$work/up.log" 2>&1
+"${pc[@]}" up -d --no-build nats-1 nats-2 nats-3 >"$work/up.log" 2>&1
+# the one-shot admin `provision` (podman-compose ignores `service_healthy`: retried until the
+# cluster answers), then the services, which may not create streams themselves
+for _ in $(seq 30); do "${pc[@]}" run --rm --no-deps provision >>"$work/provision.log" 2>&1 && break; sleep 2; done
+grep -q "provisioned\|KV_repos" "$work/provision.log" || { echo "provision failed:"; tail -5 "$work/provision.log"; exit 1; }
+"${pc[@]}" up -d --no-build --no-deps filter builder evaluator >>"$work/up.log" 2>&1
 "${pc[@]}" run --rm --no-deps --entrypoint cppperf crawler demo init /data/demo >"$work/demo.log" 2>&1
 "${pc[@]}" run -d --no-deps --name cppperf-e2e_classifier_1 classifier >"$work/classifier.log" 2>&1
 "${pc[@]}" run --rm --no-deps crawler >"$work/crawler.log" 2>&1
