@@ -156,35 +156,7 @@ def export_tree(repo_path: Path, sha: str, dest: Path, submodules: Sources | Non
     dest.mkdir(parents=True, exist_ok=True)
     data = archive(repo_path, sha, submodules)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        if hasattr(tarfile, "data_filter"):
-            tar.extractall(dest, filter="data")
-        else:  # Python < 3.11.4 (Debian bookworm's 3.11.2, the shipped image): no extraction filters
-            tar.extractall(dest, members=_data_members(tar, dest))  # noqa: S202 (members checked)
-
-
-def _data_members(tar: tarfile.TarFile, dest: Path) -> list[tarfile.TarInfo]:
-    """What tarfile's `data` filter lets through, for Pythons without it: regular files,
-    folders and links that stay inside `dest`; no devices, no absolute or escaping names, no
-    set-id bits. A member that breaks this refuses the whole tree, as the filter does."""
-    root = os.path.realpath(dest)
-
-    def inside(path: str) -> bool:
-        real = os.path.realpath(path)
-        return real == root or real.startswith(root + os.sep)
-
-    members = tar.getmembers()
-    for m in members:
-        target = os.path.join(root, m.name)
-        link_base = root if m.islnk() else os.path.dirname(target)
-        escapes = os.path.isabs(m.name) or not inside(target)
-        if m.issym() or m.islnk():
-            escapes = escapes or os.path.isabs(m.linkname) or not inside(os.path.join(link_base, m.linkname))
-        if escapes or not (m.isreg() or m.isdir() or m.issym() or m.islnk()):
-            raise tarfile.TarError(f"refused archive member {m.name!r} (outside the tree or not a file)")
-        m.mode = 0o755 if m.isdir() or m.mode & 0o100 else 0o644
-        m.uid = m.gid = 0
-        m.uname = m.gname = ""
-    return members
+        tar.extractall(dest, filter="data")  # requires-python >= 3.11.4: extraction filters
 
 
 @dataclass
