@@ -418,6 +418,55 @@ async def test_concurrent_flood_stays_within_the_pending_cap_and_alice_is_served
     assert await queued(ctx) == len(accepted) + 1
 
 
+@pytest.mark.slow
+async def test_an_api_flood_is_refused_cheaply_and_does_not_lock_out_another_agent(
+    secured: SecuredBus, evaluator: Any
+) -> None:
+    """1000 `results` requests at once (each would read the bucket through a consumer of its own):
+    beyond the agent's rate (20/s, bursts of 40) they are refused before any JetStream call, so
+    the bucket's consumers are not exhausted and alice, right after, is served."""
+    bob = await as_user(secured, "bob")
+    try:
+        answers, on = sink()
+        await bob.subscribe("_INBOX_bob.flood", cb=on)
+        start = asyncio.get_running_loop().time()
+        body = json.dumps({"run_id": "r"}).encode()
+        for _ in range(1000):
+            await bob.publish("eval.api.bob.results", body, reply="_INBOX_bob.flood")
+        await bob.flush()
+        for _ in range(400):
+            if len(answers) == 1000:
+                break
+            await asyncio.sleep(0.05)
+        elapsed = asyncio.get_running_loop().time() - start
+        decoded = [m.decode(data, m.AgentAnswer) for _, data in answers]
+        assert len(decoded) == 1000  # every request answered
+        served = [a for a in decoded if a.ok]
+        assert 40 <= len(served) <= 40 + 20 * elapsed + 1
+        assert {a.error for a in decoded if not a.ok} == {
+            "more than 20 requests a second from bob: slow down"
+        }
+    finally:
+        await bob.close()
+    async with await AgentClient.connect(secured.url, secured.creds("alice"), request_timeout=5) as alice:
+        eid = await alice.submit(INSTANCE, "fast", run_id="r", model="m")
+        assert (await alice.wait(eid, poll=0.1, max_wait=20))["verdict"] == "opt"
+        assert [r["id"] for r in await alice.results("r")] == [eid]
+
+
+def test_rate_gate_refills_per_agent() -> None:
+    from cppperf.services.evaluator.gateway import RateGate
+
+    now = [0.0]
+    gate = RateGate(2.0, clock=lambda: now[0])
+    assert [gate.allow("bob") for _ in range(5)] == [True] * 4 + [False]  # a burst of 2 * rate
+    assert gate.allow("alice")  # alice has her own bucket
+    now[0] = 0.5  # one token back
+    assert [gate.allow("bob") for _ in range(2)] == [True, False]
+    now[0] = 100.0  # never more than the burst
+    assert sum(gate.allow("bob") for _ in range(10)) == 4
+
+
 def test_agent_names_cannot_smuggle_subject_syntax(tmp_path: Path) -> None:
     conf = tmp_path / "agents.conf"
     for name in ("a.b", "a*", "a>", "b" * 33, "B", "\u00e4", "", " a", "a b", "-a", "a\n", 'a"'):

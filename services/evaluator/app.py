@@ -33,9 +33,12 @@ def register(broker: NatsBroker, ctx: ServiceContext, *, ops: EvaluatorOps | Non
         ctx, subject=m.EVAL_REQUESTED, service="evaluator", typ=m.EvalRequested, work=on_message
     )
 
+    rate = ctx.settings.evaluator.agent_api_rate
+    gate = gateway.RateGate(rate) if rate > 0 else None  # 0: no limit
+
     async def on_agent(msg: NatsMessage) -> None:
         raw = msg.raw_message
-        reply = await gateway.answer(ctx, raw.subject, raw.data)
+        reply = await gateway.answer(ctx, raw.subject, raw.data, gate)
         if raw.reply:  # NATS's reply subject: the asker's own inbox, whatever the body says
             await raw.respond(m.encode(reply))
 
