@@ -467,6 +467,97 @@ def test_rate_gate_refills_per_agent() -> None:
     assert sum(gate.allow("bob") for _ in range(10)) == 4
 
 
+# ------------------------------------------------------- what the evaluator does with a queued patch
+def _diff(*lines: str) -> str:
+    return "\n".join(lines) + "\n"
+
+
+_HUNK = ("@@ -1 +1 @@", "-a", "+b")
+HOSTILE_PATCHES = {  # (more, applied in the jail: tests/test_hostile.py)
+    "octal-escaped-dotdot": (
+        _diff(
+            'diff --git "a/\\056\\056/x.cpp" "b/\\056\\056/x.cpp"',
+            '--- "a/\\056\\056/x.cpp"',
+            '+++ "b/\\056\\056/x.cpp"',
+            *_HUNK,
+        ),
+        "unsafe-patch",
+    ),
+    "header-names-disagree": (
+        _diff("diff --git a/src/x.cpp b/src/x.cpp", "--- a/src/x.cpp", "+++ b/../../etc/x.cpp", *_HUNK),
+        "unsafe-patch",
+    ),
+    "rename-out-of-the-tree": (
+        _diff(
+            "diff --git a/src/x.cpp b/src/y.cpp",
+            "similarity index 100%",
+            "rename from src/x.cpp",
+            "rename to ../y.cpp",
+        ),
+        "unsafe-patch",
+    ),
+    "copy-from-outside": (
+        _diff(
+            "diff --git a/../../etc/passwd b/src/p.cpp",
+            "similarity index 100%",
+            "copy from ../../etc/passwd",
+            "copy to src/p.cpp",
+        ),
+        "unsafe-patch",
+    ),
+    "absolute-names": (_diff("--- /etc/passwd", "+++ /etc/passwd", *_HUNK), "unsafe-patch"),
+    "timestamp-after-a-tab": (
+        _diff("--- a/src/x.cpp\t2020-01-01", "+++ b/../x.cpp\t2020-01-01", *_HUNK),
+        "unsafe-patch",
+    ),
+    "git-binary-patch": (
+        _diff(
+            "diff --git a/src/x.cpp b/src/x.cpp",
+            "index 1..2 100644",
+            "GIT binary patch",
+            "literal 5",
+            "zcmZ",
+            "",
+        ),
+        "unsafe-patch",
+    ),
+    "mode-to-symlink": (
+        _diff("diff --git a/src/x.cpp b/src/x.cpp", "old mode 100644", "new mode 120000"),
+        "unsafe-patch",
+    ),
+    "gzip-bytes": ("\x1f\x8b\x08\x00" + "compressed", "unsafe-patch"),
+    "second-file-into-dot-git": (
+        _diff("--- a/src/x.cpp", "+++ b/src/x.cpp", *_HUNK, "--- a/src/x.cpp", "+++ b/.git/config", *_HUNK),
+        "unsafe-patch",
+    ),
+    "no-file-at-all": (_diff("--- /dev/null", "+++ /dev/null", "@@ -0,0 +1 @@", "+x"), "malformed-patch"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_PATCHES))
+def test_hostile_patch_is_refused_before_it_is_applied(name: str) -> None:
+    from cppperf.services.evaluator.checks import check_patch
+    from cppperf.services.filter.rules import Rules
+    from cppperf.shared.settings import MiningSettings
+
+    text, verdict = HOSTILE_PATCHES[name]
+    result = check_patch(text, Rules.from_settings(MiningSettings()), max_bytes=1 << 20)
+    assert not result.ok and result.verdict == verdict, (name, result)
+
+
+@pytest.mark.parametrize("instance_id", [".", "..", "...", "-", "evaluations"])
+def test_instance_id_that_is_no_instance_builds_no_path(tmp_path: Path, instance_id: str) -> None:
+    """The gateway's alphabet lets `.` and `..` through; the evaluation refuses them before a run
+    directory is derived from them (`runs/<run>/<model>/..` would be the run's own directory)."""
+    from cppperf.services.evaluator.pipeline import evaluate
+    from tests.conftest import make_settings
+
+    settings = make_settings(tmp_path, evaluator={"runs_dir": str(tmp_path / "runs")})
+    req = EvalRequest(run_id="bob.r", model="m", instance_id=instance_id, patch="x")
+    assert evaluate(req, settings)["verdict"] == "unknown-instance"
+    assert not (tmp_path / "runs").exists()
+
+
 def test_agent_names_cannot_smuggle_subject_syntax(tmp_path: Path) -> None:
     conf = tmp_path / "agents.conf"
     for name in ("a.b", "a*", "a>", "b" * 33, "B", "\u00e4", "", " a", "a b", "-a", "a\n", 'a"'):
