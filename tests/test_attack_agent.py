@@ -75,12 +75,13 @@ async def queued(ctx: ServiceContext) -> int:
 
 # ------------------------------------------------------------------------ the bug this file found
 async def test_reply_subject_cannot_land_in_another_agents_inbox_or_announcements(
-    secured: SecuredBus, evaluator: Any
+    secured: SecuredBus, evaluator: tuple[ServiceContext, FakeOps]
 ) -> None:
     """NATS delivers a service reply in the requester's account on whatever reply subject the
     requester set. With every agent in one account, bob could have the evaluator answer into
     `eval.completed.alice` or `_INBOX_alice.…` (forged announcements, answers to alice's own
     requests). One account per agent: such a reply can only reach bob's own account."""
+    ctx, _ = evaluator
     alice = await as_user(secured, "alice")
     bob = await as_user(secured, "bob")
     try:
@@ -92,7 +93,9 @@ async def test_reply_subject_cannot_land_in_another_agents_inbox_or_announcement
         await alice.flush()
         await bob.flush()
         body = json.dumps({"run_id": "r"}).encode()
-        for reply in ("eval.completed.alice", "_INBOX_alice.x.y", "_INBOX_alice.>", "_INBOX_bob.mine"):
+        # eval.api.*: would the answer loop back into the evaluator as a request (as alice)?
+        replies = ("eval.completed.alice", "_INBOX_alice.x.y", "_INBOX_alice.>", "eval.api.alice.submit")
+        for reply in (*replies, "eval.api.bob.submit", "_INBOX_bob.mine"):
             await bob.publish("eval.api.bob.results", body, reply=reply)
         await bob.flush()
         for _ in range(100):  # the control: bob's own reply subject gets its answer
@@ -103,6 +106,7 @@ async def test_reply_subject_cannot_land_in_another_agents_inbox_or_announcement
         assert [s for s, _ in own] == ["_INBOX_bob.mine"]
         assert stolen == []
         assert bob.last_error is None  # nothing refused: the replies simply go nowhere else
+        assert await queued(ctx) == 0  # an answer taken for a submit queued nothing
     finally:
         await alice.close()
         await bob.close()
@@ -158,6 +162,7 @@ PUBLISH_ATTACKS = [
     "$KV.evaluations.bob.r/m/x",  # plant one's own verdict
     "$O.blobs.x",
     "$SYS.REQ.SERVER.PING",
+    "$SYS.REQ.USER.INFO",  # every account's import: who am I, what may I do
     "$SYS.REQ.ACCOUNT.SERVICES.CONNZ",
     "_R_.abc",
     "dlq.eval.requested",
