@@ -19,16 +19,16 @@ import nkeys  # type: ignore[import-untyped]
 import pytest
 from nats.aio.msg import Msg
 
-from cppperf.agents import add_agent, agent_entry, list_agents, new_key, render
+from cppperf.agents import add_agent, agent_entry, list_agents, new_key, remove_agent, render
 from cppperf.client import AgentClient, Refused
 from cppperf.services.evaluator.gateway import dedup_id
 from cppperf.services.evaluator.instances import EvalInstance
 from cppperf.services.evaluator.pipeline import EvalRequest
 from cppperf.shared import messages as m
-from cppperf.shared.bus import read_creds
+from cppperf.shared.bus import credential_options, read_creds
 from cppperf.shared.errors import BadInput
 from cppperf.shared.service import ServiceContext
-from tests.secured_bus import SecuredBus, evaluator_service, start_secured_bus
+from tests.secured_bus import SecuredBus, evaluator_service, reload_config, start_secured_bus
 from tests.test_bus_auth import INSTANCE, FakeOps, as_user, server_refuses
 
 pytestmark = pytest.mark.nats
@@ -561,6 +561,36 @@ def test_instance_id_that_is_no_instance_builds_no_path(tmp_path: Path, instance
     req = EvalRequest(run_id="bob.r", model="m", instance_id=instance_id, patch="x")
     assert evaluate(req, settings)["verdict"] == "unknown-instance"
     assert not (tmp_path / "runs").exists()
+
+
+async def test_removed_or_rotated_agent_is_shut_out_at_the_reload(tmp_path: Path) -> None:
+    """`agents remove` (and `--rotate`'s old key) then a reload: the old key is refused and an open
+    connection of a removed agent is closed; the other agents keep working."""
+    bus = start_secured_bus(tmp_path / "bus", ["carol", "dave"])
+    try:
+        conf = bus.dir / "agents.conf"
+        old_dave = read_creds(bus.creds("dave"))[1]
+        closed = asyncio.Event()
+
+        async def on_closed() -> None:
+            closed.set()
+
+        carol = await nats.connect(
+            bus.url, allow_reconnect=False, closed_cb=on_closed, **credential_options(bus.creds("carol"))
+        )
+        remove_agent(conf, "carol")
+        add_agent(conf, "dave", bus.dir / "dave.creds", rotate=True)
+        reload_config(bus)
+        await asyncio.wait_for(closed.wait(), 10)
+        assert (
+            "authorization violation"
+            in (await raw_connect(bus.url, read_creds(bus.creds("carol"))[1])).lower()
+        )
+        assert "authorization violation" in (await raw_connect(bus.url, old_dave)).lower()
+        assert await raw_connect(bus.url, read_creds(bus.creds("dave"))[1]) == "PONG"
+        assert carol.is_closed
+    finally:
+        bus.server.stop()
 
 
 def test_agent_names_cannot_smuggle_subject_syntax(tmp_path: Path) -> None:
