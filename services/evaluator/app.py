@@ -39,7 +39,7 @@ def register(broker: NatsBroker, ctx: ServiceContext, *, ops: EvaluatorOps | Non
     async def on_agent(msg: NatsMessage) -> None:
         raw = msg.raw_message
         reply = await gateway.answer(ctx, raw.subject, raw.data, gate)
-        if raw.reply:  # NATS's reply subject: the asker's own inbox, whatever the body says
+        if raw.reply:  # NATS's reply subject: back into the asker's own account, whatever the body says
             await raw.respond(m.encode(reply))
 
     # no_reply: FastStream would publish a second (empty) response, which `allow_responses` refuses;

@@ -1,10 +1,11 @@
 """The agents' door: `eval.api.<agent>.{submit,result,results}`, answered by the evaluator.
 
 The agent's name is the subject's second token. On the secured bus (deploy/nats) an agent may
-publish only to its own `eval.api.<name>.*` (AGENTS account, imported from SERVICES), so NATS
-vouches for the name; nothing in the body says who is asking. The answer goes to the request's
-reply subject, which NATS maps back to the asker's own inbox (service import), never to a subject
-the body names. Every check runs before anything is read or written: the patch size, the
+publish only to its own `eval.api.<name>.*` (its own account `agent_<name>`, importing only that
+from SERVICES), so NATS vouches for the name; nothing in the body says who is asking. The answer
+goes to the request's reply subject, which NATS maps back into the asker's own account (service
+import), never to a subject the body names: whatever reply subject an agent sets, only its own
+subscriptions can receive the answer. Every check runs before anything is read or written: the patch size, the
 `run_id`/`model`/`instance_id` alphabet (refused, never rewritten) and the agent's pending count;
 before those, the agent's request rate (`RateGate`: a flood is refused without any JetStream call,
 so it cannot hold another agent's requests behind it for long).
