@@ -1,8 +1,11 @@
 """NKey identities for the bus: `cppperf agents add|remove|list` and the services' keys.
 
-An agent is a line in `deploy/nats/agents.conf` (the AGENTS account, public key only, with the
-permissions of `agent_permissions`) and a creds file the agent keeps (`name: agent-<n>` and
-`seed: SU…`). Services get one key each (`service_keys`): the public keys go to the servers'
+An agent is an account of its own in `deploy/nats/agents.conf` (`agent_<name>`: one user, public
+key only, with the permissions of `agent_permissions`, importing only its own API and
+announcements) and a creds file the agent keeps (`name: agent-<n>` and `seed: SU…`). One account
+per agent, not one shared account: NATS delivers a reply inside the requester's account on
+whatever reply subject the requester chose, so in a shared account an agent could have the
+evaluator answer into another agent's inbox or `eval.completed.<other>`. Services get one key each (`service_keys`): the public keys go to the servers'
 environment (`NKEY_<SERVICE>`), the seeds to each service's creds file (a Secret).
 """
 
@@ -22,11 +25,13 @@ from cppperf.shared.errors import BadInput
 from cppperf.shared.files import write_atomic
 
 SERVICE_USERS: Final = ("admin", "crawler", "filter", "classifier", "builder", "evaluator")
-_ENTRY = re.compile(r"^\s*# agent (?P<name>\S+)\n\s*\{nkey: \"(?P<key>U[A-Z2-7]+)\"", re.MULTILINE)
+# reads this file's entries and those of the older one-shared-account format (rewritten on add/remove)
+_ENTRY = re.compile(r"^\s*# agent (?P<name>\S+)\n[^\n]*?\{nkey: \"(?P<key>U[A-Z2-7]+)\"", re.MULTILINE)
 _HEADER: Final = (
-    "# The external agents (AGENTS account), one entry per agent: written by `cppperf agents add|remove`\n"
-    "# (public keys only: the seed is in the agent's creds file). Reload the servers after a change\n"
-    "# (`nats-server --signal reload`, or restart the pods/containers).\n"
+    "# The external agents, one NATS account each (`agent_<name>`, included inside accounts.conf's\n"
+    "# `accounts` block): written by `cppperf agents add|remove` (public keys only: the seed is in the\n"
+    "# agent's creds file). Reload the servers twice after a change (`nats-server --signal reload`: a new\n"
+    "# account gets its imports only at the second reload), or restart the pods/containers.\n"
 )
 
 
@@ -66,8 +71,18 @@ def agent_permissions(name: str) -> str:
     )
 
 
+def agent_account(name: str) -> str:
+    return f"agent_{name}"
+
+
 def agent_entry(name: str, public: str) -> str:
-    return f'  # agent {name}\n  {{nkey: "{public}", permissions: {agent_permissions(name)}}}\n'
+    """The agent's account: its one user and the imports of its own API and announcements."""
+    imports = (
+        f'{{service: {{account: SERVICES, subject: "{m.eval_api_subject(name, "*")}"}}}}, '
+        f'{{stream: {{account: SERVICES, subject: "{m.eval_completed_subject(name)}"}}}}'
+    )
+    user = f'{{nkey: "{public}", permissions: {agent_permissions(name)}}}'
+    return f"# agent {name}\n{agent_account(name)}: {{users: [{user}], imports: [{imports}]}}\n"
 
 
 def list_agents(conf: Path) -> dict[str, str]:
@@ -79,7 +94,7 @@ def list_agents(conf: Path) -> dict[str, str]:
 
 def render(agents: dict[str, str]) -> str:
     body = "".join(agent_entry(n, k) for n, k in sorted(agents.items()))
-    return f"{_HEADER}users: [\n{body}]\n"
+    return f"{_HEADER}{body}"
 
 
 def check_name(name: str) -> str:

@@ -127,6 +127,12 @@ class EmbeddedNats:
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
+    @property
+    def log_path(self) -> Path:
+        """The running server's log (started: `start` made it)."""
+        assert self._log is not None, "nats-server is not started"
+        return self._log
+
     def start(self) -> EmbeddedNats:
         binary = find_nats_server()
         self.store_dir.mkdir(parents=True, exist_ok=True)

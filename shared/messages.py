@@ -318,7 +318,7 @@ def decode(data: bytes, typ: type[M]) -> M:
     have changed in that version)."""
     try:
         result: M = _DECODERS[typ].decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:  # deep nesting: recursion
         version = _peek_version(data)
         if version is not None and version not in READABLE_SCHEMA_VERSIONS:
             raise _unsupported(typ, version) from exc
@@ -339,7 +339,7 @@ _VERSION_DECODER: Final = msgspec.json.Decoder(_Versioned)
 def _peek_version(data: bytes) -> int | None:
     try:
         return _VERSION_DECODER.decode(data).schema_version
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None
 
 

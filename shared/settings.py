@@ -264,6 +264,9 @@ class EvaluatorSettings(msgspec.Struct, kw_only=True):
     opt_fraction: float = 0.95
     agent_max_pending: int = 16  # an agent's requests queued or running; the next is refused
     agent_max_patch_bytes: int = 512 * 1024  # an agent's inline patch (checked before any write)
+    agent_api_rate: float = (
+        20.0  # an agent's API requests a second (bursts of 2x; 0: no limit); more are refused
+    )
     lease_priority: int = 0  # evaluations go before proofs in the timing-core queue
     keep_failed: bool = False  # debugging: keep work_dir/eval/<hash> of an evaluation that failed
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import re
 import shutil
+import signal
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +70,21 @@ def start_secured_bus(root: Path, agents: list[str]) -> SecuredBus:
     )
     server = EmbeddedNats(store, port=port, config=conf_dir / "nats.conf", env=env).start()
     return SecuredBus(server=server, dir=conf_dir)
+
+
+def reload_config(secured: SecuredBus, *, times: int = 2, timeout: float = 10.0) -> None:
+    """`nats-server --signal reload`, `times` times, each waited for in the server's log. Twice:
+    nats-server wires a new account's service import only at the reload after the one that
+    created the account (`cppperf agents add` says so)."""
+    proc, log = secured.server.proc, secured.server.log_path
+    assert proc is not None
+    for _ in range(times):
+        before = log.read_text().count("Reloaded server configuration")
+        proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        while log.read_text().count("Reloaded server configuration") == before:
+            assert time.monotonic() < deadline, "nats-server did not reload"
+            time.sleep(0.02)
 
 
 def as_user(

@@ -8,7 +8,6 @@ stand-in (a fake `EvaluatorOps`) that can be held busy."""
 from __future__ import annotations
 
 import asyncio
-import signal
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from cppperf.shared import messages as m
 from cppperf.shared.bus import WORK_QUEUES, Bus
 from cppperf.shared.fair import turn_order
 from cppperf.shared.service import ServiceContext
-from tests.secured_bus import SecuredBus, as_user, evaluator_service, start_secured_bus
+from tests.secured_bus import SecuredBus, as_user, evaluator_service, reload_config, start_secured_bus
 from tests.test_bus_auth import INSTANCE, FakeOps
 
 pytestmark = pytest.mark.nats
@@ -116,9 +115,8 @@ async def test_an_agent_added_while_running_is_served(
 ) -> None:
     ctx, ops = evaluator
     ops.gate.set()
-    assert secured.server.proc is not None
     add_agent(secured.dir / "agents.conf", "carol", secured.dir / "carol.creds")
-    secured.server.proc.send_signal(signal.SIGHUP)  # nats-server reloads its configuration
+    reload_config(secured)  # nats-server reloads its configuration (twice: see reload_config)
     for _ in range(50):
         try:
             carol = await AgentClient.connect(secured.url, secured.creds("carol"))

@@ -16,11 +16,12 @@ agents_app = typer.Typer(
 )
 app.add_typer(agents_app, name="agents")
 
-Conf = Annotated[
-    Path, typer.Option("--config", help="the AGENTS account's user list (included by accounts.conf)")
-]
+Conf = Annotated[Path, typer.Option("--config", help="the agents' accounts (included by accounts.conf)")]
 DEFAULT_CONF = Path("deploy/nats/agents.conf")
-RELOAD = "reload the servers to apply: `nats-server --signal reload` (compose: docker compose restart nats-1 nats-2 nats-3)"
+RELOAD = (
+    "reload the servers to apply: `nats-server --signal reload` twice (a new agent's account gets its"
+    " imports only at the second), or restart them (compose: docker compose restart nats-1 nats-2 nats-3)"
+)
 
 
 @agents_app.command("add")

@@ -5,6 +5,9 @@ NATS queue subscription shared by the evaluator replicas, answered while an eval
 
 from __future__ import annotations
 
+from typing import Any
+
+from faststream.message import StreamMessage
 from faststream.nats import NatsBroker
 from faststream.nats.annotations import NatsMessage
 
@@ -13,6 +16,11 @@ from cppperf.services.evaluator.handlers import EvaluatorOps, PipelineOps, on_re
 from cppperf.shared import messages as m
 from cppperf.shared.fair import FairQueue, subscribe_fair
 from cppperf.shared.service import ServiceContext
+
+
+async def raw_body(msg: StreamMessage[Any]) -> bytes:
+    """An agent's request as it came: only `gateway.answer` decodes it."""
+    return msg.body
 
 
 def register(broker: NatsBroker, ctx: ServiceContext, *, ops: EvaluatorOps | None = None) -> FairQueue:
@@ -25,12 +33,18 @@ def register(broker: NatsBroker, ctx: ServiceContext, *, ops: EvaluatorOps | Non
         ctx, subject=m.EVAL_REQUESTED, service="evaluator", typ=m.EvalRequested, work=on_message
     )
 
+    rate = ctx.settings.evaluator.agent_api_rate
+    gate = gateway.RateGate(rate) if rate > 0 else None  # 0: no limit
+
     async def on_agent(msg: NatsMessage) -> None:
         raw = msg.raw_message
-        reply = await gateway.answer(ctx, raw.subject, raw.data)
-        if raw.reply:  # NATS's reply subject: the asker's own inbox, whatever the body says
+        reply = await gateway.answer(ctx, raw.subject, raw.data, gate)
+        if raw.reply:  # NATS's reply subject: back into the asker's own account, whatever the body says
             await raw.respond(m.encode(reply))
 
-    # no_reply: FastStream would publish a second (empty) response, which `allow_responses` refuses
-    broker.subscriber(f"{m.EVAL_API}.*.*", queue="evaluator-api", no_reply=True)(on_agent)
+    # no_reply: FastStream would publish a second (empty) response, which `allow_responses` refuses;
+    # decoder: the body stays bytes for `gateway.answer` (FastStream's own decoder would parse the
+    # agent's bytes as JSON or text first and fail on deep nesting or a lying content-type header,
+    # leaving the agent without an answer)
+    broker.subscriber(f"{m.EVAL_API}.*.*", queue="evaluator-api", no_reply=True, decoder=raw_body)(on_agent)
     return fair  # `run_services` closes it on the way out

@@ -1,11 +1,14 @@
 """The agents' door: `eval.api.<agent>.{submit,result,results}`, answered by the evaluator.
 
 The agent's name is the subject's second token. On the secured bus (deploy/nats) an agent may
-publish only to its own `eval.api.<name>.*` (AGENTS account, imported from SERVICES), so NATS
-vouches for the name; nothing in the body says who is asking. The answer goes to the request's
-reply subject, which NATS maps back to the asker's own inbox (service import), never to a subject
-the body names. Every check runs before anything is read or written: the patch size, the
-`run_id`/`model`/`instance_id` alphabet (refused, never rewritten) and the agent's pending count.
+publish only to its own `eval.api.<name>.*` (its own account `agent_<name>`, importing only that
+from SERVICES), so NATS vouches for the name; nothing in the body says who is asking. The answer
+goes to the request's reply subject, which NATS maps back into the asker's own account (service
+import), never to a subject the body names: whatever reply subject an agent sets, only its own
+subscriptions can receive the answer. Every check runs before anything is read or written: the patch size, the
+`run_id`/`model`/`instance_id` alphabet (refused, never rewritten) and the agent's pending count;
+before those, the agent's request rate (`RateGate`: a flood is refused without any JetStream call,
+so it cannot hold another agent's requests behind it for long).
 The dedup id (`Nats-Msg-Id`) is derived here from agent + run + model + instance + patch hash, so
 an agent cannot choose it (nor block another's), and the evaluation is keyed under the agent.
 """
@@ -14,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
+from collections.abc import Callable
 from typing import Any
 
 from nats.js.errors import APIError, NotFoundError
@@ -32,6 +37,21 @@ log = get_logger(__name__)
 VERBS = ("submit", "result", "results")
 SUMMARY_FIELDS = ("gm_speedup_agent", "gm_speedup_expert", "reason")
 MAX_REPORT_REPLY = 512 * 1024  # a larger report is answered as its summary (`truncated: true`)
+
+
+class RateGate:
+    """A token bucket per agent: `rate` requests a second on average, bursts of `2 * rate`."""
+
+    def __init__(self, rate: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self.burst, self.clock = rate, max(1.0, 2 * rate), clock
+        self.buckets: dict[str, tuple[float, float]] = {}  # agent -> (tokens, when)
+
+    def allow(self, agent: str) -> bool:
+        now = self.clock()
+        tokens, then = self.buckets.get(agent, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - then) * self.rate)
+        self.buckets[agent] = (tokens - 1, now) if tokens >= 1 else (tokens, now)
+        return tokens >= 1
 
 
 def refused(error: str) -> m.AgentAnswer:
@@ -152,12 +172,16 @@ async def results(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer
     return m.AgentAnswer(ok=True, results=rows)
 
 
-async def answer(ctx: ServiceContext, subject: str, data: bytes) -> m.AgentAnswer:
+async def answer(
+    ctx: ServiceContext, subject: str, data: bytes, gate: RateGate | None = None
+) -> m.AgentAnswer:
     """The reply to one agent request (a refusal for anything malformed; never raises for input)."""
     who = agent_of(subject)
     if who is None:
         return refused(f"{subject[:200]!r} is not eval.api.<agent>.<submit|result|results>")
     agent, verb = who
+    if gate is not None and not gate.allow(agent):
+        return refused(f"more than {gate.rate:g} requests a second from {agent}: slow down")
     try:
         if verb == "submit":
             return await submit(ctx, agent, data)

@@ -1,0 +1,616 @@
+"""An attacker holding one agent's credential (`bob`, and `bob-x`, whose name extends bob's)
+against a real nats-server running the shipped deploy/nats configuration and the evaluator service
+as its own user: every attack below is refused by the server (a permissions violation), answered
+with a refusal the agent sees, or lands only in the attacker's own namespace. A benign agent
+(`alice`) keeps working. The evaluation itself is a stand-in (`FakeOps`); the bus is the point."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import nkeys  # type: ignore[import-untyped]
+import pytest
+from nats.aio.msg import Msg
+
+from cppperf.agents import add_agent, agent_entry, list_agents, new_key, remove_agent, render
+from cppperf.client import AgentClient, Refused
+from cppperf.services.evaluator.gateway import dedup_id
+from cppperf.services.evaluator.instances import EvalInstance
+from cppperf.services.evaluator.pipeline import EvalRequest
+from cppperf.shared import messages as m
+from cppperf.shared.bus import credential_options, read_creds
+from cppperf.shared.errors import BadInput
+from cppperf.shared.service import ServiceContext
+from tests.secured_bus import SecuredBus, evaluator_service, reload_config, start_secured_bus
+from tests.test_bus_auth import INSTANCE, FakeOps, as_user, server_refuses
+
+pytestmark = pytest.mark.nats
+CAP = 3  # agent_max_pending in these tests
+PATCH_CAP = 4096  # agent_max_patch_bytes
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredBus]:
+    bus = start_secured_bus(tmp_path_factory.mktemp("attack"), ["alice", "bob", "bob-x"])
+    try:
+        yield bus
+    finally:
+        bus.server.stop()
+
+
+@pytest.fixture
+async def evaluator(secured: SecuredBus, tmp_path: Path) -> AsyncIterator[tuple[ServiceContext, FakeOps]]:
+    ops = FakeOps()
+    async with evaluator_service(
+        secured, tmp_path, ops, agent_max_pending=CAP, agent_max_patch_bytes=PATCH_CAP
+    ) as ctx:
+        yield ctx, ops
+
+
+async def ask(nc: nats.NATS, subject: str, body: bytes, **kw: Any) -> m.AgentAnswer:
+    """A raw request (no client-side checks): the evaluator's answer, decoded."""
+    return m.decode((await nc.request(subject, body, timeout=5, **kw)).data, m.AgentAnswer)
+
+
+def sink() -> tuple[list[tuple[str, bytes]], Callable[[Msg], Awaitable[None]]]:
+    """A list and the subscription callback that appends every message it receives."""
+    got: list[tuple[str, bytes]] = []
+
+    async def on(msg: Msg) -> None:
+        got.append((msg.subject, msg.data))
+
+    return got, on
+
+
+async def queued(ctx: ServiceContext) -> int:
+    return int((await ctx.bus.js.stream_info("EVAL_REQUESTED")).state.last_seq)
+
+
+# ------------------------------------------------------------------------ the bug this file found
+async def test_reply_subject_cannot_land_in_another_agents_inbox_or_announcements(
+    secured: SecuredBus, evaluator: tuple[ServiceContext, FakeOps]
+) -> None:
+    """NATS delivers a service reply in the requester's account on whatever reply subject the
+    requester set. With every agent in one account, bob could have the evaluator answer into
+    `eval.completed.alice` or `_INBOX_alice.…` (forged announcements, answers to alice's own
+    requests). One account per agent: such a reply can only reach bob's own account."""
+    ctx, _ = evaluator
+    alice = await as_user(secured, "alice")
+    bob = await as_user(secured, "bob")
+    try:
+        stolen, on_alice = sink()
+        own, on_bob = sink()
+        await alice.subscribe("eval.completed.alice", cb=on_alice)
+        await alice.subscribe("_INBOX_alice.>", cb=on_alice)
+        await bob.subscribe("_INBOX_bob.mine", cb=on_bob)
+        await alice.flush()
+        await bob.flush()
+        body = json.dumps({"run_id": "r"}).encode()
+        # eval.api.*: would the answer loop back into the evaluator as a request (as alice)?
+        replies = ("eval.completed.alice", "_INBOX_alice.x.y", "_INBOX_alice.>", "eval.api.alice.submit")
+        for reply in (*replies, "eval.api.bob.submit", "_INBOX_bob.mine"):
+            await bob.publish("eval.api.bob.results", body, reply=reply)
+        await bob.flush()
+        for _ in range(100):  # the control: bob's own reply subject gets its answer
+            if own:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+        assert [s for s, _ in own] == ["_INBOX_bob.mine"]
+        assert stolen == []
+        assert bob.last_error is None  # nothing refused: the replies simply go nowhere else
+        assert await queued(ctx) == 0  # an answer taken for a submit queued nothing
+    finally:
+        await alice.close()
+        await bob.close()
+
+
+def test_agents_conf_puts_every_agent_in_its_own_account(tmp_path: Path) -> None:
+    conf = tmp_path / "agents.conf"
+    add_agent(conf, "alice", tmp_path / "a.creds")
+    add_agent(conf, "bob", tmp_path / "b.creds")
+    text = conf.read_text()
+    assert text.count("agent_alice: {users: [") == 1 and text.count("agent_bob: {users: [") == 1
+    assert '"eval.api.bob.*"' in text and '"eval.completed.bob"' in text
+    assert "eval.api.*.*" not in text  # each imports only its own API
+    # an agents.conf of the older one-account format is read, and rewritten per agent
+    key = new_key()
+    old = tmp_path / "old.conf"
+    old.write_text(
+        "users: [\n"
+        + f'  # agent carol\n  {{nkey: "{key.public}", permissions: {{publish: {{allow: ["x"]}}}}}}\n]\n'
+    )
+    assert list_agents(old) == {"carol": key.public}
+    assert render(list_agents(old)).endswith(agent_entry("carol", key.public))
+
+
+# ------------------------------------------------------------------------- the server's refusals
+PUBLISH_ATTACKS = [
+    "eval.api.alice.submit",  # alice's API
+    "eval.api.bob-x.submit",  # a name that extends bob's
+    "eval.api.*.submit",  # wildcards in a published subject
+    "eval.api.>",
+    "eval.api.bob",  # too few tokens
+    "eval.api.bob.submit.x",  # too many
+    "eval.api.bob\u00e9.submit",  # unicode next to the name
+    "eval.api." + "b" * 2000 + ".submit",
+    "eval.completed.alice",  # forge alice's announcement
+    "eval.completed.bob",  # or one's own
+    "eval.requested.bob",  # skip the gateway's checks
+    "_INBOX_alice.x",
+    "$JS.API.INFO",
+    "$JS.API.STREAM.NAMES",
+    "$JS.API.STREAM.LIST",
+    "$JS.API.STREAM.CREATE.EVIL",
+    "$JS.API.STREAM.UPDATE.EVAL_REQUESTED",
+    "$JS.API.CONSUMER.CREATE.EVAL_REQUESTED",
+    "$JS.API.CONSUMER.DURABLE.CREATE.EVAL_REQUESTED.evaluator-alice",  # steal alice's work
+    "$JS.API.CONSUMER.MSG.NEXT.EVAL_REQUESTED.evaluator-alice",
+    "$JS.API.CONSUMER.DELETE.EVAL_REQUESTED.evaluator",
+    "$JS.API.DIRECT.GET.KV_evaluations",  # read results directly
+    "$JS.API.DIRECT.GET.KV_evaluations.$KV.evaluations.alice.r1/m/x",
+    "$JS.API.STREAM.MSG.GET.KV_evaluations",
+    "$JS.API.STREAM.PURGE.KV_evaluations",
+    "$JS.ACK.EVAL_REQUESTED.evaluator-alice.1.1.1.1.1",  # ack alice's work away
+    "$KV.evaluations.bob.r/m/x",  # plant one's own verdict
+    "$O.blobs.x",
+    "$SYS.REQ.SERVER.PING",
+    "$SYS.REQ.USER.INFO",  # every account's import: who am I, what may I do
+    "$SYS.REQ.ACCOUNT.SERVICES.CONNZ",
+    "_R_.abc",
+    "dlq.eval.requested",
+]
+
+
+async def test_agent_may_publish_only_on_its_own_api(secured: SecuredBus, evaluator: Any) -> None:
+    ctx, _ = evaluator
+    for subject in PUBLISH_ATTACKS:
+        assert "for publish" in await server_refuses(secured, "bob", publish=subject), subject
+    assert await queued(ctx) == 0
+    assert await ctx.store.ids("evaluations") == []
+
+
+SUBSCRIBE_ATTACKS = [
+    ">",
+    "*.*",
+    "eval.api.>",  # read others' requests (patches)
+    "eval.api.alice.*",
+    "eval.api.bob.*",
+    "eval.requested.>",
+    "eval.completed.*",
+    "eval.completed.alice",
+    "eval.completed.bob-x",
+    "_INBOX.>",
+    "_INBOX_alice.>",
+    "_INBOX_bob-x.>",
+    "_INBOX_bo.>",  # a prefix of bob's name
+    "_R_.>",
+    "$JS.>",
+    "$KV.evaluations.>",
+    "$O.blobs.>",
+    "$SYS.>",
+    "dlq.>",
+]
+
+
+async def test_agent_may_subscribe_only_to_its_inbox_and_announcements(secured: SecuredBus) -> None:
+    for subject in SUBSCRIBE_ATTACKS:
+        assert "for subscription" in await server_refuses(secured, "bob", subscribe=subject), subject
+    for subject in ("_INBOX_bob.>", "eval.completed.bob"):
+        assert await server_refuses(secured, "bob", subscribe=subject) == "", subject
+    # a queue group does not widen a subscription
+    nc = await as_user(secured, "bob")
+    try:
+        await nc.subscribe("eval.completed.alice", queue="q")
+        with contextlib.suppress(Exception):
+            await nc.flush(timeout=1)
+        await asyncio.sleep(0.05)
+        assert "for subscription" in str(nc.last_error).lower()
+    finally:
+        with contextlib.suppress(Exception):
+            await nc.close()
+
+
+async def raw_connect(url: str, seed: str = "") -> str:
+    """The server's first answer to a CONNECT (signed with `seed`, or with no identity at all),
+    on a plain socket: `+OK`/`PONG` when let in, `-ERR 'Authorization Violation'` when not."""
+    host, port = url.removeprefix("nats://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        info = json.loads((await reader.readline()).split(b" ", 1)[1])
+        connect: dict[str, Any] = {"verbose": False, "pedantic": False, "protocol": 1}
+        if seed:
+            kp = nkeys.from_seed(seed.encode())
+            connect["nkey"] = kp.public_key.decode()
+            connect["sig"] = base64.urlsafe_b64encode(kp.sign(info["nonce"].encode())).decode().rstrip("=")
+        writer.write(b"CONNECT " + json.dumps(connect).encode() + b"\r\nPING\r\n")
+        await writer.drain()
+        return (await reader.readline()).decode().strip()
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+
+
+async def test_unknown_keys_and_renamed_creds_get_nothing(secured: SecuredBus, tmp_path: Path) -> None:
+    assert "authorization violation" in (await raw_connect(secured.url)).lower()
+    assert "authorization violation" in (await raw_connect(secured.url, new_key().seed)).lower()
+    bob_seed = read_creds(secured.creds("bob"))[1]
+    assert await raw_connect(secured.url, bob_seed) == "PONG"  # the control: bob's own key is let in
+    # bob's seed in a creds file that says `agent-alice`: still bob, with alice's inbox refused
+    fake = tmp_path / "fake.creds"
+    fake.write_text(f"name: agent-alice\nseed: {bob_seed}\n")
+    client = await AgentClient.connect(secured.url, str(fake), request_timeout=2)
+    try:
+        with pytest.raises(Refused):
+            await client.submit(INSTANCE, "fast")
+    finally:
+        with contextlib.suppress(Exception):
+            await client.close()
+
+
+# ------------------------------------------------------------------------- the gateway's refusals
+def deep(n: int) -> str:
+    return "[" * n + "]" * n
+
+
+BAD_BODIES: list[tuple[str, bytes, str]] = [
+    ("submit", b"not json", "cannot decode"),
+    ("submit", b"[]", "cannot decode"),
+    ("submit", b"", "cannot decode"),
+    ("submit", b"\xff\xfe{}", "cannot decode"),
+    (
+        "submit",
+        json.dumps({"run_id": 1, "model": "m", "instance_id": INSTANCE, "patch": "p"}).encode(),
+        "cannot decode",
+    ),
+    ("submit", json.dumps({"model": "m", "instance_id": INSTANCE, "patch": "p"}).encode(), "cannot decode"),
+    (
+        "submit",
+        json.dumps({"run_id": "r", "model": "m", "instance_id": INSTANCE, "patch": ["p"]}).encode(),
+        "cannot decode",
+    ),
+    (
+        "submit",
+        json.dumps(
+            {"schema_version": 99, "run_id": "r", "model": "m", "instance_id": INSTANCE, "patch": "p"}
+        ).encode(),
+        "schema",
+    ),
+    (
+        "submit",
+        (
+            '{"run_id":"r","model":"m","instance_id":"' + INSTANCE + '","patch":"p","x":' + deep(5000) + "}"
+        ).encode(),
+        "cannot decode",
+    ),
+    ("result", b"{", "cannot decode"),
+    ("results", json.dumps({"run_id": ">"}).encode(), "refused, not rewritten"),
+    ("results", json.dumps({"run_id": "*"}).encode(), "refused, not rewritten"),
+    ("results", json.dumps({"run_id": "r" * 129}).encode(), "refused, not rewritten"),
+    ("delete", b"{}", "is not eval.api"),  # a verb the gateway does not have
+    ("SUBMIT", b"{}", "is not eval.api"),
+]
+
+
+def submit_body(**fields: str) -> bytes:
+    return json.dumps({"run_id": "r", "model": "m", "instance_id": INSTANCE, "patch": "p", **fields}).encode()
+
+
+BAD_FIELDS = [
+    {"run_id": "\uff52"},  # fullwidth r
+    {"run_id": "r\u0000"},
+    {"run_id": "a/b"},
+    {"model": "../../../etc/passwd"},
+    {"model": "m\nx"},
+    {"instance_id": "$KV.instances.x"},
+    {"instance_id": "x" * 129},
+    {"instance_id": "a b"},
+    {"instance_id": "*"},
+]
+
+
+async def test_gateway_refuses_malformed_requests_before_any_write(
+    secured: SecuredBus, evaluator: Any
+) -> None:
+    ctx, ops = evaluator
+    bob = await as_user(secured, "bob")
+    try:
+        for verb, body, why in BAD_BODIES:
+            answer = await ask(bob, f"eval.api.bob.{verb}", body)
+            assert not answer.ok and why in answer.error.lower(), (verb, body[:40], answer.error)
+        for fields in BAD_FIELDS:
+            answer = await ask(bob, "eval.api.bob.submit", submit_body(**fields))
+            assert not answer.ok and "refused, not rewritten" in answer.error, (fields, answer.error)
+        # a content-type header that lies: the gateway decodes the bytes itself
+        for ctype, body in (
+            ("application/json", b"not json"),
+            ("text/plain", b"\xff\xfe"),
+            ("application/json", deep(5000).encode()),
+        ):
+            answer = await ask(bob, "eval.api.bob.submit", body, headers={"content-type": ctype})
+            assert not answer.ok and "cannot decode" in answer.error, ctype
+        # over the patch cap, as a field and as a whole body below the server's max_payload
+        answer = await ask(bob, "eval.api.bob.submit", submit_body(patch="x" * (PATCH_CAP + 1)))
+        assert not answer.ok and "over the 4096-byte limit" in answer.error
+        answer = await ask(bob, "eval.api.bob.submit", b" " * (PATCH_CAP + 70 * 1024))
+        assert not answer.ok and "patches are capped" in answer.error
+        # huge headers, and a dedup id of its choosing: ignored (the evaluator derives its own)
+        req = m.AgentSubmit(run_id="r", model="m", instance_id=INSTANCE, patch="fast")
+        planted = {"Nats-Msg-Id": dedup_id("alice", req), "X-Pad": "p" * 200_000}
+        answer = await ask(bob, "eval.api.bob.submit", m.encode(req), headers=planted)
+        assert answer.ok and answer.id.startswith("bob.r/") and not answer.duplicate
+    finally:
+        await bob.close()
+    assert await queued(ctx) == 1  # only the one valid request was ever written
+    async with await AgentClient.connect(secured.url, secured.creds("alice")) as alice:
+        eid = await alice.submit(INSTANCE, "fast", run_id="r", model="m")  # not a "duplicate" of bob's
+        assert (await alice.wait(eid, poll=0.1, max_wait=20))["verdict"] == "opt"
+    assert sorted(r.run_id for r in ops.ran) == ["alice.r", "bob.r"]
+
+
+async def test_ids_cannot_reach_another_agents_results(secured: SecuredBus, evaluator: Any) -> None:
+    ctx, _ = evaluator
+    async with (
+        await AgentClient.connect(secured.url, secured.creds("alice")) as alice,
+        await AgentClient.connect(secured.url, secured.creds("bob-x")) as bobx,
+    ):
+        ea = await alice.submit(INSTANCE, "fast secret-a", run_id="r", model="m")
+        ex = await bobx.submit(INSTANCE, "fast secret-x", run_id="r", model="m")
+        await alice.wait(ea, poll=0.1, max_wait=20)
+        await bobx.wait(ex, poll=0.1, max_wait=20)
+    bob = await as_user(secured, "bob")
+    try:
+        for foreign in (ea, ex, "bob-x.r/m/" + INSTANCE):
+            answer = await ask(bob, "eval.api.bob.result", json.dumps({"id": foreign}).encode())
+            assert not answer.ok and "not an evaluation of bob" in answer.error, foreign
+        tricks = [
+            f"bob.r/../../{ea}",
+            f"bob./../{ea}",
+            "bob.>",
+            "bob.*",
+            "bob.r/m/*",
+            "bob.\u2024r/m/x",  # one dot leader, not a dot
+            "bob." + "a" * 200_000,
+            f"bob.{ea}",
+        ]
+        for trick in tricks:
+            answer = await ask(bob, "eval.api.bob.result", json.dumps({"id": trick}).encode())
+            assert answer.ok and answer.status == "pending" and answer.result is None, trick[:40]
+        for run_id in ("r", "r/m", ".", ".."):
+            answer = await ask(bob, "eval.api.bob.results", json.dumps({"run_id": run_id}).encode())
+            assert answer.results == [], run_id
+    finally:
+        await bob.close()
+    assert await ctx.store.ids("evaluations", under="bob") == []
+
+
+async def test_concurrent_flood_stays_within_the_pending_cap_and_alice_is_served(
+    secured: SecuredBus, evaluator: Any
+) -> None:
+    """40 submits at once (distinct patches) while the evaluator is busy: at most CAP queued,
+    every other one refused with the reason; alice, after the flood, is still accepted."""
+    ctx, ops = evaluator
+    hold = asyncio.Event()
+    real = ops.evaluate
+
+    def slow(req: EvalRequest, inst: EvalInstance | None) -> dict[str, Any]:
+        while not hold.is_set():
+            __import__("time").sleep(0.02)
+        return real(req, inst)
+
+    ops.evaluate = slow
+    bob = await as_user(secured, "bob")
+    try:
+        answers = await asyncio.gather(
+            *(ask(bob, "eval.api.bob.submit", submit_body(patch=f"p{i}", run_id="flood")) for i in range(40))
+        )
+        accepted = [a for a in answers if a.ok]
+        assert 1 <= len(accepted) <= CAP
+        assert all("pending (limit 3)" in a.error for a in answers if not a.ok)
+        async with await AgentClient.connect(secured.url, secured.creds("alice")) as alice:
+            assert await alice.submit(INSTANCE, "fair", run_id="flood")
+    finally:
+        hold.set()
+        await bob.close()
+    assert await queued(ctx) == len(accepted) + 1
+
+
+@pytest.mark.slow
+async def test_an_api_flood_is_refused_cheaply_and_does_not_lock_out_another_agent(
+    secured: SecuredBus, evaluator: Any
+) -> None:
+    """1000 `results` requests at once (each would read the bucket through a consumer of its own):
+    beyond the agent's rate (20/s, bursts of 40) they are refused before any JetStream call, so
+    the bucket's consumers are not exhausted and alice, right after, is served."""
+    bob = await as_user(secured, "bob")
+    try:
+        answers, on = sink()
+        await bob.subscribe("_INBOX_bob.flood", cb=on)
+        start = asyncio.get_running_loop().time()
+        body = json.dumps({"run_id": "r"}).encode()
+        for _ in range(1000):
+            await bob.publish("eval.api.bob.results", body, reply="_INBOX_bob.flood")
+        await bob.flush()
+        for _ in range(400):
+            if len(answers) == 1000:
+                break
+            await asyncio.sleep(0.05)
+        elapsed = asyncio.get_running_loop().time() - start
+        decoded = [m.decode(data, m.AgentAnswer) for _, data in answers]
+        assert len(decoded) == 1000  # every request answered
+        served = [a for a in decoded if a.ok]
+        assert 40 <= len(served) <= 40 + 20 * elapsed + 1
+        assert {a.error for a in decoded if not a.ok} == {
+            "more than 20 requests a second from bob: slow down"
+        }
+    finally:
+        await bob.close()
+    async with await AgentClient.connect(secured.url, secured.creds("alice"), request_timeout=5) as alice:
+        eid = await alice.submit(INSTANCE, "fast", run_id="r", model="m")
+        assert (await alice.wait(eid, poll=0.1, max_wait=20))["verdict"] == "opt"
+        assert [r["id"] for r in await alice.results("r")] == [eid]
+
+
+def test_rate_gate_refills_per_agent() -> None:
+    from cppperf.services.evaluator.gateway import RateGate
+
+    now = [0.0]
+    gate = RateGate(2.0, clock=lambda: now[0])
+    assert [gate.allow("bob") for _ in range(5)] == [True] * 4 + [False]  # a burst of 2 * rate
+    assert gate.allow("alice")  # alice has her own bucket
+    now[0] = 0.5  # one token back
+    assert [gate.allow("bob") for _ in range(2)] == [True, False]
+    now[0] = 100.0  # never more than the burst
+    assert sum(gate.allow("bob") for _ in range(10)) == 4
+
+
+# ------------------------------------------------------- what the evaluator does with a queued patch
+def _diff(*lines: str) -> str:
+    return "\n".join(lines) + "\n"
+
+
+_HUNK = ("@@ -1 +1 @@", "-a", "+b")
+HOSTILE_PATCHES = {  # (more, applied in the jail: tests/test_hostile.py)
+    "octal-escaped-dotdot": (
+        _diff(
+            'diff --git "a/\\056\\056/x.cpp" "b/\\056\\056/x.cpp"',
+            '--- "a/\\056\\056/x.cpp"',
+            '+++ "b/\\056\\056/x.cpp"',
+            *_HUNK,
+        ),
+        "unsafe-patch",
+    ),
+    "header-names-disagree": (
+        _diff("diff --git a/src/x.cpp b/src/x.cpp", "--- a/src/x.cpp", "+++ b/../../etc/x.cpp", *_HUNK),
+        "unsafe-patch",
+    ),
+    "rename-out-of-the-tree": (
+        _diff(
+            "diff --git a/src/x.cpp b/src/y.cpp",
+            "similarity index 100%",
+            "rename from src/x.cpp",
+            "rename to ../y.cpp",
+        ),
+        "unsafe-patch",
+    ),
+    "copy-from-outside": (
+        _diff(
+            "diff --git a/../../etc/passwd b/src/p.cpp",
+            "similarity index 100%",
+            "copy from ../../etc/passwd",
+            "copy to src/p.cpp",
+        ),
+        "unsafe-patch",
+    ),
+    "absolute-names": (_diff("--- /etc/passwd", "+++ /etc/passwd", *_HUNK), "unsafe-patch"),
+    "timestamp-after-a-tab": (
+        _diff("--- a/src/x.cpp\t2020-01-01", "+++ b/../x.cpp\t2020-01-01", *_HUNK),
+        "unsafe-patch",
+    ),
+    "git-binary-patch": (
+        _diff(
+            "diff --git a/src/x.cpp b/src/x.cpp",
+            "index 1..2 100644",
+            "GIT binary patch",
+            "literal 5",
+            "zcmZ",
+            "",
+        ),
+        "unsafe-patch",
+    ),
+    "mode-to-symlink": (
+        _diff("diff --git a/src/x.cpp b/src/x.cpp", "old mode 100644", "new mode 120000"),
+        "unsafe-patch",
+    ),
+    "gzip-bytes": ("\x1f\x8b\x08\x00" + "compressed", "unsafe-patch"),
+    "second-file-into-dot-git": (
+        _diff("--- a/src/x.cpp", "+++ b/src/x.cpp", *_HUNK, "--- a/src/x.cpp", "+++ b/.git/config", *_HUNK),
+        "unsafe-patch",
+    ),
+    "no-file-at-all": (_diff("--- /dev/null", "+++ /dev/null", "@@ -0,0 +1 @@", "+x"), "malformed-patch"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_PATCHES))
+def test_hostile_patch_is_refused_before_it_is_applied(name: str) -> None:
+    from cppperf.services.evaluator.checks import check_patch
+    from cppperf.services.filter.rules import Rules
+    from cppperf.shared.settings import MiningSettings
+
+    text, verdict = HOSTILE_PATCHES[name]
+    result = check_patch(text, Rules.from_settings(MiningSettings()), max_bytes=1 << 20)
+    assert not result.ok and result.verdict == verdict, (name, result)
+
+
+@pytest.mark.parametrize("instance_id", [".", "..", "...", "-", "evaluations"])
+def test_instance_id_that_is_no_instance_builds_no_path(tmp_path: Path, instance_id: str) -> None:
+    """The gateway's alphabet lets `.` and `..` through; the evaluation refuses them before a run
+    directory is derived from them (`runs/<run>/<model>/..` would be the run's own directory)."""
+    from cppperf.services.evaluator.pipeline import evaluate
+    from tests.conftest import make_settings
+
+    settings = make_settings(tmp_path, evaluator={"runs_dir": str(tmp_path / "runs")})
+    req = EvalRequest(run_id="bob.r", model="m", instance_id=instance_id, patch="x")
+    assert evaluate(req, settings)["verdict"] == "unknown-instance"
+    assert not (tmp_path / "runs").exists()
+
+
+async def test_removed_or_rotated_agent_is_shut_out_at_the_reload(tmp_path: Path) -> None:
+    """`agents remove` (and `--rotate`'s old key) then a reload: the old key is refused and an open
+    connection of a removed agent is closed; the other agents keep working."""
+    bus = start_secured_bus(tmp_path / "bus", ["carol", "dave"])
+    try:
+        conf = bus.dir / "agents.conf"
+        old_dave = read_creds(bus.creds("dave"))[1]
+        closed = asyncio.Event()
+
+        async def on_closed() -> None:
+            closed.set()
+
+        carol = await nats.connect(
+            bus.url, allow_reconnect=False, closed_cb=on_closed, **credential_options(bus.creds("carol"))
+        )
+        remove_agent(conf, "carol")
+        add_agent(conf, "dave", bus.dir / "dave.creds", rotate=True)
+        reload_config(bus)
+        await asyncio.wait_for(closed.wait(), 10)
+        assert (
+            "authorization violation"
+            in (await raw_connect(bus.url, read_creds(bus.creds("carol"))[1])).lower()
+        )
+        assert "authorization violation" in (await raw_connect(bus.url, old_dave)).lower()
+        assert await raw_connect(bus.url, read_creds(bus.creds("dave"))[1]) == "PONG"
+        assert carol.is_closed
+    finally:
+        bus.server.stop()
+
+
+def test_agent_names_cannot_smuggle_subject_syntax(tmp_path: Path) -> None:
+    conf = tmp_path / "agents.conf"
+    for name in ("a.b", "a*", "a>", "b" * 33, "B", "\u00e4", "", " a", "a b", "-a", "a\n", 'a"'):
+        with pytest.raises(BadInput, match="agent name"):
+            add_agent(conf, name, tmp_path / "x.creds")
+    assert list_agents(conf) == {}
+    add_agent(conf, "b" * 32, tmp_path / "long.creds")  # the longest name is one plain token
+    assert list(list_agents(conf)) == ["b" * 32]
+
+
+def test_compose_publishes_no_nats_or_monitor_port() -> None:
+    """The monitor (8222) has no login and lists connections and reply inboxes: no NATS node in
+    the shipped compose file publishes any port."""
+    import yaml
+
+    compose = yaml.safe_load((Path(__file__).resolve().parents[1] / "docker-compose.yml").read_text())
+    nodes = {k: v for k, v in compose["services"].items() if k.startswith("nats")}
+    assert len(nodes) == 3
+    for name, node in nodes.items():
+        assert not node.get("ports"), name
+        assert "network_mode" not in node, name  # `host` would expose 8222 as well
