@@ -542,7 +542,7 @@ HOSTILE_PATCHES = {  # (more, applied in the jail: tests/test_hostile.py)
 @pytest.mark.parametrize("name", sorted(HOSTILE_PATCHES))
 def test_hostile_patch_is_refused_before_it_is_applied(name: str) -> None:
     from cppperf.services.evaluator.checks import check_patch
-    from cppperf.services.filter.rules import Rules
+    from cppperf.shared.rules import Rules
     from cppperf.shared.settings import MiningSettings
 
     text, verdict = HOSTILE_PATCHES[name]
