@@ -814,4 +814,5 @@ def test_runs_that_cannot_decide_one_test_are_refused(git_repo: Path, tmp_path: 
     assert "--runs 4 cannot decide even one test" in error_text(res) and "use --runs 5 or more" in error_text(
         res
     )
+    assert "under the 'ours' rule" in error_text(res) and "<" not in error_text(res)  # no repr
     assert not (tmp_path / "o" / "instances").exists()

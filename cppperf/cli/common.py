@@ -115,22 +115,25 @@ def _check_runs(value: int | None) -> int | None:
     return value
 
 
+# counted, not timed: an exact count is decided by `stats.compare_exact`, which needs no power
+COUNTED_METRICS = ("instructions", "cachegrind")
+
+
 def refuse_powerless(s: Settings, runs: int | None) -> None:
     """`--runs` too few for even a one-test instance to be decided under the chosen rule (no p
     can reach alpha): exit 2 naming the smallest that can. More tests need more rounds: that is
     the per-instance `underpowered` warning. An exact count (instructions) is never refused."""
-    from cppperf.shared.engine.leases import exact_metric
     from cppperf.shared.engine.stats import runs_needed
 
     b = s.builder
-    if runs is None or exact_metric(b):
+    if runs is None or b.metric in COUNTED_METRICS:
         return
     rule = b.effective_rule()
     need = runs_needed(1, rule=rule, alpha=b.alpha, warmup=b.warmup)
     if runs < need:
         raise _fail(
             f"--runs {runs} cannot decide even one test: {runs - b.warmup} samples a side never reach "
-            f"alpha={b.alpha} under the {rule!r} rule; use --runs {need} or more",
+            f"alpha={b.alpha} under the '{rule}' rule; use --runs {need} or more",
             EXIT_USAGE,
         )
 
