@@ -398,6 +398,11 @@ def _write_instance_pages(records: list[dict[str, Any]], folder: Path) -> int:
     return done
 
 
+def _counts(counts: Counter[str]) -> str:
+    """`built here 2, imported 345`: a Counter as people read it (most common first)."""
+    return ", ".join(f"{k} {v}" for k, v in counts.most_common())
+
+
 @dataset_app.command("stats")
 def dataset_stats(out_dir: OutDir = None, as_json: AsJson = False, config: Config = None) -> None:
     """The instance store (OUT/instances): instances and repositories, verdicts, single- vs
@@ -438,11 +443,11 @@ def dataset_stats(out_dir: OutDir = None, as_json: AsJson = False, config: Confi
     if as_json:
         print_json(result)
         return
-    out.print(f"{store}: {n} instance(s) from {len(repos)} repositories ({dict(origin.most_common())})")
+    out.print(f"{store}: {n} instance(s) from {len(repos)} repositories ({_counts(origin)})")
     out.print(f"significant: {significant}; single-file {single}, multi-file {n - single}")
     out.print(
         f"can grade agents (gold-validated, `cppperf validate`): {graders} of {n} "
-        f"({result['can_grade_share']:.0%}); oracles {dict(oracles.most_common())}"
+        f"({result['can_grade_share']:.0%}); oracles: {_counts(oracles)}"
     )
     t = Table(title="verdicts")
     t.add_column("verdict")
