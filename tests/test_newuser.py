@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from tests.test_cli_inputs import _store_with, cli
 
@@ -17,3 +18,36 @@ def test_dataset_stats_prints_counts_not_reprs(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     assert not REPR.search(res.output), res.output
     assert "(imported 1)" in res.output and "oracles: unvalidated 1" in res.output
+
+
+def _commands() -> list[tuple[str, Any]]:
+    import typer.main
+
+    from cppperf.cli import app
+
+    found: list[tuple[str, Any]] = []
+
+    def walk(cmd: Any, path: list[str]) -> None:
+        found.append((" ".join(path), cmd))
+        for name, sub in getattr(cmd, "commands", {}).items():
+            walk(sub, [*path, name])
+
+    walk(typer.main.get_command(app), [])
+    return found
+
+
+def test_every_help_keeps_its_examples_lines() -> None:
+    """Each example command of a docstring is a line of its own in `--help`, as written: never
+    reflowed into a paragraph or wrapped mid-command (copy-paste works)."""
+    broken: list[str] = []
+    for path, cmd in _commands():
+        examples = [
+            line.strip()
+            for line in (cmd.help or "").splitlines()
+            if line.strip().startswith(("cppperf ", "CPPPERF_", "Example"))
+        ]
+        shown = {
+            line.strip() for line in cli(*path.split(), "--help", env={"COLUMNS": "80"}).output.splitlines()
+        }
+        broken += [f"{path or 'cppperf'}: {e}" for e in examples if e not in shown]
+    assert not broken, "\n".join(broken)

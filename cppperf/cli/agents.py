@@ -33,7 +33,10 @@ def add(
     """Give an agent an NKey: its public key and permissions into --config, its seed into --creds
     (default NAME.creds, mode 0600: hand it to the agent, never commit it).
 
-    Example: cppperf agents add alice && cppperf evaluate --nats-url nats://bus:4222 --creds alice.creds …
+    \b
+    Examples:
+      cppperf agents add alice
+      cppperf evaluate --predictions preds.jsonl --run-id r --nats-url nats://bus:4222 --creds alice.creds
     """
     from cppperf.agents import add_agent
 

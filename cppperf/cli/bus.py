@@ -48,7 +48,9 @@ def provision(
     (`bus.stream_max_bytes`, `bus.kv_max_bytes`, …); idempotent. Run once before the services
     start on a secured bus, and again after changing a limit.
 
-    Example: cppperf bus provision --nats-url nats://nats-1:4222 --creds admin.creds
+    \b
+    Example:
+      cppperf bus provision --nats-url nats://nats-1:4222 --creds admin.creds
     """
     from cppperf.shared.bus import AWAY_ERRORS, Bus
     from cppperf.shared.provision import provision_all

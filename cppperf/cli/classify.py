@@ -102,8 +102,10 @@ def classify_eval(
     the cascade's LLM calls per 1,000 commits against the paper's and the recall it keeps; with
     `--db`, the no-model scorers cross-validated over repositories (mean and spread over folds).
 
-    Example: cppperf classify eval --labels ../shared/data/commit-labels/dev.jsonl
-    Example: cppperf classify eval --labels dev.jsonl --db ../shared/data/cppperf-db --negatives mined.jsonl --json
+    \b
+    Examples:
+      cppperf classify eval --labels ../shared/data/commit-labels/dev.jsonl
+      cppperf classify eval --labels dev.jsonl --db ../shared/data/cppperf-db --negatives mined.jsonl --json
     """
     from cppperf.classifier.quality import evaluate, load_labels
     from cppperf.services.classifier.service import Classifier
@@ -283,7 +285,9 @@ def classify_negatives(
 ) -> None:
     """Structurally selected commits of a clone as negative training rows (JSONL on stdout).
 
-    Example: cppperf classify negatives --repo ~/src/fmt --name fmtlib/fmt --db ../shared/data/cppperf-db > fmt.jsonl
+    \b
+    Example:
+      cppperf classify negatives --repo ~/src/fmt --name fmtlib/fmt --db ../shared/data/cppperf-db > fmt.jsonl
     """
     import subprocess
 
@@ -332,7 +336,9 @@ def classify_train(
     Thresholds are chosen on held-out repositories inside the training data: the gate for recall,
     the label threshold for F1. Same inputs, same file.
 
-    Example: cppperf classify train --db ../shared/data/cppperf-db --negatives mined.jsonl
+    \b
+    Example:
+      cppperf classify train --db ../shared/data/cppperf-db --negatives mined.jsonl
     """
     from cppperf.classifier.corpus import load_cppperf_db, load_labelled
     from cppperf.services.classifier.scorer import MODEL_PATH, TrainConfig, train

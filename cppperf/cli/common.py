@@ -38,7 +38,7 @@ Examples:
   cppperf demo init /tmp/demo                 # a small real C++/CMake repo with perf commits
   cppperf mine --repo /tmp/demo --runs 11     # whole pipeline on embedded NATS
   cppperf filter --repo /tmp/demo --explain   # structural rules only, no bus
-  cppperf build --repo /tmp/demo --sha HEAD~3 # prove one commit, no bus
+  cppperf build --repo /tmp/demo --sha HEAD~12 # prove the perf commit, no bus
   cppperf classify eval --labels dev.jsonl    # classifier quality on labelled commits
   cppperf status                              # per stage: pending, in flight, done, dead-lettered
   cppperf evaluate --predictions preds.jsonl --run-id demo

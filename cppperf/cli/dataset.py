@@ -96,7 +96,9 @@ def dataset_import(
     """Import published CppPerf-DB files unchanged; our verdicts are recomputed from the published
     raw timings (bad files reported and skipped, exit 1; idempotent).
 
-    Example: cppperf dataset import /path/to/cppperf-db/entries
+    \b
+    Example:
+      cppperf dataset import /path/to/cppperf-db/entries
     """
     from cppperf.dataset.records import import_files
 
@@ -145,7 +147,9 @@ def dataset_export(
     """Export instances: SWE-bench-like JSONL for agents, or files in the published format.
     Files are written whole or not at all.
 
-    Example: cppperf dataset export --format jsonl --significant-only tasks.jsonl
+    \b
+    Example:
+      cppperf dataset export --format jsonl --significant-only tasks.jsonl
     """
     from cppperf.dataset.records import iter_records, swebench_row, to_published
 
@@ -317,7 +321,10 @@ def dataset_report(
     """Static HTML report with inline SVG plots (no network needed to view it). The overview's
     instance table sorts (click a header) and filters (repository, verdict, files, speed-up).
 
-    Examples: cppperf dataset report --all overview.html --pages; cppperf dataset report ID report.html
+    \b
+    Examples:
+      cppperf dataset report --all overview.html --pages
+      cppperf dataset report local__demo-4bda4860cd0d report.html
     """
     from cppperf.dataset.records import RecordError, iter_records, load_record
     from cppperf.dataset.report import instance_section, overview_section, page

@@ -370,7 +370,9 @@ def serve(
     """Run one long-running service (scale out by starting more of them); it keeps retrying
     while NATS is unreachable.
 
-    Example: CPPPERF_NATS_URL=nats://nats:4222 cppperf serve builder
+    \b
+    Example:
+      CPPPERF_NATS_URL=nats://nats:4222 cppperf serve builder
     """
     from cppperf.runtime import (
         ALL_SERVICES,
@@ -572,7 +574,9 @@ def filter_cmd(
 ) -> None:
     """Apply the structural rules to a local repository's history (no bus).
 
-    Example: cppperf filter --repo ~/src/fmt --since 2022-01-01 --explain
+    \b
+    Example:
+      cppperf filter --repo ~/src/fmt --since 2022-01-01 --explain
     """
     from cppperf.services.filter.walk import walk
     from cppperf.shared.rules import Rules
