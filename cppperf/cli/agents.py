@@ -50,7 +50,10 @@ def add(
 
 
 @agents_app.command("remove")
-def remove(name: Annotated[str, typer.Argument()], config: Conf = DEFAULT_CONF) -> None:
+def remove(
+    name: Annotated[str, typer.Argument(help="the agent to revoke (as given to `agents add`)")],
+    config: Conf = DEFAULT_CONF,
+) -> None:
     """Revoke an agent: its entry leaves --config; its key stops working at the next reload."""
     from cppperf.agents import remove_agent
 
