@@ -3,11 +3,29 @@ holds no Python reprs, nothing is cut, bad input is one line and a non-zero exit
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 from tests.test_cli_inputs import _store_with, cli
+
+
+def runner_piped(*args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI as a pipe sees it (`cppperf … | cat`), on a narrow terminal."""
+    env = {**os.environ, "COLUMNS": "40"}
+    return subprocess.run(
+        [sys.executable, "-m", "cppperf", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
 
 REPR = re.compile(r"\{'|\['|<\w[\w.]* object at 0x")
 
@@ -51,3 +69,22 @@ def test_every_help_keeps_its_examples_lines() -> None:
         }
         broken += [f"{path or 'cppperf'}: {e}" for e in examples if e not in shown]
     assert not broken, "\n".join(broken)
+
+
+def test_dataset_inspect_prints_untrusted_text_whole_and_literal(tmp_path: Path) -> None:
+    """A commit message or build script is shown whole (never cut at N characters) and as
+    written: brackets in it are text, not console markup (`[/b]` once raised a MarkupError)."""
+    out_dir = _store_with(tmp_path)
+    iid = "someowner__a-rather-long-repository-name-" + "b" * 12
+    path = out_dir / "instances" / f"{iid}.json"
+    record = json.loads(path.read_text())
+    message = "Speed up [/b] the [bold]parser[/bold] " + "word " * 150 + "END-OF-MESSAGE"
+    record["commit_info"]["commit_message"] = [message]
+    script = "cmake -S src -B build " + "-DOPTION=ON " * 40 + "-DLAST=1"
+    record["build_info"] = {"build_system": "cmake", "new_build_script": [script]}
+    path.write_text(json.dumps(record))
+    res = runner_piped("dataset", "inspect", iid, "--out", str(out_dir))
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr
+    assert f"message: {message}\n" in res.stdout
+    assert f"build: cmake; {script}\n" in res.stdout

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
@@ -275,15 +276,16 @@ def dataset_inspect(
     out.print(
         f"verdict: [bold]{ours.get('verdict')}[/bold] (paper's rule: {ours.get('verdict_paper_rule')})"
         + (
-            f"; {ours.get('failure_category')}: {ours.get('failure_detail', '')[:300]}"
+            f"; {ours.get('failure_category')}: {escape(str(ours.get('failure_detail', '')))}"
             if ours.get("failure_category")
             else ""
         )
     )
-    out.print("message: " + " ".join(ci.get("commit_message") or [])[:500])
+    out.print("message: " + " ".join(ci.get("commit_message") or []), markup=False, highlight=False)
     for f in ci.get("files_changed") or []:
         out.print(
-            f"  {f.get('status', ''):9} {f['filename']} +{f.get('additions', 0)}/-{f.get('deletions', 0)}"
+            f"  {f.get('status', ''):9} {f['filename']} +{f.get('additions', 0)}/-{f.get('deletions', 0)}",
+            markup=False,
         )
     t = Table(title="changed tests")
     for c in ("test", "change", "speed-up 95% CI", "p", "result"):
@@ -291,15 +293,16 @@ def dataset_inspect(
     for row in changed:
         ci_txt = f"[{row['ci'][0]:.3f}, {row['ci'][1]:.3f}]" if row["ci"] else "-"
         t.add_row(
-            row["name"],
+            escape(row["name"]),
             f"{(row['change'] or 0) * 100:+.1f}%",
             ci_txt,
             f"{row['p']:.2g}" if isinstance(row["p"], (int, float)) else "-",
             "improved" if row["improved"] else "regressed",
         )
-    out.print(t)
+    out.print(t if changed else "changed tests: none (no test improved or regressed significantly)")
     bi = r.get("build_info") or {}
-    out.print(f"build: {bi.get('build_system', '')}; {' && '.join(bi.get('new_build_script') or [])[:300]}")
+    script = " && ".join(bi.get("new_build_script") or [])
+    out.print(f"build: {bi.get('build_system', '')}; {script}", markup=False, highlight=False)
     env = ours.get("environment") or {}
     if env:
         out.print(
