@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.gitrepo import commit_files
 from tests.test_cli_inputs import _store_with, cli
 
 
@@ -88,3 +89,18 @@ def test_dataset_inspect_prints_untrusted_text_whole_and_literal(tmp_path: Path)
     assert "Traceback" not in res.stderr
     assert f"message: {message}\n" in res.stdout
     assert f"build: cmake; {script}\n" in res.stdout
+
+
+def test_commit_messages_with_brackets_are_text_in_filter_and_classify(tmp_path: Path) -> None:
+    """A commit message is untrusted text: `filter` and `classify` print it as written, whole."""
+    repo = tmp_path / "proj"
+    commit_files(repo, {"a.cpp": "int a;\n"}, "one")
+    subject = "Speed up [/b] the [bold]parser[/bold]: faster " + "x" * 120
+    commit_files(repo, {"a.cpp": "int a = 1;\n"}, subject)
+    for args in (
+        ("filter", "--repo", str(repo), "--explain", "--since", "2000-01-01", "--until", "2100-01-01"),
+        ("classify", "--repo", str(repo), "--sha", "HEAD", "--backend", "heuristic"),
+    ):
+        res = runner_piped(*args)
+        assert res.returncode == 0, res.stderr
+        assert subject in res.stdout.splitlines()[0], res.stdout

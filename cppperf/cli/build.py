@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import msgspec
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -123,7 +124,7 @@ def _print_instance(record: dict[str, Any]) -> None:
             markup=False,
         )
     if c["failure_category"]:
-        out.print(f"[red]rejected ({c['failure_category']})[/red]: {c['failure_detail'][:1500]}")
+        out.print(f"[red]rejected ({c['failure_category']})[/red]: {escape(c['failure_detail'][:1500])}")
         if c.get("failure_step"):
             out.print(f"failed step: {c['failure_step']}")
         for line in c.get("failure_lines", []):

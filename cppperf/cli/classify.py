@@ -55,13 +55,13 @@ def classify_one(
         res = asyncio.run(main())
     except CppPerfError as exc:
         raise _fail(exc) from exc
-    out.print(f"{commit.sha[:12]} {(commit.message.splitlines() or [''])[0][:70]}")
+    out.print(f"{commit.sha[:12]} {(commit.message.splitlines() or [''])[0]}", markup=False, highlight=False)
     out.print(
         f"label: {'POSITIVE' if res.label else 'negative'} (backend {res.backend}, phase {res.phase}, "
         f"score {res.score})"
     )
     for e in res.evidence:
-        out.print(f"  - {e}")
+        out.print(f"  - {e}", markup=False)
     for v in res.votes:
         out.print(f"  - {v.model} phase {v.phase}: {v.answer} ({v.latency_ms:.0f} ms)")
 

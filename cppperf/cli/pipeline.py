@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Group
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -606,7 +607,7 @@ def filter_cmd(
             mark = "[green]selected[/green]" if reason is None else f"[dim]{reason}[/dim]"
             out.print(
                 f"{c.sha[:12]} {c.date.date()} {mark} {len(c.paths)} file(s) "
-                f"{(c.message.splitlines() or [''])[0]}",
+                f"{escape((c.message.splitlines() or [''])[0])}",
                 highlight=False,
             )
     summary = {"scanned": result.scanned, "selected": len(result.selected), "rejected": dict(result.rejected)}
