@@ -104,3 +104,14 @@ def test_commit_messages_with_brackets_are_text_in_filter_and_classify(tmp_path:
         res = runner_piped(*args)
         assert res.returncode == 0, res.stderr
         assert subject in res.stdout.splitlines()[0], res.stdout
+
+
+def test_import_of_the_dataset_root_says_where_the_records_are(tmp_path: Path) -> None:
+    """The published CppPerf-DB folder holds `index.jsonl` and `entries/`: importing the folder
+    itself imports nothing, and the one line says which folder to give instead."""
+    root = tmp_path / "cppperf-db"
+    (root / "entries").mkdir(parents=True)
+    (root / "index.jsonl").write_text("{}\n")
+    res = cli("dataset", "import", str(root), "--out", str(tmp_path / "o"))
+    assert res.exit_code == 1
+    assert f"cppperf dataset import {root / 'entries'}" in res.output

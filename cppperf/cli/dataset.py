@@ -124,9 +124,17 @@ def dataset_import(
             f"imported {len(rep.imported)}, unchanged {len(rep.unchanged)}, skipped {len(rep.errors)} → {store}"
         )
     if not (rep.imported or rep.unchanged or rep.errors):
+        entries = [src / "entries" for src in sources if (src / "entries").is_dir()]
+        hint = (
+            f"; the published records are in its entries/: cppperf dataset import {entries[0]}"
+            if entries
+            else ""
+        )
         console.print(
-            f"[yellow]nothing to import[/yellow]: no CppPerf-DB JSON file (*.json) in {', '.join(map(str, sources))}",
+            f"nothing to import: no CppPerf-DB JSON file (*.json) in {', '.join(map(str, sources))}{hint}",
             soft_wrap=True,
+            markup=False,
+            highlight=False,
         )
     if rep.errors or not (rep.imported or rep.unchanged):
         raise typer.Exit(EXIT_FAILURES)
