@@ -115,3 +115,20 @@ def test_import_of_the_dataset_root_says_where_the_records_are(tmp_path: Path) -
     res = cli("dataset", "import", str(root), "--out", str(tmp_path / "o"))
     assert res.exit_code == 1
     assert f"cppperf dataset import {root / 'entries'}" in res.output
+
+
+def test_records_and_exports_are_readable_by_others(tmp_path: Path) -> None:
+    """Instance records and `dataset export`'s files get the umask's mode (0644 under 022), not
+    the temporary file's 0600: a team or a web server reads them."""
+    old = os.umask(0o022)
+    try:
+        out_dir = _store_with(tmp_path)
+        jsonl, pub = tmp_path / "tasks.jsonl", tmp_path / "pub"
+        assert cli("dataset", "export", str(jsonl), "--out", str(out_dir)).exit_code == 0
+        assert (
+            cli("dataset", "export", "--format", "cppperf-db", str(pub), "--out", str(out_dir)).exit_code == 0
+        )
+    finally:
+        os.umask(old)
+    written = [*(out_dir / "instances").iterdir(), jsonl, *pub.iterdir()]
+    assert {p.stat().st_mode & 0o777 for p in written} == {0o644}, written
