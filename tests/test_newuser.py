@@ -132,3 +132,17 @@ def test_records_and_exports_are_readable_by_others(tmp_path: Path) -> None:
         os.umask(old)
     written = [*(out_dir / "instances").iterdir(), jsonl, *pub.iterdir()]
     assert {p.stat().st_mode & 0o777 for p in written} == {0o644}, written
+
+
+def test_an_out_that_is_a_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """`--out FILE` (a typo, a report's name) was a traceback from the embedded NATS' start."""
+    afile = tmp_path / "results"
+    afile.write_text("not a folder\n")
+    for args in (("status",), ("dataset", "list"), ("evaluate", "--predictions", "empty")):
+        res = runner_piped(*args, "--out", str(afile))
+        assert res.returncode == 2, res
+        assert res.stderr.strip() == (
+            f"error: invalid setting out_dir (CPPPERF_OUT_DIR): {afile} is a file: --out names a folder "
+            "(created when missing)"
+        ), res.stderr
+        assert afile.read_text() == "not a folder\n"
