@@ -146,3 +146,11 @@ def test_an_out_that_is_a_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
             "(created when missing)"
         ), res.stderr
         assert afile.read_text() == "not a folder\n"
+
+
+def test_errors_on_a_piped_stderr_are_never_wrapped() -> None:
+    """`cppperf … 2>&1 | cat` on a 40-column terminal: the error is still one line."""
+    res = runner_piped("schema", "nope")
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1 and res.stderr.startswith("error: unknown schema 'nope'"), res.stderr
+    assert res.stderr.rstrip().endswith("eval-report, run-report")

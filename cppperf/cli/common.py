@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from cppperf.shared import files
 from cppperf.shared.errors import ConfigError
@@ -85,8 +86,11 @@ def _root(
     """Mine, prove, package and score performance-improving C++ commits."""
 
 
-console = Console(stderr=True)
-# Piped output is never cut or wrapped: off a terminal, tables and lines take the width they need.
+# Piped output is never cut or wrapped: off a terminal, tables and lines take the width they need
+# (stderr too: `cppperf … 2>&1 | cat`, CI logs).
+console = Console(
+    stderr=True, width=None if sys.stderr.isatty() else 100_000, soft_wrap=not sys.stderr.isatty()
+)
 out = Console(width=None if sys.stdout.isatty() else 100_000, soft_wrap=not sys.stdout.isatty())
 
 
@@ -186,7 +190,7 @@ def _settings(config: Path | None, **overrides: Any) -> Settings:
 
 
 def _fail(exc: BaseException | str, code: int = EXIT_FAILURES) -> typer.Exit:
-    console.print(f"[red]error:[/red] {exc}", soft_wrap=True, markup=True, highlight=False)
+    console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, markup=True, highlight=False)
     return typer.Exit(code)
 
 
