@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.gitrepo import commit_files
 from tests.test_cli_inputs import _store_with, cli
 
@@ -154,3 +156,14 @@ def test_errors_on_a_piped_stderr_are_never_wrapped() -> None:
     assert res.returncode == 2
     assert res.stderr.count("\n") == 1 and res.stderr.startswith("error: unknown schema 'nope'"), res.stderr
     assert res.stderr.rstrip().endswith("eval-report, run-report")
+
+
+def test_an_unreachable_container_engine_is_one_line_without_reprs(tmp_path: Path) -> None:
+    from cppperf.shared.engine.backends import docker_client
+    from cppperf.shared.errors import InfraFailure
+    from cppperf.shared.settings import BuilderSettings
+
+    sock = f"unix://{tmp_path}/no-engine.sock"
+    with pytest.raises(InfraFailure) as err:
+        docker_client(BuilderSettings(docker_host=sock))
+    assert str(err.value) == f"no container engine reachable ({sock}): No such file or directory"
