@@ -167,3 +167,10 @@ def test_an_unreachable_container_engine_is_one_line_without_reprs(tmp_path: Pat
     with pytest.raises(InfraFailure) as err:
         docker_client(BuilderSettings(docker_host=sock))
     assert str(err.value) == f"no container engine reachable ({sock}): No such file or directory"
+
+
+def test_agents_list_of_a_missing_config_says_so(tmp_path: Path) -> None:
+    conf = tmp_path / "nowhere" / "agents.conf"
+    res = cli("agents", "list", "--config", str(conf))
+    assert res.exit_code == 0
+    assert f"no agents in {conf} (no such file" in res.output

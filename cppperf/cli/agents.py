@@ -70,8 +70,12 @@ def list_(config: Conf = DEFAULT_CONF) -> None:
     """Every agent in --config with its public key."""
     from cppperf.agents import list_agents
 
-    for name, key in sorted(list_agents(config).items()):
+    agents = list_agents(config)
+    for name, key in sorted(agents.items()):
         out.print(f"{name} {key}", markup=False, highlight=False)
+    if not agents:
+        where = "" if config.is_file() else " (no such file: pass the --config `agents add` wrote)"
+        console.print(f"no agents in {config}{where}", soft_wrap=True, markup=False, highlight=False)
 
 
 @agents_app.command("service-keys")
