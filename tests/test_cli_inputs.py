@@ -337,7 +337,7 @@ def test_export_to_an_unwritable_path(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
     res = cli("dataset", "export", str(blocker / "sub" / "t.jsonl"), "--out", str(tmp_path / "o"))
-    assert res.exit_code == FAILURES
+    assert res.exit_code == USAGE  # a bad path: refused before anything is written
     assert "cannot write" in error_text(res)
     assert "Traceback" not in error_text(res)
 

@@ -174,3 +174,14 @@ def test_agents_list_of_a_missing_config_says_so(tmp_path: Path) -> None:
     res = cli("agents", "list", "--config", str(conf))
     assert res.exit_code == 0
     assert f"no agents in {conf} (no such file" in res.output
+
+
+def test_export_into_a_missing_folder_refuses_and_creates_nothing(tmp_path: Path) -> None:
+    """As `dataset report`: a typo'd folder is refused (exit 2), never created."""
+    out_dir = _store_with(tmp_path)
+    for args in (("x.jsonl",), ("--format", "cppperf-db", "pub")):
+        target = tmp_path / "no" / "dir" / args[-1]
+        res = cli("dataset", "export", *args[:-1], str(target), "--out", str(out_dir))
+        assert res.exit_code == 2, res.output
+        assert f"no folder {target.parent}" in res.output
+        assert not (tmp_path / "no").exists()

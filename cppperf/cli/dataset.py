@@ -168,6 +168,8 @@ def dataset_export(
         raise typer.BadParameter(f"{target} is a directory (jsonl writes a file)", param_hint="TARGET")
     if fmt == "cppperf-db" and target.exists() and not target.is_dir():
         raise typer.BadParameter(f"{target} is a file (cppperf-db writes a directory)", param_hint="TARGET")
+    if not target.parent.is_dir():
+        raise _fail(f"cannot write {target}: no folder {target.parent}", EXIT_USAGE)
     s = _settings(config, out_dir=str(out_dir) if out_dir else None)
     flt = _filters(repo, significant_only, since, until, multi_file, single_file)
     records = [r for r in iter_records(Path(s.out_dir)) if flt.match(r)]
@@ -175,7 +177,7 @@ def dataset_export(
         if fmt == "jsonl":
             write_atomic(target, "".join(json.dumps(swebench_row(r)) + "\n" for r in records))
         else:
-            target.mkdir(parents=True, exist_ok=True)
+            target.mkdir(exist_ok=True)
             for r in records:
                 name = (
                     f"{r['metadata']['repository_name'].replace('/', '_')}_{r['commit_info']['new_sha']}.json"
