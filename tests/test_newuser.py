@@ -185,3 +185,12 @@ def test_export_into_a_missing_folder_refuses_and_creates_nothing(tmp_path: Path
         assert res.exit_code == 2, res.output
         assert f"no folder {target.parent}" in res.output
         assert not (tmp_path / "no").exists()
+
+
+def test_command_lists_are_never_cut() -> None:
+    """A group's `Commands:` list wraps each verb's first sentence, never cuts it with `...`."""
+    for path, cmd in _commands():
+        if getattr(cmd, "commands", None):
+            shown = cli(*path.split(), "--help", env={"COLUMNS": "40"}).output
+            listed = shown[shown.index("Commands:") :]
+            assert "..." not in listed, f"{path or 'cppperf'}:\n{listed}"

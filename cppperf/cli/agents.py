@@ -8,11 +8,11 @@ from typing import Annotated
 
 import typer
 
-from cppperf.cli.common import app, console, out
+from cppperf.cli.common import WholeHelpGroup, app, console, out
 from cppperf.shared.errors import CppPerfError
 
 agents_app = typer.Typer(
-    help="Bus identities: external agents and the services' NKeys.", no_args_is_help=True
+    cls=WholeHelpGroup, help="Bus identities: external agents and the services' NKeys.", no_args_is_help=True
 )
 app.add_typer(agents_app, name="agents")
 

@@ -17,6 +17,7 @@ from cppperf.cli.common import (
     Config,
     OutDir,
     Runs,
+    WholeHelpGroup,
     _fail,
     _settings,
     app,
@@ -324,7 +325,9 @@ def calibrate(
         )
 
 
-images_app = typer.Typer(help="Container images: base images without a registry, pruning.")
+images_app = typer.Typer(
+    cls=WholeHelpGroup, help="Container images: base images without a registry, pruning."
+)
 app.add_typer(images_app, name="images")
 
 

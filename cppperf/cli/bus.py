@@ -14,6 +14,7 @@ from cppperf.cli.common import (
     AsJson,
     Config,
     NatsUrl,
+    WholeHelpGroup,
     _fail,
     _settings,
     app,
@@ -24,7 +25,9 @@ from cppperf.cli.common import (
 )
 from cppperf.shared.errors import CppPerfError
 
-bus_app = typer.Typer(help="The bus itself: `cppperf bus provision` (admin).", no_args_is_help=True)
+bus_app = typer.Typer(
+    cls=WholeHelpGroup, help="The bus itself: `cppperf bus provision` (admin).", no_args_is_help=True
+)
 app.add_typer(bus_app, name="bus")
 
 

@@ -13,12 +13,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cppperf.cli.build import _commit_from_repo
-from cppperf.cli.common import EXIT_USAGE, AsJson, Config, _fail, _settings, app, console, out
+from cppperf.cli.common import EXIT_USAGE, AsJson, Config, WholeHelpGroup, _fail, _settings, app, console, out
 from cppperf.shared.errors import CppPerfError
 
 # ------------------------------------------------------------------------------------------ classify
 classify_app = typer.Typer(
-    help="Classify one commit, or evaluate a backend on labelled commits.", invoke_without_command=True
+    cls=WholeHelpGroup,
+    help="Classify one commit, or evaluate a backend on labelled commits.",
+    invoke_without_command=True,
 )
 app.add_typer(classify_app, name="classify")
 

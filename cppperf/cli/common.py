@@ -20,8 +20,10 @@ from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
 import typer
+import typer._click as click
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperGroup
 
 from cppperf.shared import files
 from cppperf.shared.errors import ConfigError
@@ -65,7 +67,23 @@ def _version_callback(value: bool) -> None:
         raise typer.Exit(EXIT_OK)
 
 
+class WholeHelpGroup(TyperGroup):
+    """A verb group whose `Commands:` list gives each verb's first sentence whole (wrapped at
+    words), never cut with `...` at the terminal's width (click's default)."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [
+            (name, cmd.get_short_help_str(limit=10_000))
+            for name in self.list_commands(ctx)
+            if (cmd := self.get_command(ctx, name)) is not None and not cmd.hidden
+        ]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
 app = typer.Typer(
+    cls=WholeHelpGroup,
     help=HELP,
     no_args_is_help=True,
     add_completion=False,

@@ -20,6 +20,7 @@ from cppperf.cli.common import (
     OutDir,
     Since,
     Until,
+    WholeHelpGroup,
     _fail,
     _settings,
     app,
@@ -30,7 +31,8 @@ from cppperf.cli.common import (
 )
 
 dataset_app = typer.Typer(
-    help="Instances on disk (OUT/instances): import, export, inspect, list, report, stats."
+    cls=WholeHelpGroup,
+    help="Instances on disk (OUT/instances): import, export, inspect, list, report, stats.",
 )
 app.add_typer(dataset_app, name="dataset")
 RepoFilter = Annotated[str | None, typer.Option("--repo", help="only this owner/name")]

@@ -28,6 +28,7 @@ from cppperf.cli.common import (
     Runs,
     Since,
     Until,
+    WholeHelpGroup,
     _fail,
     _settings,
     app,
@@ -45,7 +46,9 @@ from cppperf.shared.errors import ConfigError, CppPerfError
 from cppperf.shared.logging import configure_logging
 from cppperf.shared.settings import Settings
 
-dlq_app = typer.Typer(help="Dead letters: `cppperf dlq list`, `cppperf dlq replay commit.selected`.")
+dlq_app = typer.Typer(
+    cls=WholeHelpGroup, help="Dead letters: `cppperf dlq list`, `cppperf dlq replay commit.selected`."
+)
 app.add_typer(dlq_app, name="dlq")
 
 
