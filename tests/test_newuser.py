@@ -194,3 +194,14 @@ def test_command_lists_are_never_cut() -> None:
             shown = cli(*path.split(), "--help", env={"COLUMNS": "40"}).output
             listed = shown[shown.index("Commands:") :]
             assert "..." not in listed, f"{path or 'cppperf'}:\n{listed}"
+
+
+def test_a_piped_import_and_report_leave_no_stray_blank_line(tmp_path: Path) -> None:
+    """A transient progress bar off a terminal printed a lone newline on stderr."""
+    out_dir = _store_with(tmp_path)
+    imp = runner_piped("dataset", "import", str(tmp_path / "src.json"), "--out", str(out_dir))
+    rep = runner_piped(
+        "dataset", "report", "--all", str(tmp_path / "o.html"), "--pages", "--out", str(out_dir)
+    )
+    assert (imp.returncode, rep.returncode) == (0, 0), (imp.stderr, rep.stderr)
+    assert (imp.stderr, rep.stderr) == ("", "")

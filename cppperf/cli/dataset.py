@@ -106,7 +106,7 @@ def dataset_import(
     from cppperf.dataset.records import import_files
 
     s = _settings(config, out_dir=str(out_dir) if out_dir else None)
-    with Progress(console=console, disable=as_json, transient=True) as progress:
+    with Progress(console=console, disable=as_json or not console.is_terminal, transient=True) as progress:
         task = progress.add_task("import", total=None)
         try:
             rep = import_files(
@@ -402,7 +402,7 @@ def _write_instance_pages(records: list[dict[str, Any]], folder: Path) -> int:
         TimeRemainingColumn(),
     )
     try:
-        with Progress(*columns, console=console, transient=True) as progress:
+        with Progress(*columns, console=console, disable=not console.is_terminal, transient=True) as progress:
             task = progress.add_task("pages", total=len(records))
             for r in records:
                 iid = r["cppperf"]["instance_id"]
