@@ -15,15 +15,17 @@ def write_atomic(path: Path, data: str | bytes, *, mode: int | None = None) -> P
     reports are read by people and other processes), set before the rename. Secrets are not
     written here (creds files are created 0600 by their own writer)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
+    tmp = ""
+    try:  # a KeyboardInterrupt right after mkstemp must not leave the temporary file either
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as fh:
             fh.write(data.encode() if isinstance(data, str) else data)
             os.fchmod(fh.fileno(), 0o666 & ~_umask() if mode is None else mode)
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        if tmp:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         raise
     return path
 

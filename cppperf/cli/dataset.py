@@ -410,6 +410,8 @@ def _write_instance_pages(records: list[dict[str, Any]], folder: Path) -> int:
                 done += 1
                 progress.advance(task)
     except KeyboardInterrupt:
+        for tmp in folder.glob(".*.tmp"):  # a Ctrl-C inside write_atomic, before its own cleanup
+            tmp.unlink(missing_ok=True)
         console.print(
             f"interrupted: {done} of {len(records)} instance page(s) in {folder}, no overview written",
             soft_wrap=True,
