@@ -205,3 +205,13 @@ def test_a_piped_import_and_report_leave_no_stray_blank_line(tmp_path: Path) -> 
     )
     assert (imp.returncode, rep.returncode) == (0, 0), (imp.stderr, rep.stderr)
     assert (imp.stderr, rep.stderr) == ("", "")
+
+
+def test_repeatable_options_show_a_name_not_a_python_type() -> None:
+    """`--repo <list[str]>` read like a Python type: repeatable options name what they take."""
+    for path, cmd in _commands():
+        for p in cmd.params:
+            if p.param_type_name == "option" and getattr(p, "multiple", False):
+                shown = cli(*path.split(), "--help", env={"COLUMNS": "100"}).output
+                line = next(ln for ln in shown.splitlines() if ln.strip().startswith(p.opts[0] + " "))
+                assert "list[" not in line, f"{path}: {line}"

@@ -93,7 +93,8 @@ def classify_eval(
         ),
     ] = None,
     negatives: Annotated[
-        list[Path] | None, typer.Option("--negatives", help="JSONL of mined negatives for --db (repeatable)")
+        list[Path] | None,
+        typer.Option("--negatives", metavar="FILE", help="JSONL of mined negatives for --db (repeatable)"),
     ] = None,
     folds: Annotated[int, typer.Option("--folds", help="repository folds for --db")] = 5,
     phase2_share: Annotated[
@@ -281,7 +282,9 @@ def classify_negatives(
     ] = None,
     labels: Annotated[
         list[Path] | None,
-        typer.Option("--labels", help="labelled JSONL: its commits are left out (repeatable)"),
+        typer.Option(
+            "--labels", metavar="FILE", help="labelled JSONL: its commits are left out (repeatable)"
+        ),
     ] = None,
     config: Config = None,
 ) -> None:
@@ -320,11 +323,13 @@ def classify_train(
     db: Annotated[Path, typer.Option("--db", help="CppPerf-DB folder (positives)")],
     negatives: Annotated[
         list[Path] | None,
-        typer.Option("--negatives", help="JSONL of negatives, e.g. from `classify negatives`"),
+        typer.Option(
+            "--negatives", metavar="FILE", help="JSONL of negatives, e.g. from `classify negatives`"
+        ),
     ] = None,
     labels: Annotated[
         list[Path] | None,
-        typer.Option("--labels", help="hand-labelled JSONL to train on as well (repeatable)"),
+        typer.Option("--labels", metavar="FILE", help="hand-labelled JSONL to train on as well (repeatable)"),
     ] = None,
     out_path: Annotated[
         Path | None, typer.Option("--out", help="default: the model shipped in the package")

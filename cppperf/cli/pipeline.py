@@ -243,7 +243,8 @@ def _repo_ids(specs: list[str], name: str | None) -> dict[str, str]:
 @app.command()
 def mine(
     repo: Annotated[
-        list[str] | None, typer.Option("--repo", help="OWNER/NAME, git URL or local path")
+        list[str] | None,
+        typer.Option("--repo", metavar="REPO", help="OWNER/NAME, git URL or local path (repeatable)"),
     ] = None,
     name: Annotated[
         str | None,
