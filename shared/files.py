@@ -10,18 +10,30 @@ from pathlib import Path
 
 def write_atomic(path: Path, data: str | bytes, *, mode: int | None = None) -> Path:
     """Write `data` to `path` through a temporary file in the same folder and `os.replace`, so a
-    reader (or a crash) never sees half a file; parent directories are created. `mode` (e.g. 0o644
-    for a report people read) is set before the rename; else the temporary file's 0600 stays."""
+    reader (or a crash) never sees half a file; parent directories are created. The file gets
+    `mode`, else what a plain `open()` would give (0666 less the umask: records, exports and
+    reports are read by people and other processes), set before the rename. Secrets are not
+    written here (creds files are created 0600 by their own writer)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
+    tmp = ""
+    try:  # a KeyboardInterrupt right after mkstemp must not leave the temporary file either
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as fh:
             fh.write(data.encode() if isinstance(data, str) else data)
-            if mode is not None:
-                os.fchmod(fh.fileno(), mode)
+            os.fchmod(fh.fileno(), 0o666 & ~_umask() if mode is None else mode)
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        if tmp:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         raise
     return path
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (`os.umask` sets it, racing other threads)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    return 0o022

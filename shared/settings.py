@@ -477,6 +477,8 @@ def validate(s: Settings) -> None:
             check_nats_url(s.nats_url)
         except ValueError as exc:
             raise _bad("nats_url", str(exc)) from None
+    if Path(s.out_dir).exists() and not Path(s.out_dir).is_dir():
+        raise _bad("out_dir", f"{s.out_dir} is a file: --out names a folder (created when missing)")
     if s.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
         raise _bad("log_level", f"{s.log_level!r} is not one of debug, info, warning, error, critical")
     _validate_ranges(s)

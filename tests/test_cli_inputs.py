@@ -337,7 +337,7 @@ def test_export_to_an_unwritable_path(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
     res = cli("dataset", "export", str(blocker / "sub" / "t.jsonl"), "--out", str(tmp_path / "o"))
-    assert res.exit_code == FAILURES
+    assert res.exit_code == USAGE  # a bad path: refused before anything is written
     assert "cannot write" in error_text(res)
     assert "Traceback" not in error_text(res)
 
@@ -762,7 +762,7 @@ def test_report_into_a_missing_folder_refuses_and_creates_nothing(tmp_path: Path
 
 
 def test_every_option_of_every_verb_is_described() -> None:
-    """`--help` on any verb describes each of its options (none left as a bare flag name)."""
+    """`--help` on any verb describes each of its options and arguments (none left as a bare name)."""
     import typer.main
 
     from cppperf.cli import app
@@ -771,7 +771,7 @@ def test_every_option_of_every_verb_is_described() -> None:
 
     def walk(cmd: Any, path: str) -> None:
         for p in cmd.params:
-            if p.param_type_name == "option" and not getattr(p, "hidden", False) and not p.help:
+            if p.param_type_name in ("option", "argument") and not getattr(p, "hidden", False) and not p.help:
                 missing.append(f"{path} {'/'.join(p.opts)}")
         for name, sub in getattr(cmd, "commands", {}).items():
             walk(sub, f"{path} {name}")

@@ -8,11 +8,11 @@ from typing import Annotated
 
 import typer
 
-from cppperf.cli.common import app, console, out
+from cppperf.cli.common import WholeHelpGroup, app, console, out
 from cppperf.shared.errors import CppPerfError
 
 agents_app = typer.Typer(
-    help="Bus identities: external agents and the services' NKeys.", no_args_is_help=True
+    cls=WholeHelpGroup, help="Bus identities: external agents and the services' NKeys.", no_args_is_help=True
 )
 app.add_typer(agents_app, name="agents")
 
@@ -34,7 +34,10 @@ def add(
     """Give an agent an NKey: its public key and permissions into --config, its seed into --creds
     (default NAME.creds, mode 0600: hand it to the agent, never commit it).
 
-    Example: cppperf agents add alice && cppperf evaluate --nats-url nats://bus:4222 --creds alice.creds …
+    \b
+    Examples:
+      cppperf agents add alice
+      cppperf evaluate --predictions preds.jsonl --run-id r --nats-url nats://bus:4222 --creds alice.creds
     """
     from cppperf.agents import add_agent
 
@@ -48,7 +51,10 @@ def add(
 
 
 @agents_app.command("remove")
-def remove(name: Annotated[str, typer.Argument()], config: Conf = DEFAULT_CONF) -> None:
+def remove(
+    name: Annotated[str, typer.Argument(help="the agent to revoke (as given to `agents add`)")],
+    config: Conf = DEFAULT_CONF,
+) -> None:
     """Revoke an agent: its entry leaves --config; its key stops working at the next reload."""
     from cppperf.agents import remove_agent
 
@@ -65,8 +71,12 @@ def list_(config: Conf = DEFAULT_CONF) -> None:
     """Every agent in --config with its public key."""
     from cppperf.agents import list_agents
 
-    for name, key in sorted(list_agents(config).items()):
+    agents = list_agents(config)
+    for name, key in sorted(agents.items()):
         out.print(f"{name} {key}", markup=False, highlight=False)
+    if not agents:
+        where = "" if config.is_file() else " (no such file: pass the --config `agents add` wrote)"
+        console.print(f"no agents in {config}{where}", soft_wrap=True, markup=False, highlight=False)
 
 
 @agents_app.command("service-keys")

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import msgspec
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -16,6 +17,7 @@ from cppperf.cli.common import (
     Config,
     OutDir,
     Runs,
+    WholeHelpGroup,
     _fail,
     _settings,
     app,
@@ -123,7 +125,7 @@ def _print_instance(record: dict[str, Any]) -> None:
             markup=False,
         )
     if c["failure_category"]:
-        out.print(f"[red]rejected ({c['failure_category']})[/red]: {c['failure_detail'][:1500]}")
+        out.print(f"[red]rejected ({c['failure_category']})[/red]: {escape(c['failure_detail'][:1500])}")
         if c.get("failure_step"):
             out.print(f"failed step: {c['failure_step']}")
         for line in c.get("failure_lines", []):
@@ -164,7 +166,9 @@ def reproduce(
 ) -> None:
     """Re-run an instance's timing protocol from its image alone (docker backend) and compare.
 
-    Example: cppperf reproduce cppperf/local__demo:441aadcc50b6 --runs 21
+    \b
+    Example:
+      cppperf reproduce cppperf/local__demo:4bda4860cd0d --runs 21
     """
     from cppperf.services.builder.reproduce import reproduce_image
 
@@ -209,9 +213,11 @@ def build(
     """Build and time one commit against its parent (no bus); writes OUT/instances/<id>.json.
     With --builder docker, the instance image cppperf/<owner>__<name>:<sha12> is committed.
 
-    Example: cppperf build --repo /tmp/demo --sha HEAD~12 --runs 11
-             cppperf build --repo /tmp/bvh --sha e5047b9 --profile paper   # the paper's way
-             cppperf build --repo /tmp/bvh --sha 1c94c25 --coverage   # decide on the tests that run it
+    \b
+    Examples:
+      cppperf build --repo /tmp/demo --sha HEAD~12 --runs 11
+      cppperf build --repo /tmp/bvh --sha e5047b9 --profile paper   # the paper's way
+      cppperf build --repo /tmp/bvh --sha 1c94c25 --coverage   # decide on the tests that run it
     """
     from cppperf.services.builder.service import build_patch
 
@@ -262,7 +268,9 @@ def calibrate(
 ) -> None:
     """A/A run: SHA against itself. Any test flagged is a false positive on this machine.
 
-    Example: cppperf calibrate --repo /tmp/demo --sha HEAD --runs 21 --out aa.json
+    \b
+    Example:
+      cppperf calibrate --repo /tmp/demo --sha HEAD --runs 21 --out aa.json
     """
     from cppperf.services.builder.instance import prove
     from cppperf.services.builder.record import build_record
@@ -317,7 +325,9 @@ def calibrate(
         )
 
 
-images_app = typer.Typer(help="Container images: base images without a registry, pruning.")
+images_app = typer.Typer(
+    cls=WholeHelpGroup, help="Container images: base images without a registry, pruning."
+)
 app.add_typer(images_app, name="images")
 
 
@@ -334,7 +344,9 @@ def images_bootstrap(
 ) -> None:
     """debootstrap a minimal root fs with the toolchain and import it as cppperf/base:<release>.
 
-    Example: cppperf images bootstrap --release bookworm
+    \b
+    Example:
+      cppperf images bootstrap --release bookworm
     """
     from cppperf.shared.engine.backends import docker_client
     from cppperf.shared.engine.images import bootstrap_base

@@ -14,6 +14,7 @@ from cppperf.cli.common import (
     AsJson,
     Config,
     NatsUrl,
+    WholeHelpGroup,
     _fail,
     _settings,
     app,
@@ -24,7 +25,9 @@ from cppperf.cli.common import (
 )
 from cppperf.shared.errors import CppPerfError
 
-bus_app = typer.Typer(help="The bus itself: `cppperf bus provision` (admin).", no_args_is_help=True)
+bus_app = typer.Typer(
+    cls=WholeHelpGroup, help="The bus itself: `cppperf bus provision` (admin).", no_args_is_help=True
+)
 app.add_typer(bus_app, name="bus")
 
 
@@ -48,7 +51,9 @@ def provision(
     (`bus.stream_max_bytes`, `bus.kv_max_bytes`, …); idempotent. Run once before the services
     start on a secured bus, and again after changing a limit.
 
-    Example: cppperf bus provision --nats-url nats://nats-1:4222 --creds admin.creds
+    \b
+    Example:
+      cppperf bus provision --nats-url nats://nats-1:4222 --creds admin.creds
     """
     from cppperf.shared.bus import AWAY_ERRORS, Bus
     from cppperf.shared.provision import provision_all

@@ -13,12 +13,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cppperf.cli.build import _commit_from_repo
-from cppperf.cli.common import EXIT_USAGE, AsJson, Config, _fail, _settings, app, console, out
+from cppperf.cli.common import EXIT_USAGE, AsJson, Config, WholeHelpGroup, _fail, _settings, app, console, out
 from cppperf.shared.errors import CppPerfError
 
 # ------------------------------------------------------------------------------------------ classify
 classify_app = typer.Typer(
-    help="Classify one commit, or evaluate a backend on labelled commits.", invoke_without_command=True
+    cls=WholeHelpGroup,
+    help="Classify one commit, or evaluate a backend on labelled commits.",
+    invoke_without_command=True,
 )
 app.add_typer(classify_app, name="classify")
 
@@ -55,13 +57,13 @@ def classify_one(
         res = asyncio.run(main())
     except CppPerfError as exc:
         raise _fail(exc) from exc
-    out.print(f"{commit.sha[:12]} {(commit.message.splitlines() or [''])[0][:70]}")
+    out.print(f"{commit.sha[:12]} {(commit.message.splitlines() or [''])[0]}", markup=False, highlight=False)
     out.print(
         f"label: {'POSITIVE' if res.label else 'negative'} (backend {res.backend}, phase {res.phase}, "
         f"score {res.score})"
     )
     for e in res.evidence:
-        out.print(f"  - {e}")
+        out.print(f"  - {e}", markup=False)
     for v in res.votes:
         out.print(f"  - {v.model} phase {v.phase}: {v.answer} ({v.latency_ms:.0f} ms)")
 
@@ -91,7 +93,8 @@ def classify_eval(
         ),
     ] = None,
     negatives: Annotated[
-        list[Path] | None, typer.Option("--negatives", help="JSONL of mined negatives for --db (repeatable)")
+        list[Path] | None,
+        typer.Option("--negatives", metavar="FILE", help="JSONL of mined negatives for --db (repeatable)"),
     ] = None,
     folds: Annotated[int, typer.Option("--folds", help="repository folds for --db")] = 5,
     phase2_share: Annotated[
@@ -102,8 +105,10 @@ def classify_eval(
     the cascade's LLM calls per 1,000 commits against the paper's and the recall it keeps; with
     `--db`, the no-model scorers cross-validated over repositories (mean and spread over folds).
 
-    Example: cppperf classify eval --labels ../shared/data/commit-labels/dev.jsonl
-    Example: cppperf classify eval --labels dev.jsonl --db ../shared/data/cppperf-db --negatives mined.jsonl --json
+    \b
+    Examples:
+      cppperf classify eval --labels ../shared/data/commit-labels/dev.jsonl
+      cppperf classify eval --labels dev.jsonl --db ../shared/data/cppperf-db --negatives mined.jsonl --json
     """
     from cppperf.classifier.quality import evaluate, load_labels
     from cppperf.services.classifier.service import Classifier
@@ -277,13 +282,17 @@ def classify_negatives(
     ] = None,
     labels: Annotated[
         list[Path] | None,
-        typer.Option("--labels", help="labelled JSONL: its commits are left out (repeatable)"),
+        typer.Option(
+            "--labels", metavar="FILE", help="labelled JSONL: its commits are left out (repeatable)"
+        ),
     ] = None,
     config: Config = None,
 ) -> None:
     """Structurally selected commits of a clone as negative training rows (JSONL on stdout).
 
-    Example: cppperf classify negatives --repo ~/src/fmt --name fmtlib/fmt --db ../shared/data/cppperf-db > fmt.jsonl
+    \b
+    Example:
+      cppperf classify negatives --repo ~/src/fmt --name fmtlib/fmt --db ../shared/data/cppperf-db > fmt.jsonl
     """
     import subprocess
 
@@ -314,11 +323,13 @@ def classify_train(
     db: Annotated[Path, typer.Option("--db", help="CppPerf-DB folder (positives)")],
     negatives: Annotated[
         list[Path] | None,
-        typer.Option("--negatives", help="JSONL of negatives, e.g. from `classify negatives`"),
+        typer.Option(
+            "--negatives", metavar="FILE", help="JSONL of negatives, e.g. from `classify negatives`"
+        ),
     ] = None,
     labels: Annotated[
         list[Path] | None,
-        typer.Option("--labels", help="hand-labelled JSONL to train on as well (repeatable)"),
+        typer.Option("--labels", metavar="FILE", help="hand-labelled JSONL to train on as well (repeatable)"),
     ] = None,
     out_path: Annotated[
         Path | None, typer.Option("--out", help="default: the model shipped in the package")
@@ -332,7 +343,9 @@ def classify_train(
     Thresholds are chosen on held-out repositories inside the training data: the gate for recall,
     the label threshold for F1. Same inputs, same file.
 
-    Example: cppperf classify train --db ../shared/data/cppperf-db --negatives mined.jsonl
+    \b
+    Example:
+      cppperf classify train --db ../shared/data/cppperf-db --negatives mined.jsonl
     """
     from cppperf.classifier.corpus import load_cppperf_db, load_labelled
     from cppperf.services.classifier.scorer import MODEL_PATH, TrainConfig, train

@@ -20,7 +20,10 @@ from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
 import typer
+import typer._click as click
 from rich.console import Console
+from rich.markup import escape
+from typer.core import TyperGroup
 
 from cppperf.shared import files
 from cppperf.shared.errors import ConfigError
@@ -38,7 +41,7 @@ Examples:
   cppperf demo init /tmp/demo                 # a small real C++/CMake repo with perf commits
   cppperf mine --repo /tmp/demo --runs 11     # whole pipeline on embedded NATS
   cppperf filter --repo /tmp/demo --explain   # structural rules only, no bus
-  cppperf build --repo /tmp/demo --sha HEAD~3 # prove one commit, no bus
+  cppperf build --repo /tmp/demo --sha HEAD~12 # prove the perf commit, no bus
   cppperf classify eval --labels dev.jsonl    # classifier quality on labelled commits
   cppperf status                              # per stage: pending, in flight, done, dead-lettered
   cppperf evaluate --predictions preds.jsonl --run-id demo
@@ -64,7 +67,23 @@ def _version_callback(value: bool) -> None:
         raise typer.Exit(EXIT_OK)
 
 
+class WholeHelpGroup(TyperGroup):
+    """A verb group whose `Commands:` list gives each verb's first sentence whole (wrapped at
+    words), never cut with `...` at the terminal's width (click's default)."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [
+            (name, cmd.get_short_help_str(limit=10_000))
+            for name in self.list_commands(ctx)
+            if (cmd := self.get_command(ctx, name)) is not None and not cmd.hidden
+        ]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
 app = typer.Typer(
+    cls=WholeHelpGroup,
     help=HELP,
     no_args_is_help=True,
     add_completion=False,
@@ -85,8 +104,11 @@ def _root(
     """Mine, prove, package and score performance-improving C++ commits."""
 
 
-console = Console(stderr=True)
-# Piped output is never cut or wrapped: off a terminal, tables and lines take the width they need.
+# Piped output is never cut or wrapped: off a terminal, tables and lines take the width they need
+# (stderr too: `cppperf … 2>&1 | cat`, CI logs).
+console = Console(
+    stderr=True, width=None if sys.stderr.isatty() else 100_000, soft_wrap=not sys.stderr.isatty()
+)
 out = Console(width=None if sys.stdout.isatty() else 100_000, soft_wrap=not sys.stdout.isatty())
 
 
@@ -189,7 +211,7 @@ def _settings(config: Path | None, **overrides: Any) -> Settings:
 
 
 def _fail(exc: BaseException | str, code: int = EXIT_FAILURES) -> typer.Exit:
-    console.print(f"[red]error:[/red] {exc}", soft_wrap=True, markup=True, highlight=False)
+    console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, markup=True, highlight=False)
     return typer.Exit(code)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
@@ -19,6 +20,7 @@ from cppperf.cli.common import (
     OutDir,
     Since,
     Until,
+    WholeHelpGroup,
     _fail,
     _settings,
     app,
@@ -29,7 +31,8 @@ from cppperf.cli.common import (
 )
 
 dataset_app = typer.Typer(
-    help="Instances on disk (OUT/instances): import, export, inspect, list, report, stats."
+    cls=WholeHelpGroup,
+    help="Instances on disk (OUT/instances): import, export, inspect, list, report, stats.",
 )
 app.add_typer(dataset_app, name="dataset")
 RepoFilter = Annotated[str | None, typer.Option("--repo", help="only this owner/name")]
@@ -96,12 +99,14 @@ def dataset_import(
     """Import published CppPerf-DB files unchanged; our verdicts are recomputed from the published
     raw timings (bad files reported and skipped, exit 1; idempotent).
 
-    Example: cppperf dataset import /path/to/cppperf-db/entries
+    \b
+    Example:
+      cppperf dataset import /path/to/cppperf-db/entries
     """
     from cppperf.dataset.records import import_files
 
     s = _settings(config, out_dir=str(out_dir) if out_dir else None)
-    with Progress(console=console, disable=as_json, transient=True) as progress:
+    with Progress(console=console, disable=as_json or not console.is_terminal, transient=True) as progress:
         task = progress.add_task("import", total=None)
         try:
             rep = import_files(
@@ -121,9 +126,17 @@ def dataset_import(
             f"imported {len(rep.imported)}, unchanged {len(rep.unchanged)}, skipped {len(rep.errors)} → {store}"
         )
     if not (rep.imported or rep.unchanged or rep.errors):
+        entries = [src / "entries" for src in sources if (src / "entries").is_dir()]
+        hint = (
+            f"; the published records are in its entries/: cppperf dataset import {entries[0]}"
+            if entries
+            else ""
+        )
         console.print(
-            f"[yellow]nothing to import[/yellow]: no CppPerf-DB JSON file (*.json) in {', '.join(map(str, sources))}",
+            f"nothing to import: no CppPerf-DB JSON file (*.json) in {', '.join(map(str, sources))}{hint}",
             soft_wrap=True,
+            markup=False,
+            highlight=False,
         )
     if rep.errors or not (rep.imported or rep.unchanged):
         raise typer.Exit(EXIT_FAILURES)
@@ -145,7 +158,9 @@ def dataset_export(
     """Export instances: SWE-bench-like JSONL for agents, or files in the published format.
     Files are written whole or not at all.
 
-    Example: cppperf dataset export --format jsonl --significant-only tasks.jsonl
+    \b
+    Example:
+      cppperf dataset export --format jsonl --significant-only tasks.jsonl
     """
     from cppperf.dataset.records import iter_records, swebench_row, to_published
 
@@ -155,6 +170,8 @@ def dataset_export(
         raise typer.BadParameter(f"{target} is a directory (jsonl writes a file)", param_hint="TARGET")
     if fmt == "cppperf-db" and target.exists() and not target.is_dir():
         raise typer.BadParameter(f"{target} is a file (cppperf-db writes a directory)", param_hint="TARGET")
+    if not target.parent.is_dir():
+        raise _fail(f"cannot write {target}: no folder {target.parent}", EXIT_USAGE)
     s = _settings(config, out_dir=str(out_dir) if out_dir else None)
     flt = _filters(repo, significant_only, since, until, multi_file, single_file)
     records = [r for r in iter_records(Path(s.out_dir)) if flt.match(r)]
@@ -162,7 +179,7 @@ def dataset_export(
         if fmt == "jsonl":
             write_atomic(target, "".join(json.dumps(swebench_row(r)) + "\n" for r in records))
         else:
-            target.mkdir(parents=True, exist_ok=True)
+            target.mkdir(exist_ok=True)
             for r in records:
                 name = (
                     f"{r['metadata']['repository_name'].replace('/', '_')}_{r['commit_info']['new_sha']}.json"
@@ -271,15 +288,16 @@ def dataset_inspect(
     out.print(
         f"verdict: [bold]{ours.get('verdict')}[/bold] (paper's rule: {ours.get('verdict_paper_rule')})"
         + (
-            f"; {ours.get('failure_category')}: {ours.get('failure_detail', '')[:300]}"
+            f"; {ours.get('failure_category')}: {escape(str(ours.get('failure_detail', '')))}"
             if ours.get("failure_category")
             else ""
         )
     )
-    out.print("message: " + " ".join(ci.get("commit_message") or [])[:500])
+    out.print("message: " + " ".join(ci.get("commit_message") or []), markup=False, highlight=False)
     for f in ci.get("files_changed") or []:
         out.print(
-            f"  {f.get('status', ''):9} {f['filename']} +{f.get('additions', 0)}/-{f.get('deletions', 0)}"
+            f"  {f.get('status', ''):9} {f['filename']} +{f.get('additions', 0)}/-{f.get('deletions', 0)}",
+            markup=False,
         )
     t = Table(title="changed tests")
     for c in ("test", "change", "speed-up 95% CI", "p", "result"):
@@ -287,15 +305,16 @@ def dataset_inspect(
     for row in changed:
         ci_txt = f"[{row['ci'][0]:.3f}, {row['ci'][1]:.3f}]" if row["ci"] else "-"
         t.add_row(
-            row["name"],
+            escape(row["name"]),
             f"{(row['change'] or 0) * 100:+.1f}%",
             ci_txt,
             f"{row['p']:.2g}" if isinstance(row["p"], (int, float)) else "-",
             "improved" if row["improved"] else "regressed",
         )
-    out.print(t)
+    out.print(t if changed else "changed tests: none (no test improved or regressed significantly)")
     bi = r.get("build_info") or {}
-    out.print(f"build: {bi.get('build_system', '')}; {' && '.join(bi.get('new_build_script') or [])[:300]}")
+    script = " && ".join(bi.get("new_build_script") or [])
+    out.print(f"build: {bi.get('build_system', '')}; {script}", markup=False, highlight=False)
     env = ours.get("environment") or {}
     if env:
         out.print(
@@ -317,7 +336,10 @@ def dataset_report(
     """Static HTML report with inline SVG plots (no network needed to view it). The overview's
     instance table sorts (click a header) and filters (repository, verdict, files, speed-up).
 
-    Examples: cppperf dataset report --all overview.html --pages; cppperf dataset report ID report.html
+    \b
+    Examples:
+      cppperf dataset report --all overview.html --pages
+      cppperf dataset report local__demo-4bda4860cd0d report.html
     """
     from cppperf.dataset.records import RecordError, iter_records, load_record
     from cppperf.dataset.report import instance_section, overview_section, page
@@ -380,7 +402,7 @@ def _write_instance_pages(records: list[dict[str, Any]], folder: Path) -> int:
         TimeRemainingColumn(),
     )
     try:
-        with Progress(*columns, console=console, transient=True) as progress:
+        with Progress(*columns, console=console, disable=not console.is_terminal, transient=True) as progress:
             task = progress.add_task("pages", total=len(records))
             for r in records:
                 iid = r["cppperf"]["instance_id"]
@@ -388,6 +410,8 @@ def _write_instance_pages(records: list[dict[str, Any]], folder: Path) -> int:
                 done += 1
                 progress.advance(task)
     except KeyboardInterrupt:
+        for tmp in folder.glob(".*.tmp"):  # a Ctrl-C inside write_atomic, before its own cleanup
+            tmp.unlink(missing_ok=True)
         console.print(
             f"interrupted: {done} of {len(records)} instance page(s) in {folder}, no overview written",
             soft_wrap=True,
@@ -396,6 +420,11 @@ def _write_instance_pages(records: list[dict[str, Any]], folder: Path) -> int:
         )
         raise typer.Exit(130) from None
     return done
+
+
+def _counts(counts: Counter[str]) -> str:
+    """`built here 2, imported 345`: a Counter as people read it (most common first)."""
+    return ", ".join(f"{k} {v}" for k, v in counts.most_common())
 
 
 @dataset_app.command("stats")
@@ -438,11 +467,11 @@ def dataset_stats(out_dir: OutDir = None, as_json: AsJson = False, config: Confi
     if as_json:
         print_json(result)
         return
-    out.print(f"{store}: {n} instance(s) from {len(repos)} repositories ({dict(origin.most_common())})")
+    out.print(f"{store}: {n} instance(s) from {len(repos)} repositories ({_counts(origin)})")
     out.print(f"significant: {significant}; single-file {single}, multi-file {n - single}")
     out.print(
         f"can grade agents (gold-validated, `cppperf validate`): {graders} of {n} "
-        f"({result['can_grade_share']:.0%}); oracles {dict(oracles.most_common())}"
+        f"({result['can_grade_share']:.0%}); oracles: {_counts(oracles)}"
     )
     t = Table(title="verdicts")
     t.add_column("verdict")

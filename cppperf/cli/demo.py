@@ -8,9 +8,11 @@ from typing import Annotated
 
 import typer
 
-from cppperf.cli.common import _fail, app, out
+from cppperf.cli.common import WholeHelpGroup, _fail, app, out
 
-demo_app = typer.Typer(help="Demo data: `cppperf demo init DIR` creates a small C++/CMake git repo.")
+demo_app = typer.Typer(
+    cls=WholeHelpGroup, help="Demo data: `cppperf demo init DIR` creates a small C++/CMake git repo."
+)
 app.add_typer(demo_app, name="demo")
 
 

@@ -26,7 +26,9 @@ def health(
     """Exit 0 when SERVICE's heartbeat is fresh and says it is connected and pulling, else 1;
     prints one line saying why. Reads the heartbeat file only (no NATS connection).
 
-    Example: cppperf health builder --max-age 60
+    \b
+    Example:
+      cppperf health builder --max-age 60
     """
     ok, why = check(health_dir or Settings().health_path(), service, max_age)
     out.print(why, highlight=False, soft_wrap=True)

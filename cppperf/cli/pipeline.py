@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Group
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -27,6 +28,7 @@ from cppperf.cli.common import (
     Runs,
     Since,
     Until,
+    WholeHelpGroup,
     _fail,
     _settings,
     app,
@@ -44,7 +46,9 @@ from cppperf.shared.errors import ConfigError, CppPerfError
 from cppperf.shared.logging import configure_logging
 from cppperf.shared.settings import Settings
 
-dlq_app = typer.Typer(help="Dead letters: `cppperf dlq list`, `cppperf dlq replay commit.selected`.")
+dlq_app = typer.Typer(
+    cls=WholeHelpGroup, help="Dead letters: `cppperf dlq list`, `cppperf dlq replay commit.selected`."
+)
 app.add_typer(dlq_app, name="dlq")
 
 
@@ -239,7 +243,8 @@ def _repo_ids(specs: list[str], name: str | None) -> dict[str, str]:
 @app.command()
 def mine(
     repo: Annotated[
-        list[str] | None, typer.Option("--repo", help="OWNER/NAME, git URL or local path")
+        list[str] | None,
+        typer.Option("--repo", metavar="REPO", help="OWNER/NAME, git URL or local path (repeatable)"),
     ] = None,
     name: Annotated[
         str | None,
@@ -370,7 +375,9 @@ def serve(
     """Run one long-running service (scale out by starting more of them); it keeps retrying
     while NATS is unreachable.
 
-    Example: CPPPERF_NATS_URL=nats://nats:4222 cppperf serve builder
+    \b
+    Example:
+      CPPPERF_NATS_URL=nats://nats:4222 cppperf serve builder
     """
     from cppperf.runtime import (
         ALL_SERVICES,
@@ -572,7 +579,9 @@ def filter_cmd(
 ) -> None:
     """Apply the structural rules to a local repository's history (no bus).
 
-    Example: cppperf filter --repo ~/src/fmt --since 2022-01-01 --explain
+    \b
+    Example:
+      cppperf filter --repo ~/src/fmt --since 2022-01-01 --explain
     """
     from cppperf.services.filter.walk import walk
     from cppperf.shared.rules import Rules
@@ -602,7 +611,7 @@ def filter_cmd(
             mark = "[green]selected[/green]" if reason is None else f"[dim]{reason}[/dim]"
             out.print(
                 f"{c.sha[:12]} {c.date.date()} {mark} {len(c.paths)} file(s) "
-                f"{(c.message.splitlines() or [''])[0]}",
+                f"{escape((c.message.splitlines() or [''])[0])}",
                 highlight=False,
             )
     summary = {"scanned": result.scanned, "selected": len(result.selected), "rejected": dict(result.rejected)}

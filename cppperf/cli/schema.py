@@ -20,7 +20,9 @@ def schema(
     evaluation-state, instance-meta (the record's `cppperf` section), eval-report, run-report
     (OUT/runs/<run_id>/<model>.<run_id>.json).
 
-    Example: cppperf schema eval-report > eval-report.schema.json
+    \b
+    Example:
+      cppperf schema eval-report > eval-report.schema.json
     """
     import msgspec
 

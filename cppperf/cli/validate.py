@@ -37,7 +37,9 @@ def validate(
     """Run each instance's expert patch through the evaluator (it must score opt) and a comment-only
     patch (it must not); record the instance's `oracle` (ctest | benchmark | both | none). Exit 1 when any has none.
 
-    Example: cppperf validate local__demo-441aadcc50b6
+    \b
+    Example:
+      cppperf validate local__demo-4bda4860cd0d
     """
     from cppperf.dataset.records import iter_records
     from cppperf.services.evaluator.gold import validate_stored

@@ -52,9 +52,24 @@ def docker_client(settings: BuilderSettings) -> Any:
         client.ping()
     except Exception as exc:  # docker.errors.DockerException: no engine reachable
         raise InfraFailure(
-            f"no container engine reachable ({settings.docker_host or 'DOCKER_HOST'}): {exc}"
+            f"no container engine reachable ({settings.docker_host or 'DOCKER_HOST'}): {os_reason(exc)}"
         ) from exc
     return client
+
+
+def os_reason(exc: BaseException) -> str:
+    """The operating system's words under a library's wrapped error (docker → requests → urllib3
+    wrap a FileNotFoundError into a tuple repr): `No such file or directory`, else str(exc)."""
+    todo, seen = [exc], set()
+    while todo:
+        e = todo.pop(0)
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.strerror:
+            return e.strerror
+        todo += [a for a in (e.__cause__, e.__context__, *e.args) if isinstance(a, BaseException)]
+    return str(exc)
 
 
 def base_image_for(client: Any, settings: BuilderSettings, commit_date: str, cmakelists: str) -> str:
