@@ -98,10 +98,10 @@ class FakeContext:
         return Path(self.settings.out_dir)
 
 
-def write_bare_instance(out: Path, instance_id: str = "o__r-aaaaaaaaaaaa") -> None:
+def write_bare_instance(out: Path, instance_id: str = "o__r-aaaaaaaaaaaa", verdict: str = "improved") -> None:
     """The least instance record predictions work from, in `out/instances/` (no proof behind it)."""
     record = {
-        "cppperf": {"instance_id": instance_id},
+        "cppperf": {"instance_id": instance_id, "verdict": verdict},
         "metadata": {"repository_name": "o/r"},
         "commit_info": {"old_sha": "b" * 40, "new_sha": "a" * 40, "patch": ["diff --git a/x b/x\n"]},
     }

@@ -450,19 +450,22 @@ def test_run_report_is_swebench_shaped_with_id_lists_and_opt(tmp_path: Path) -> 
     assert msgspec.json.decode(path.read_bytes(), type=RunReport) == rr  # the file matches its schema
 
 
-def test_gold_and_empty_predictions_cover_every_instance(tmp_path: Path) -> None:
+def test_gold_and_empty_predictions_cover_every_proven_instance(tmp_path: Path) -> None:
     from cppperf.cli.predictions import pseudo_predictions
 
     out = tmp_path / "out"
     write_bare_instance(out)
+    write_bare_instance(out, "o__r-bbbbbbbbbbbb", verdict="rejected")  # no instance to grade
+    write_bare_instance(out, "o__r-cccccccccccc", verdict="not-improved")
     [gold] = pseudo_predictions(out, "gold", None)
     assert gold == {
         "instance_id": "o__r-aaaaaaaaaaaa",
         "model_name_or_path": "gold",
         "model_patch": "diff --git a/x b/x\n",
     }
-    empty = pseudo_predictions(out, "empty", {"o__r-aaaaaaaaaaaa", "x__y-000000000000"})
-    assert [(r["instance_id"], r["model_patch"]) for r in empty] == [
+    empty = pseudo_predictions(out, "empty", {"o__r-aaaaaaaaaaaa", "o__r-bbbbbbbbbbbb", "x__y-000000000000"})
+    assert [(r["instance_id"], r["model_patch"]) for r in empty] == [  # named: kept, proven or not
         ("o__r-aaaaaaaaaaaa", ""),
+        ("o__r-bbbbbbbbbbbb", ""),
         ("x__y-000000000000", ""),
     ]

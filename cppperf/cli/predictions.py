@@ -1,5 +1,6 @@
 """`evaluate --predictions gold|empty`: SWE-bench's harness check, one prediction per instance of
-OUT/instances -- the expert's own patch (`gold`, which should come out `opt` or `correct`) or an
+OUT/instances that is proven (a rejected or not-improved record is no instance to grade; named
+with --instance-ids it is kept) -- the expert's own patch (`gold`, which should come out `opt` or `correct`) or an
 empty one (`empty`, which should come out `empty-patch`)."""
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ PSEUDO: Final = ("gold", "empty")
 
 
 def pseudo_predictions(out_dir: Path, kind: str, ids: set[str] | None) -> list[dict[str, str]]:
-    """Rows for every instance of `out_dir` (only `ids` when given; an id without a record is kept,
-    and reported as an unknown instance)."""
-    from cppperf.dataset.records import RecordError, git_patch, load_record
+    """Rows for every proven instance of `out_dir` (only `ids` when given, proven or not; an id
+    without a record is kept, and reported as an unknown instance)."""
+    from cppperf.dataset.records import RecordError, git_patch, is_significant, iter_records, load_record
 
-    inst = out_dir / "instances"
-    wanted = sorted(ids) if ids is not None else sorted(p.stem for p in inst.glob("*.json"))
+    if ids is not None:
+        wanted = sorted(ids)
+    else:
+        wanted = sorted(str(r["cppperf"]["instance_id"]) for r in iter_records(out_dir) if is_significant(r))
     rows = []
     for iid in wanted:
         patch = ""
