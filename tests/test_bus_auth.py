@@ -221,7 +221,7 @@ async def test_dedup_ids_are_the_evaluators_and_ids_cannot_collide(
         eb = await bob.submit(INSTANCE, "fast", run_id="r", model="m")  # bob first, same request
         ea = await alice.submit(INSTANCE, "fast", run_id="r", model="m")
         assert ea != eb
-        assert (await alice.wait(ea, poll=0.1, max_wait=20))["verdict"] == "opt"
+        assert (await alice.wait(ea, poll=0.1, max_wait=90))["verdict"] == "opt"  # a loaded host
         again = await alice.submit(INSTANCE, "fast", run_id="r", model="m")
         assert again == ea
     assert sorted(r.run_id for r in ops.ran) == ["alice.r", "bob.r"]
