@@ -94,8 +94,8 @@ async def test_benign_agent_gets_its_verdict(secured: SecuredBus, evaluator: Any
     async with await AgentClient.connect(secured.url, secured.creds("alice")) as alice:
         fast = await alice.submit(INSTANCE, "fast patch", run_id="r1", model="m")
         plain = await alice.submit("local__demo-111111111111", "plain", run_id="r1", model="m")
-        assert (await alice.wait(fast, poll=0.1, max_wait=20))["verdict"] == "opt"
-        assert (await alice.wait(plain, poll=0.1, max_wait=20))["verdict"] == "correct"
+        assert (await alice.wait(fast, poll=0.1, max_wait=90))["verdict"] == "opt"
+        assert (await alice.wait(plain, poll=0.1, max_wait=90))["verdict"] == "correct"
         rows = await alice.results("r1")
     assert {r["id"] for r in rows} == {fast, plain}
     assert fast.startswith("alice.r1/")
@@ -110,7 +110,7 @@ async def test_bob_cannot_read_or_claim_alices_results(secured: SecuredBus, eval
         await AgentClient.connect(secured.url, secured.creds("bob")) as bob,
     ):
         eid = await alice.submit(INSTANCE, "fast", run_id="r1", model="m")
-        await alice.wait(eid, poll=0.1, max_wait=20)
+        await alice.wait(eid, poll=0.1, max_wait=90)
         with pytest.raises(Refused, match="not an evaluation of bob"):
             await bob.result(eid)
         assert await bob.results("r1") == []  # bob's r1 is his own: empty
@@ -166,8 +166,8 @@ async def test_agent_sees_only_its_own_announcements(secured: SecuredBus, evalua
         ):
             ea = await ca.submit(INSTANCE, "fast a", run_id="r", model="m")
             eb = await cb.submit(INSTANCE, "fast b", run_id="r", model="m")
-            await ca.wait(ea, poll=0.1, max_wait=20)
-            await cb.wait(eb, poll=0.1, max_wait=20)
+            await ca.wait(ea, poll=0.1, max_wait=90)
+            await cb.wait(eb, poll=0.1, max_wait=90)
         await asyncio.sleep(0.2)
         assert [g.id for g in got] == [ea]
     finally:
@@ -265,7 +265,7 @@ async def test_body_fields_cannot_redirect_replies_name_objects_or_claim_an_agen
     finally:
         await bob.close()
     async with await AgentClient.connect(secured.url, secured.creds("bob")) as client:
-        assert (await client.wait(answer.id, poll=0.1, max_wait=20))["verdict"] == "correct"
+        assert (await client.wait(answer.id, poll=0.1, max_wait=90))["verdict"] == "correct"
     assert [(r.run_id, r.patch) for r in ops.ran] == [("bob.r", "bob's own")]
     assert await ctx.store.ids("instances") == []
 
