@@ -315,6 +315,19 @@ def wait_healthy(services: Services, envs: dict[str, dict[str, str]], timeout: f
             time.sleep(0.5)
 
 
+async def filter_summaries_visible(store: Store, *, timeout: float) -> None:
+    """Wait (bounded) until every repository record that got past the crawler shows the filter's
+    summary. KV reads are direct gets, which a follower may serve from its own copy before it has
+    applied the last writes: a funnel read right after the drain once missed the filter's last
+    write (selected 0; the dump a moment later had it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        repos = await store.all("repos")
+        if all(r.get("filter") for r in repos if r.get("stage") != "rejected"):
+            return
+        await asyncio.sleep(0.5)
+
+
 async def mine_and_kill(
     cluster: Cluster, services: Services, creds: Path, result: Result, *, kill: bool, timeout: float
 ) -> None:
@@ -356,6 +369,7 @@ async def mine_and_kill(
         for info in await bus.js.streams_info():
             result.replicas[info.config.name or "?"] = info.config.num_replicas or 0
         store = await Store.open(bus.js, replicas=3)
+        await filter_summaries_visible(store, timeout=30)
         for rec in await store.all("instances"):
             result.instances[str(rec.get("id"))] = str(rec.get("verdict"))
         total, _per, _reasons = await compute_funnel(store)
