@@ -9,7 +9,7 @@ import re
 import shutil
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +52,16 @@ class SecuredBus:
     def creds(self, who: str) -> str:
         """The creds file of a service user (`evaluator`, `admin`, …) or an agent."""
         return str(self.dir / f"{who}.creds")
+
+
+@contextlib.contextmanager
+def running_secured_bus(root: Path, agents: list[str]) -> Iterator[SecuredBus]:
+    """`start_secured_bus`, stopped when the block ends (the tests' module fixtures)."""
+    bus = start_secured_bus(root, agents)
+    try:
+        yield bus
+    finally:
+        bus.server.stop()
 
 
 def start_secured_bus(root: Path, agents: list[str]) -> SecuredBus:

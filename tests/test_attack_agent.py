@@ -28,7 +28,13 @@ from cppperf.shared import messages as m
 from cppperf.shared.bus import credential_options, read_creds
 from cppperf.shared.errors import BadInput
 from cppperf.shared.service import ServiceContext
-from tests.secured_bus import SecuredBus, evaluator_service, reload_config, start_secured_bus
+from tests.secured_bus import (
+    SecuredBus,
+    evaluator_service,
+    reload_config,
+    running_secured_bus,
+    start_secured_bus,
+)
 from tests.test_bus_auth import INSTANCE, FakeOps, as_user, server_refuses
 
 pytestmark = pytest.mark.nats
@@ -38,11 +44,8 @@ PATCH_CAP = 4096  # agent_max_patch_bytes
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredBus]:
-    bus = start_secured_bus(tmp_path_factory.mktemp("attack"), ["alice", "bob", "bob-x"])
-    try:
+    with running_secured_bus(tmp_path_factory.mktemp("attack"), ["alice", "bob", "bob-x"]) as bus:
         yield bus
-    finally:
-        bus.server.stop()
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from cppperf.services.evaluator.pipeline import EvalRequest
 from cppperf.shared import messages as m
 from cppperf.shared.bus import credential_options
 from cppperf.shared.service import ServiceContext
-from tests.secured_bus import SecuredBus, evaluator_service, start_secured_bus
+from tests.secured_bus import SecuredBus, evaluator_service, running_secured_bus
 
 INSTANCE = "local__demo-0123456789ab"
 
@@ -49,11 +49,8 @@ class FakeOps:
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredBus]:
-    bus = start_secured_bus(tmp_path_factory.mktemp("secured"), ["alice", "bob"])
-    try:
+    with running_secured_bus(tmp_path_factory.mktemp("secured"), ["alice", "bob"]) as bus:
         yield bus
-    finally:
-        bus.server.stop()
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from cppperf.shared.bus import wait_drained
 from cppperf.shared.service import ServiceContext
 from cppperf.shared.settings import Settings
 from tests.conftest import Proven, make_settings
-from tests.secured_bus import SecuredBus, fresh_bus, start_secured_bus
+from tests.secured_bus import SecuredBus, fresh_bus, running_secured_bus
 from tests.test_bus_auth import FakeOps
 
 
@@ -45,11 +45,8 @@ class StandInOps(EngineOps):
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredBus]:
-    bus = start_secured_bus(tmp_path_factory.mktemp("secured-pipeline"), ["alice"])
-    try:
+    with running_secured_bus(tmp_path_factory.mktemp("secured-pipeline"), ["alice"]) as bus:
         yield bus
-    finally:
-        bus.server.stop()
 
 
 def as_service(secured: SecuredBus, tmp_path: Path, who: str) -> Settings:

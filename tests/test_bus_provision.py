@@ -20,7 +20,7 @@ from cppperf.shared.bus import Bus
 from cppperf.shared.errors import NotProvisioned
 from cppperf.shared.provision import provision_all, required_streams
 from cppperf.shared.settings import BusSettings
-from tests.secured_bus import SecuredBus, as_user, fresh_bus, start_secured_bus
+from tests.secured_bus import SecuredBus, as_user, fresh_bus, running_secured_bus
 from tests.test_bus_auth import server_refuses
 
 pytestmark = pytest.mark.nats
@@ -28,11 +28,8 @@ pytestmark = pytest.mark.nats
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredBus]:
-    bus = start_secured_bus(tmp_path_factory.mktemp("secured-provision"), [])
-    try:
+    with running_secured_bus(tmp_path_factory.mktemp("secured-provision"), []) as bus:
         yield bus
-    finally:
-        bus.server.stop()
 
 
 def test_who_provisions() -> None:

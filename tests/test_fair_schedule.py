@@ -23,7 +23,13 @@ from cppperf.shared import messages as m
 from cppperf.shared.bus import WORK_QUEUES, Bus
 from cppperf.shared.fair import turn_order
 from cppperf.shared.service import ServiceContext
-from tests.secured_bus import SecuredBus, as_user, evaluator_service, reload_config, start_secured_bus
+from tests.secured_bus import (
+    SecuredBus,
+    as_user,
+    evaluator_service,
+    reload_config,
+    running_secured_bus,
+)
 from tests.test_bus_auth import INSTANCE, FakeOps
 
 pytestmark = pytest.mark.nats
@@ -65,11 +71,8 @@ def test_waiting_queues_reads_subject_counts() -> None:
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredBus]:
-    bus = start_secured_bus(tmp_path_factory.mktemp("secured-fair"), ["alice", "bob"])
-    try:
+    with running_secured_bus(tmp_path_factory.mktemp("secured-fair"), ["alice", "bob"]) as bus:
         yield bus
-    finally:
-        bus.server.stop()
 
 
 @pytest.fixture
