@@ -62,6 +62,7 @@ STEP_ROWS: list[tuple[str, RunResult, bool, FailureCategory]] = [
     ("build", _run(timed_out=True), False, FC.TIMEOUT),
     ("build", _run(-9, memory=True), False, FC.RESOURCE_LIMIT),
     ("build", _run(-9), False, FC.INFRA),
+    ("build", _run(137), False, FC.INFRA),  # SIGKILL through the jail: bubblewrap exits 128 + 9
     ("build", _run(1, output="c++: fatal error: Killed signal terminated program cc1plus"), False, FC.INFRA),
     ("build", _run(2, output="t.cpp:1: error: 'retrun' was not declared"), False, FC.COMPILE),
 ]
@@ -209,10 +210,10 @@ REAL_FAILURES: dict[FailureCategory, str] = {
     FC.TEST_FAILURE: "tests/test_whose_fault.py::test_the_commit_broke_it",
     FC.TEST_FAILURE_BOTH_SIDES: "tests/test_whose_fault.py::test_fails_everywhere_is_not_the_commits_fault",
     FC.TEST_FAILURE_PARENT_ONLY: "tests/test_whose_fault.py::test_the_commit_fixed_it_is_parent_only",
-    FC.TEST_FLAKY: "not feasible: a test that fails, then passes on the same side, is nondeterministic",
+    FC.TEST_FLAKY: "tests/test_whose_fault.py::test_a_test_that_passes_when_run_again_is_flaky",
     FC.TIMEOUT: "tests/test_whose_fault.py::test_a_hanging_test_is_a_timeout",
     FC.RESOURCE_LIMIT: "tests/test_docker.py::test_memory_hog_is_a_resource_limit_not_a_result",
-    FC.INFRA: "not feasible: the compiler killed from outside the build (STEP_ROWS decides it)",
+    FC.INFRA: "tests/test_whose_fault.py::test_a_build_killed_from_outside_is_infra",
     FC.NO_TESTS: "tests/test_whose_fault.py::test_no_common_test_is_no_tests",
 }
 REAL_BUILDS: dict[Verdict, str] = {
@@ -235,7 +236,7 @@ REAL_VERDICTS: dict[EvalVerdict, str] = {
     EV.UNSAFE_PATCH: "tests/test_evaluator.py::test_bad_patches_are_refused_before_running",
     EV.TEST_EDIT: "tests/test_evaluator.py::test_bad_patches_are_refused_before_running",
     EV.FORBIDDEN_FILE: "tests/test_hostile.py::test_crlf_names_cannot_smuggle_a_second_file",
-    EV.INSTANCE_BROKEN: "not feasible cheaply: the original or expert tree must fail to build or time",
+    EV.INSTANCE_BROKEN: "tests/test_evaluator.py::test_an_original_that_no_longer_builds_is_instance_broken",
     EV.UNKNOWN_INSTANCE: "tests/test_hostile.py::test_instance_id_traversal_is_refused_before_any_path",
     EV.UNTRUSTED_REFUSED: "tests/test_evaluator.py::test_no_jail_is_untrusted_refused",
 }

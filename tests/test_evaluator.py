@@ -469,3 +469,41 @@ def test_gold_and_empty_predictions_cover_every_proven_instance(tmp_path: Path) 
         ("o__r-bbbbbbbbbbbb", ""),
         ("x__y-000000000000", ""),
     ]
+
+
+def test_an_original_that_no_longer_builds_is_instance_broken(tmp_path: Path) -> None:
+    """A real instance (a generated repository proven by the builder) whose original side does not
+    build when the evaluator runs it (here: its build needs longer than this evaluator's
+    `builder.build_timeout`) is `instance-broken`, never the agent's `build-failed`."""
+    from cppperf.services.builder.service import build_patch
+    from tests.conftest import commit_for
+    from tests.gitrepo import commit_files
+
+    repo = tmp_path / "slowbuild"
+    cmake = (
+        "cmake_minimum_required(VERSION 3.16)\nproject(s CXX)\nenable_testing()\n"
+        "add_executable(t t.cpp)\nadd_test(NAME t COMMAND t)\n"
+        'add_custom_target(generate ALL COMMAND sh -c "sleep 4")\n'  # a slow generator step
+    )
+    commit_files(repo, {"CMakeLists.txt": cmake, "t.cpp": "int main() { return 0; }\n"}, "one")
+    head = commit_files(repo, {"t.cpp": "int main() { return 0; } // faster\n"}, "two")
+    proving = make_settings(tmp_path / "prove", builder={"runs": 4})
+    built = build_patch(
+        commit_for(repo, head, "local/slowbuild"),
+        repo,
+        proving.builder,
+        work_dir=tmp_path / "prove-work",
+        out_dir=Path(proving.out_dir),
+    )
+    assert built.record["cppperf"]["verdict"] != "rejected", built.record["cppperf"]["failure_detail"]
+    iid = built.record["cppperf"]["instance_id"]
+    here = make_settings(
+        tmp_path, builder={"build_timeout": 2.0}, evaluator={"runs_dir": str(tmp_path / "runs")}
+    )
+    (Path(here.out_dir) / "instances").mkdir(parents=True)
+    shutil.copy(built.path, Path(here.out_dir) / "instances" / f"{iid}.json")
+    patch = built.record["commit_info"]["patch"][0]  # the expert's own patch: nothing wrong with it
+    rep = evaluate(EvalRequest(run_id="t", model="broken-original", instance_id=iid, patch=patch), here)
+    strict(rep, EvalReport)
+    assert rep["verdict"] == "instance-broken", rep.get("reason")
+    assert rep["reason"].startswith("the old side does not build"), rep["reason"]

@@ -8,7 +8,10 @@ submodule nobody has (`dependency`, named, at the checkout step)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -219,3 +222,70 @@ def test_werror_only() -> None:
     real = "t.cpp:2:21: error: 'undeclared' was not declared in this scope\n"
     assert werror_only(werr + "cc1plus: all warnings being treated as errors\n")
     assert not werror_only(werr + real) and not werror_only("ninja: build stopped\n")
+
+
+# fails on its third run in a build dir (a counter file in the test's working directory, the
+# build dir), passes on every other: the old side's third run is a timed one
+FLAKY = """#include <cstdio>
+volatile int k = 1;
+int main() {
+    int n = 0;
+    if (FILE* f = std::fopen("runs.txt", "r")) { if (std::fscanf(f, "%d", &n) != 1) n = 0; std::fclose(f); }
+    if (FILE* f = std::fopen("runs.txt", "w")) { std::fprintf(f, "%d", n + 1); std::fclose(f); }
+    if (n == 2) { std::puts("third run fails"); return 3; }
+    return k > 0 ? 0 : 1;
+}
+"""
+
+
+def test_a_test_that_passes_when_run_again_is_flaky(tmp_path: Path) -> None:
+    repo = tmp_path / "r"
+    commit_files(repo, {"CMakeLists.txt": CMAKE, "t.cpp": FLAKY}, "one")
+    steady = "volatile int k = 2;\nint main() { return k > 0 ? 0 : 1; }\n"
+    head = commit_files(repo, {"t.cpp": steady}, "two")  # the new side never fails
+    c = prove(tmp_path, repo, head, fallback_build_type="")
+    assert (c["verdict"], c["failure_category"], c["failure_step"]) == ("rejected", "test-flaky", "test")
+    assert "on the old side" in c["failure_detail"] and "passed when re-run there" in c["failure_detail"]
+    assert "ran t again on the old side: passed" in c["tried"], c["tried"]
+
+
+def test_a_build_killed_from_outside_is_infra(tmp_path: Path) -> None:
+    """The build's `cmake --build` killed by SIGKILL from outside (as the host's OOM killer or an
+    operator would): no verdict about the project, `infra`."""
+    repo = tmp_path / "r"
+    marker = f"cppperf-slow-{tmp_path.name}"
+    cmake = CMAKE + f'add_custom_target(slow ALL COMMAND sh -c "sleep 60 # {marker}")\n'
+    commit_files(repo, {"CMakeLists.txt": cmake, "t.cpp": program(1, False)}, "one")
+    head = commit_files(repo, {"t.cpp": program(2, False)}, "two")
+    stop = threading.Event()
+
+    def kill_the_build() -> None:
+        """SIGKILL the `cmake --build` above our marked `sh` (a process's parent
+        chain read from /proc)."""
+        while not stop.wait(0.2):
+            for proc in Path("/proc").iterdir():
+                try:
+                    if marker.encode() not in (proc / "cmdline").read_bytes():
+                        continue
+                    pid = int(proc.name)
+                    while pid > 1:
+                        argv = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
+                        if len(argv) > 1 and argv[0].endswith(b"cmake") and argv[1] == b"--build":
+                            os.kill(pid, signal.SIGKILL)
+                            return
+                        stat = (Path("/proc") / str(pid) / "stat").read_text()
+                        pid = int(stat.rsplit(")", 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
+                    continue
+
+    killer = threading.Thread(target=kill_the_build, daemon=True)
+    killer.start()
+    try:
+        c = prove(tmp_path, repo, head)
+    finally:
+        stop.set()
+        killer.join()
+    assert (c["verdict"], c["failure_category"], c["failure_step"]) == ("rejected", "infra", "build"), c[
+        "failure_detail"
+    ]
+    assert c["failure_detail"].startswith("old build failed"), c["failure_detail"]

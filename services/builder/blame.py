@@ -22,8 +22,8 @@ from typing import Final
 from cppperf.shared.domain import FailureCategory
 from cppperf.shared.engine.backend import SideName
 from cppperf.shared.engine.protocol import RunFailure
+from cppperf.shared.engine.sandbox import KILLED
 
-KILLED: Final = frozenset({-9, 137})  # SIGKILL as a signal or as a shell's exit code
 BOTH_SIDES_WHY: Final = "the project or the build profile, not the commit"
 PARENT_ONLY_WHY: Final = "the commit fixes it, nothing to time"
 

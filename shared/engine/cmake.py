@@ -23,7 +23,7 @@ from pathlib import Path
 from cppperf.shared.domain import FailureCategory
 from cppperf.shared.engine.deps import MissingDeps, diagnose
 from cppperf.shared.engine.fetchcontent import INIT_CACHE
-from cppperf.shared.engine.sandbox import Jail, Limits, RunResult, host_env, run
+from cppperf.shared.engine.sandbox import KILLED, Jail, Limits, RunResult, host_env, run
 
 _TEST_OPTION = re.compile(
     r"option\s*\(\s*(\w*(?:BUILD_TESTS?|BUILD_TESTING|_TESTS?|_TESTING|_UNIT_TESTS|ENABLE_TESTS?|WITH_TESTS?))\b",
@@ -221,16 +221,18 @@ def configure(
 
 
 def step_category(step: str, res: RunResult, *, missing: bool = False) -> FailureCategory:
-    """Why a failed configure or build step failed (a pure decision over its run): a wall
-    (timeout, the memory cgroup), a missing dependency (configure), the build killed from
-    outside (infra), else the project's own configure or compile error."""
+    """Why a failed configure or build step failed (a pure decision over its run), for every
+    backend (local and docker): a wall (timeout, the memory cgroup), a missing dependency
+    (configure), the build killed from outside (SIGKILL, as a signal or as the jail's exit code
+    137; the compiler driver's "Killed signal"): infra, else the project's own configure or
+    compile error."""
     if res.timed_out:
         return FailureCategory.TIMEOUT
     if res.memory_exceeded:  # the run's memory cgroup: the step needs more than builder.memory_limit_mb
         return FailureCategory.RESOURCE_LIMIT
     if step == "configure":
         return FailureCategory.DEPENDENCY if missing else FailureCategory.CONFIGURE
-    if res.returncode < 0 or "Killed signal terminated program" in res.output:
+    if res.returncode < 0 or res.returncode in KILLED or "Killed signal terminated program" in res.output:
         return FailureCategory.INFRA
     return FailureCategory.COMPILE
 

@@ -47,6 +47,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Final
 
 from cppperf.shared.engine.cgroups import RunCgroup
 from cppperf.shared.engine.runner_script import (
@@ -74,6 +75,10 @@ class Limits:
     cpus: tuple[int, ...] = ()  # else run on these CPUs (builds: the build cores)
     instructions: bool = False  # count user-space instructions (perf_event_open)
     valgrind: bool = False  # run under Cachegrind and count its instructions (`RunResult.ir`)
+
+
+# SIGKILL as a signal (our own runs) or as an exit code (bubblewrap's and a shell's 128 + 9)
+KILLED: Final = frozenset({-9, 137})
 
 
 @dataclass(frozen=True)
