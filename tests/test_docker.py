@@ -6,6 +6,7 @@ Debian package is installed into an env image, and repositories share the base l
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -362,3 +363,62 @@ def test_images_prune_removes_dangling_layers(engine: Any, tmp_path: Path) -> No
     with pytest.raises(docker.errors.ImageNotFound):  # the untagged first build is gone
         engine.images.get(first.id)
     engine.images.remove("cppperf/prune-probe:1", force=True)
+
+
+STEP_CASES = {
+    # name: (CMakeLists.txt, t.cpp of the commit) -> the same category on both backends
+    "configure": (
+        "cmake_minimum_required(VERSION 3.16)\nproject(c CXX)\n"
+        'message(FATAL_ERROR "needs a flux capacitor")\n',
+        "int main() { return 0; } // two\n",
+    ),
+    "compile": (
+        "cmake_minimum_required(VERSION 3.16)\nproject(c CXX)\nenable_testing()\n"
+        "add_executable(t t.cpp)\nadd_test(NAME t COMMAND t)\n",
+        "int main() { retrun 0; }\n",
+    ),
+    "dependency": (  # a package no Debian package provides: nothing to install, named as missing
+        "cmake_minimum_required(VERSION 3.16)\nproject(c CXX)\nfind_package(Zorblax REQUIRED)\n",
+        "int main() { return 0; } // two\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", [*STEP_CASES, "killed"])
+def test_a_failing_step_gets_the_local_backends_category(engine: Any, case: str, tmp_path: Path) -> None:
+    """The docker backend classifies a failed configure or build step with the local backend's
+    function (`cmake.step_category`): a configure error, a compile error, a missing dependency
+    and a build killed from outside (SIGKILL, not the container's memory limit: infra) come out
+    the same on both."""
+    from tests.test_whose_fault import killing_the_build, slow_build_repo
+
+    repo = tmp_path / "r"
+    marker = f"cppperf-slow-{tmp_path.name}"
+    if case == "killed":
+        head = slow_build_repo(repo, marker)
+    else:
+        cmake, source = STEP_CASES[case]
+        commit_files(repo, {"CMakeLists.txt": cmake, "t.cpp": "int main() { return 0; }\n"}, "one")
+        head = commit_files(repo, {"t.cpp": source}, "two")
+    got = {}
+    for backend in ("local", "docker"):
+        s = make_settings(
+            tmp_path / backend,
+            builder={"backend": backend, "base_release": "bookworm", "runs": 4, "fallback_build_type": ""},
+        )
+        with killing_the_build(marker) if case == "killed" else contextlib.nullcontext():
+            built = build_patch(
+                commit_for(repo, head, "local/steps"),
+                repo,
+                s.builder,
+                work_dir=tmp_path / backend / "work",
+                out_dir=tmp_path / backend / "out",
+            )
+        c = built.record["cppperf"]
+        got[backend] = (c["verdict"], c["failure_category"], c["failure_step"])
+    expected = {"killed": "infra"}.get(case, case)
+    assert (
+        got["docker"]
+        == got["local"]
+        == ("rejected", expected, "build" if case in ("compile", "killed") else "configure")
+    ), got

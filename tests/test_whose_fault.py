@@ -8,10 +8,12 @@ submodule nobody has (`dependency`, named, at the checkout step)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -249,19 +251,14 @@ def test_a_test_that_passes_when_run_again_is_flaky(tmp_path: Path) -> None:
     assert "ran t again on the old side: passed" in c["tried"], c["tried"]
 
 
-def test_a_build_killed_from_outside_is_infra(tmp_path: Path) -> None:
-    """The build's `cmake --build` killed by SIGKILL from outside (as the host's OOM killer or an
-    operator would): no verdict about the project, `infra`."""
-    repo = tmp_path / "r"
-    marker = f"cppperf-slow-{tmp_path.name}"
-    cmake = CMAKE + f'add_custom_target(slow ALL COMMAND sh -c "sleep 60 # {marker}")\n'
-    commit_files(repo, {"CMakeLists.txt": cmake, "t.cpp": program(1, False)}, "one")
-    head = commit_files(repo, {"t.cpp": program(2, False)}, "two")
+@contextlib.contextmanager
+def killing_the_build(marker: str) -> Iterator[None]:
+    """While the block runs: SIGKILL the `cmake --build` above a process whose command line holds
+    `marker` (its parent chain read from /proc; a container's processes are the host's too), as
+    the host's OOM killer or an operator would."""
     stop = threading.Event()
 
-    def kill_the_build() -> None:
-        """SIGKILL the `cmake --build` above our marked `sh` (a process's parent
-        chain read from /proc)."""
+    def kill() -> None:
         while not stop.wait(0.2):
             for proc in Path("/proc").iterdir():
                 try:
@@ -278,13 +275,29 @@ def test_a_build_killed_from_outside_is_infra(tmp_path: Path) -> None:
                 except (OSError, ValueError, IndexError):
                     continue
 
-    killer = threading.Thread(target=kill_the_build, daemon=True)
+    killer = threading.Thread(target=kill, daemon=True)
     killer.start()
     try:
-        c = prove(tmp_path, repo, head)
+        yield
     finally:
         stop.set()
         killer.join()
+
+
+def slow_build_repo(repo: Path, marker: str) -> str:
+    """Two commits whose build runs a minute-long step with `marker` in its command line."""
+    cmake = CMAKE + f'add_custom_target(slow ALL COMMAND sh -c "sleep 60 # {marker}")\n'
+    commit_files(repo, {"CMakeLists.txt": cmake, "t.cpp": program(1, False)}, "one")
+    return commit_files(repo, {"t.cpp": program(2, False)}, "two")
+
+
+def test_a_build_killed_from_outside_is_infra(tmp_path: Path) -> None:
+    """The build's `cmake --build` killed by SIGKILL from outside: no verdict about the project,
+    `infra` (under bubblewrap the kill arrives as exit code 137)."""
+    marker = f"cppperf-slow-{tmp_path.name}"
+    head = slow_build_repo(tmp_path / "r", marker)
+    with killing_the_build(marker):
+        c = prove(tmp_path, tmp_path / "r", head)
     assert (c["verdict"], c["failure_category"], c["failure_step"]) == ("rejected", "infra", "build"), c[
         "failure_detail"
     ]

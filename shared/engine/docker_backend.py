@@ -49,7 +49,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cppperf.shared.domain import FailureCategory
 from cppperf.shared.engine.backend import SideName, Sides, tar_tree
 from cppperf.shared.engine.cmake import (
     BuildSpec,
@@ -57,6 +56,7 @@ from cppperf.shared.engine.cmake import (
     TestCase,
     configure_argv,
     parse_ctest_json,
+    step_category,
     test_options_from_text,
 )
 from cppperf.shared.engine.deps import diagnose
@@ -69,7 +69,7 @@ from cppperf.shared.engine.images import (
     git_archive,
     tar_bytes,
 )
-from cppperf.shared.engine.sandbox import Limits, RunResult
+from cppperf.shared.engine.sandbox import KILLED, Limits, RunResult
 from cppperf.shared.engine.submodules import Sources
 from cppperf.shared.errors import InfraFailure
 
@@ -87,6 +87,16 @@ WORK_LABEL = {"cppperf": "work"}  # the /work volumes
 VOL = "/vol"  # where helper containers see a /work volume
 INSTALL_ROUNDS = 3  # fresh containers with more packages after configures that name them
 BOX_LABEL = {"cppperf": "box"}  # the containers (`cppperf.work`: the volume; `cppperf.logs`)
+
+
+def oom_killed(answer: dict[str, Any]) -> bool:
+    """The runner's answer: did the container's memory limit kill a process of the run? Where the
+    runner cannot read the container's memory cgroup, a SIGKILL that is not the run's timeout
+    is taken for it (the container's memory limit is what usually sends one)."""
+    said = answer.get("oom_killed")
+    if said is not None:
+        return bool(said)
+    return int(answer["returncode"]) in KILLED and not answer["timed_out"]
 
 
 def tmpfs_options(size_mb: int) -> str:
@@ -294,6 +304,7 @@ class DockerBackend:
             max_rss_kb=int(ans.get("max_rss_kb", 0)),
             instructions=None if ans.get("instructions") is None else int(ans["instructions"]),
             ir=None if ans.get("ir") is None else int(ans["ir"]),
+            memory_exceeded=oom_killed(ans),
         )
 
     @property
@@ -353,22 +364,11 @@ class DockerBackend:
         cmd = tuple(argv)
         if res.ok:
             return StepResult(step, True, res, log_path=log, argv=cmd)
-        if res.timed_out:
-            return StepResult(step, False, res, FailureCategory.TIMEOUT, log_path=log, argv=cmd)
-        if step == "configure":
-            missing = diagnose(res.output)
-            return StepResult(
-                step,
-                False,
-                res,
-                FailureCategory.DEPENDENCY if missing else FailureCategory.CONFIGURE,
-                missing,
-                log,
-                argv=cmd,
-            )
-        if res.returncode in (-9, 137):
-            return StepResult(step, False, res, FailureCategory.RESOURCE_LIMIT, log_path=log, argv=cmd)
-        return StepResult(step, False, res, FailureCategory.COMPILE, log_path=log, argv=cmd)
+        walled = res.timed_out or res.memory_exceeded
+        missing = diagnose(res.output) if step == "configure" and not walled else None
+        # the local backend's classification, the one function: the same failure, the same category
+        category = step_category(step, res, missing=missing is not None)
+        return StepResult(step, False, res, category, missing, log, argv=cmd)
 
     def build(self, side: SideName) -> list[StepResult]:
         src, bld = Path(f"{WORK}/{side}/src"), Path(f"{WORK}/{side}/build")

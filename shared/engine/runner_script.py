@@ -6,7 +6,7 @@ Takes one JSON request as its argument, writes one JSON answer on stdout:
     {"op": "run", "argv": [...], "cwd": "...", "env": {...}, "timeout": 600, "output_limit": 65536,
      "cpu": 0, "cpus": [0, 1], "uid": 1000, "instructions": false}
         → {"returncode": 0, "wall_s": 0.1, "cpu_s": 0.09, "timed_out": false, "output": "...",
-           "truncated": false, "instructions": null}
+           "truncated": false, "instructions": null, "oom_killed": false}
     (`cpu`: pin a timed run to its leased core; `cpus`: the build cores for builds;
      `instructions`: count user-space instructions with perf_event_open where the kernel allows;
      `reap`: afterwards the runner kills whatever the command left and reaps every process, so CPU
@@ -347,6 +347,24 @@ def _reap_all() -> None:
             continue
 
 
+OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")  # v2, v1
+
+
+def oom_kills() -> int | None:
+    """The kernel's OOM kills in this process's memory cgroup so far (in a container: the
+    container's memory limit); None where no cgroup file says (not mounted, no memory controller)."""
+    for path in OOM_FILES:
+        try:
+            with open(path) as fh:
+                for line in fh:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 def _run(req: dict[str, Any]) -> dict[str, Any]:
     if req.get("fresh_tmp"):
         _empty_temp_dirs()
@@ -358,6 +376,7 @@ def _run(req: dict[str, Any]) -> dict[str, Any]:
     reap = bool(req.get("reap")) and (os.getpid() == 1 or _become_subreaper())
     cg_dir = valgrind_dir(uid) if req.get("valgrind") else None
     argv = valgrind_argv(list(req["argv"]), cg_dir) if cg_dir else req["argv"]
+    ooms = oom_kills()
     start = time.perf_counter_ns()
     try:
         proc = subprocess.Popen(
@@ -394,6 +413,7 @@ def _run(req: dict[str, Any]) -> dict[str, Any]:
         cpu_s = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     assert proc.stdout is not None
     proc.stdout.close()
+    ooms_after = None if ooms is None else oom_kills()
     ir = None
     if cg_dir is not None:
         import shutil
@@ -410,6 +430,8 @@ def _run(req: dict[str, Any]) -> dict[str, Any]:
         "output": keep.text(),
         "truncated": keep.dropped > 0,
         "max_rss_kb": usage.ru_maxrss,
+        # the OOM killer struck in our memory cgroup during the run; null: cannot tell
+        "oom_killed": None if ooms is None or ooms_after is None else ooms_after > ooms,
     }
 
 
