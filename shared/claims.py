@@ -15,6 +15,9 @@ start a service removes another token's workspace only when it provably belongs 
 and is dead: its owner file names our state folder, nobody holds its lock, and its worker lease
 (in our store) has expired. A work dir shared by runs with different output folders (or a
 workspace without an owner file) is therefore never cleaned by a stranger.
+
+`KvClaims` is all of this as the `Claims` port (shared/ports.py) that the builder's `register`
+receives; handler unit tests use the in-memory one in tests/fakes.py.
 """
 
 from __future__ import annotations
@@ -275,3 +278,29 @@ async def clean_stale_workspaces(
         log.info("stale_workspace_removed", path=str(d), pid=info.get("pid"))
         removed.append(d.name)
     return removed
+
+
+@dataclass
+class KvClaims:
+    """The `Claims` port on the `claims` KV bucket of `store`, as the process `token`."""
+
+    store: Store
+    token: str = TOKEN
+    poll: float = 1.0
+
+    def held(
+        self, key: str, *, lease: float, wait: Callable[[str], Awaitable[None]] | None = None
+    ) -> contextlib.AbstractAsyncContextManager[Claim]:
+        return held(self.store, key, holder=self.token, lease=lease, wait=wait, poll=self.poll)
+
+    async def announce(self, *, lease: float) -> None:
+        await worker_lease(self.store, lease=lease, token=self.token)
+
+    def workspace(self, work_dir: Path, *, owner: str) -> Path:
+        return own_workspace(work_dir, owner=owner, token=self.token)
+
+    async def clean_stale(self, work_dir: Path, *, owner: str) -> list[str]:
+        return await clean_stale_workspaces(self.store, work_dir, owner=owner, token=self.token)
+
+    async def live(self) -> list[dict[str, Any]]:
+        return await live_claims(self.store)

@@ -4,14 +4,19 @@
     Records       the KV buckets (`repos`, `commits`, `instances`, `evaluations`, `cache`, `progress`)
                   and the blob store (object store) behind them
     StageContext  settings + a Publisher + Records + the export directory
+    Claims        leases across replicas (one holder of a job at a time), this worker's heartbeat
+                  lease, its own workspace and the removal of dead attempts' workspaces
 
-`shared.bus.Bus`, `shared.store.Store` and `shared.service.ServiceContext` are the real ones;
+`shared.bus.Bus`, `shared.store.Store`, `shared.service.ServiceContext` and
+`shared.claims.KvClaims` (the `claims` KV bucket) are the real ones;
 `tests/fakes.py` holds in-memory ones for handler unit tests. Handlers live in
 `services/<stage>/handlers.py`; `app.py` only wires them to subscribers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -52,3 +57,35 @@ class StageContext(Protocol):
     def store(self) -> Records: ...
     @property
     def out_dir(self) -> Path: ...
+
+
+class Claims(Protocol):
+    """Leases across replicas and this process's workspace (`shared/claims.py` has the contract)."""
+
+    @property
+    def token(self) -> str:
+        """This process's holder name (`host-pid-random`)."""
+        ...
+
+    def held(
+        self, key: str, *, lease: float, wait: Callable[[str], Awaitable[None]] | None = None
+    ) -> AbstractAsyncContextManager[object]:
+        """Hold `key` for the block (renewed, released at the end); while another live holder has
+        it, `wait(holder)` once, then wait until it is free or its lease ran out."""
+        ...
+
+    async def announce(self, *, lease: float) -> None:
+        """This worker is alive (`worker/<token>`), renewed for as long as the process runs."""
+        ...
+
+    def workspace(self, work_dir: Path, *, owner: str) -> Path:
+        """This process's own locked workspace under `work_dir` for the run `owner`."""
+        ...
+
+    async def clean_stale(self, work_dir: Path, *, owner: str) -> list[str]:
+        """Remove the workspaces of the run `owner` whose process is provably dead; their tokens."""
+        ...
+
+    async def live(self) -> list[dict[str, Any]]:
+        """The jobs held now: key, holder, since, expires_at (oldest first)."""
+        ...

@@ -1,10 +1,15 @@
-"""In-memory `Publisher`, `Records` and `StageContext` (shared/ports.py) for handler unit tests: the
-same contract as `Bus`/`Store` (dedup by stable id, `id`/`updated_at` stamped, blobs by name, text
-over the inline limit goes by reference) without a broker."""
+"""In-memory `Publisher`, `Records`, `StageContext` and `Claims` (shared/ports.py) for handler unit
+tests: the same contract as `Bus`/`Store`/`KvClaims` (dedup by stable id, `id`/`updated_at`
+stamped, blobs by name, text over the inline limit goes by reference; one holder of a key at a
+time, a second claimant waits for it) without a broker."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,6 +101,52 @@ class FakeContext:
     @property
     def out_dir(self) -> Path:
         return Path(self.settings.out_dir)
+
+
+@dataclass
+class MemoryClaims:
+    """Claims in a dict: `held` takes a key only while nobody else holds it (another holder is
+    simulated by putting its name in `holders`); `events` records what happened, in order."""
+
+    token: str = "worker-test"
+    holders: dict[str, str] = field(default_factory=dict)
+    events: list[tuple[str, str]] = field(default_factory=list)
+
+    @contextlib.asynccontextmanager
+    async def held(
+        self, key: str, *, lease: float, wait: Callable[[str], Awaitable[None]] | None = None
+    ) -> AsyncIterator[str]:
+        if key in self.holders:
+            self.events.append(("waiting", key))
+            if wait is not None:
+                await wait(self.holders[key])
+            while key in self.holders:  # another holder releases it
+                await asyncio.sleep(0.01)
+        self.holders[key] = self.token
+        self.events.append(("claimed", key))
+        try:
+            yield key
+        finally:
+            del self.holders[key]
+            self.events.append(("released", key))
+
+    async def announce(self, *, lease: float) -> None:
+        self.events.append(("announced", f"worker/{self.token}"))
+
+    def workspace(self, work_dir: Path, *, owner: str) -> Path:
+        ws = work_dir / "attempts" / self.token
+        ws.mkdir(parents=True, exist_ok=True)
+        return ws
+
+    async def clean_stale(self, work_dir: Path, *, owner: str) -> list[str]:
+        self.events.append(("cleaned", owner))
+        return []
+
+    async def live(self) -> list[dict[str, Any]]:
+        return [
+            {"key": k, "holder": h, "since": 0.0, "expires_at": math.inf}
+            for k, h in sorted(self.holders.items())
+        ]
 
 
 def write_bare_instance(out: Path, instance_id: str = "o__r-aaaaaaaaaaaa", verdict: str = "improved") -> None:

@@ -24,8 +24,8 @@ from cppperf.runtime import run, run_services
 from cppperf.services.builder import app as builder_app
 from cppperf.services.builder.handlers import EngineOps
 from cppperf.services.builder.service import BuiltPatch, write_instance
-from cppperf.shared import claims
 from cppperf.shared import messages as m
+from cppperf.shared.claims import KvClaims
 from cppperf.shared.logging import configure_logging
 from cppperf.shared.service import ServiceContext
 from cppperf.shared.settings import load_settings
@@ -77,13 +77,14 @@ async def main(
                 commit,
                 path,
                 s.builder,
-                work_dir=claims.own_workspace(s.work_dir(), owner=s.run_owner()),
+                work_dir=self.claims.workspace(s.work_dir(), owner=s.run_owner()),
                 out_dir=out,
             )
             return built
 
     def register(broker: NatsBroker, ctx: ServiceContext) -> builder_app.Wired:
-        return builder_app.register(broker, ctx, ops=StandInOps(settings))
+        claims = KvClaims(ctx.store)
+        return builder_app.register(broker, ctx, ops=StandInOps(settings, claims), claims=claims)
 
     async with run_services(settings, url, ["builder"], register={"builder": register}):
         (marker_dir / f"ready-{os.getpid()}").write_text("")

@@ -23,6 +23,7 @@ from cppperf.services.crawler.handlers import submit
 from cppperf.services.evaluator import app as evaluator_app
 from cppperf.shared import messages as m
 from cppperf.shared.bus import wait_drained
+from cppperf.shared.claims import KvClaims
 from cppperf.shared.service import ServiceContext
 from cppperf.shared.settings import Settings
 from tests.conftest import Proven, make_settings
@@ -72,7 +73,8 @@ async def test_pipeline_runs_with_least_privilege_users(
     ops = FakeOps()
 
     def builder(broker: NatsBroker, ctx: ServiceContext) -> builder_app.Wired:
-        return builder_app.register(broker, ctx, ops=StandInOps(ctx.settings))
+        claims = KvClaims(ctx.store)
+        return builder_app.register(broker, ctx, ops=StandInOps(ctx.settings, claims), claims=claims)
 
     def evaluator(broker: NatsBroker, ctx: ServiceContext) -> None:
         evaluator_app.register(broker, ctx, ops=ops)

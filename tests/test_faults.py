@@ -281,6 +281,42 @@ async def test_live_claims_list_held_jobs_not_worker_leases_nor_expired_ones(ctx
     assert all(c["since"] <= time.time() < c["expires_at"] for c in held)
 
 
+async def test_kv_claims_port_one_holder_at_a_time_across_replicas(
+    ctx: ServiceContext, tmp_path: Path
+) -> None:
+    """The `Claims` port on the real `claims` bucket (what the builder's `register` gets): two
+    replicas (tokens) on one store; the second waits for the first's claim, told who holds it, and
+    takes it when released; `live` lists the held job; the worker lease is announced."""
+    a, b = (
+        claims.KvClaims(ctx.store, token="replica-a", poll=0.05),
+        claims.KvClaims(ctx.store, token="replica-b", poll=0.05),
+    )
+    told: list[str] = []
+
+    async def waiting(holder: str) -> None:
+        told.append(holder)
+
+    async with a.held("instance/y", lease=30.0):
+        assert [(c["key"], c["holder"]) for c in await b.live()] == [("instance/y", "replica-a")]
+        second = asyncio.create_task(_hold_once(b, "instance/y", waiting))
+        await asyncio.sleep(0.3)
+        assert not second.done() and told == ["replica-a"]
+    assert await asyncio.wait_for(second, 10) == "replica-b"
+    assert await b.live() == []  # released on the way out
+    await a.announce(lease=30.0)
+    lease = await ctx.store.get(CLAIMS, "worker/replica-a")
+    assert lease is not None and lease["holder"] == "replica-a"
+    ws = a.workspace(tmp_path / "work", owner="run-a")
+    assert ws == claims.workspace_for(tmp_path / "work", "replica-a") and (ws / claims.OWNER_FILE).is_file()
+    claims.release_workspace(ws)
+
+
+async def _hold_once(c: claims.KvClaims, key: str, wait: Callable[[str], Awaitable[None]]) -> str:
+    async with c.held(key, lease=30.0, wait=wait):
+        held = await c.live()
+    return str(held[0]["holder"])
+
+
 async def test_stale_workspaces_of_dead_workers_are_removed(ctx: ServiceContext, tmp_path: Path) -> None:
     work = tmp_path / "work"
     for token in ("dead-1", "alive-2"):

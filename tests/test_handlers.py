@@ -4,15 +4,18 @@ bad input. The real-NATS paths stay covered by test_bus/test_filter/test_classif
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from cppperf.demo import DemoRepo
-from cppperf.services.builder.handlers import on_candidate, on_classified
+from cppperf.services.builder.handlers import on_candidate, on_classified, on_classified_claimed
+from cppperf.services.builder.handlers import startup as builder_startup
 from cppperf.services.builder.service import BuiltPatch
 from cppperf.services.classifier.handlers import StoreCache, on_selected
 from cppperf.services.classifier.service import Classifier
@@ -28,7 +31,7 @@ from cppperf.shared.results import finished_message
 from cppperf.shared.service import ServiceContext
 from cppperf.shared.store import instance_record
 from tests.conftest import make_settings
-from tests.fakes import FakeContext, MemoryRecords
+from tests.fakes import FakeContext, MemoryClaims, MemoryRecords
 
 SHA = "a" * 40
 PARENT = "b" * 40
@@ -190,6 +193,61 @@ async def test_builder_bad_commit_raises_bad_input_and_marks_nothing(
     with pytest.raises(BadInput):
         await on_classified(fctx, Broken(tmp_path), item)
     assert fctx.bus.published == [] and await fctx.store.get("instances", "o__r-aaaaaaaaaaaa") is None
+
+
+async def test_builder_builds_under_the_instances_claim_and_releases_it(
+    fctx: FakeContext, tmp_path: Path
+) -> None:
+    ops, claims = FakeBuilderOps(tmp_path), MemoryClaims()
+    item = m.CommitClassified(commit=commit(), label=True, backend="heuristic")
+    seen: list[dict[str, Any]] = []
+
+    class Watching(FakeBuilderOps):
+        def prove(self, c: m.CommitSelected, path: Path, diff: str) -> BuiltPatch:
+            seen.extend(asyncio.run(claims.live()))  # what another replica sees mid-build
+            return ops.prove(c, path, diff)
+
+    lock = asyncio.Lock()
+    assert await on_classified_claimed(fctx, Watching(tmp_path), claims, item, exclusive=lock) == "built"
+    key = "instance/o__r-aaaaaaaaaaaa"
+    assert next(k for k in seen if k["key"] == key)["holder"] == claims.token
+    assert claims.events == [("claimed", key), ("cleaned", fctx.settings.run_owner()), ("released", key)]
+    assert claims.holders == {} and not lock.locked()
+    # finished: answered from the record, no claim taken, nothing built again
+    claims.events.clear()
+    assert await on_classified_claimed(fctx, ops, claims, item, exclusive=lock) == "already-built"
+    assert claims.events == [] and ops.calls.count("prove") == 1
+    # a negative takes no claim either
+    neg = m.CommitClassified(commit=commit(), label=False, backend="heuristic")
+    assert await on_classified_claimed(fctx, ops, claims, neg, exclusive=lock) == "negative"
+    assert claims.events == []
+
+
+async def test_builder_waits_for_another_replicas_claim_then_answers_from_its_record(
+    fctx: FakeContext, tmp_path: Path
+) -> None:
+    ops, claims = FakeBuilderOps(tmp_path), MemoryClaims()
+    key = "instance/o__r-aaaaaaaaaaaa"
+    claims.holders[key] = "replica-2"
+    item = m.CommitClassified(commit=commit(), label=True, backend="heuristic")
+    with capture_logs() as logs:
+        task = asyncio.create_task(on_classified_claimed(fctx, ops, claims, item, exclusive=asyncio.Lock()))
+        await asyncio.sleep(0.1)
+        assert not task.done() and ops.calls == []  # waits while the other replica builds
+        other = FakeBuilderOps(tmp_path)  # the other replica records its result, then releases
+        assert await on_classified(fctx, other, item) == "built"
+        del claims.holders[key]
+        assert await task == "already-built"
+    assert ops.calls == []  # never built twice
+    assert next(e for e in logs if e["event"] == "instance_claimed_elsewhere")["holder"] == "replica-2"
+    assert len(fctx.bus.on(m.PATCH_BUILT)) == 1  # the re-publish is dropped by its stable id
+
+
+async def test_builder_startup_announces_the_worker_and_cleans_dead_workspaces(fctx: FakeContext) -> None:
+    claims = MemoryClaims()
+    assert await builder_startup(fctx, claims) == []
+    assert claims.events == [("announced", f"worker/{claims.token}"), ("cleaned", fctx.settings.run_owner())]
+    assert (fctx.settings.work_dir() / "attempts" / claims.token).is_dir()
 
 
 def msgspec_replace(c: m.CommitSelected, **kw: Any) -> m.CommitSelected:

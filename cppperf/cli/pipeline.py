@@ -74,14 +74,14 @@ async def _live_view(ctx: Any, settings: Settings) -> Group:
     """The subjects' table and, under it, what the work waits for (cores, claims, the bus)."""
     from cppperf.cli.waiting import describe
     from cppperf.shared.bus import NOT_READY_ERRORS
-    from cppperf.shared.claims import live_claims
+    from cppperf.shared.claims import KvClaims
     from cppperf.shared.engine.leases import lease_dir, lease_view
 
     view = lease_view(lease_dir(settings.builder))  # the host's files: known with the bus away too
     table: Table | Text
     try:
         table = _status_table(await ctx.bus.subject_status())
-        claims, away = await live_claims(ctx.store), ctx.bus.lost_since
+        claims, away = await KvClaims(ctx.store).live(), ctx.bus.lost_since
     except NOT_READY_ERRORS:  # the server is away (nats-py reconnects) or JetStream electing
         if ctx.bus.nc.is_closed:
             raise
@@ -465,10 +465,10 @@ def status(
                     out.print(f"repos rejected ({n}): {reason}")
             from cppperf.cli.waiting import as_json as waits_json
             from cppperf.cli.waiting import describe
-            from cppperf.shared.claims import live_claims
+            from cppperf.shared.claims import KvClaims
             from cppperf.shared.engine.leases import lease_dir, lease_view
 
-            view, claims = lease_view(lease_dir(s.builder)), await live_claims(ctx.store)
+            view, claims = lease_view(lease_dir(s.builder)), await KvClaims(ctx.store).live()
             if not as_json:
                 for line in describe(view, claims, time.time()):
                     out.print(line, highlight=False)

@@ -1,8 +1,9 @@
 """Builder wiring: `repo.candidate` and `commit.classified` to the handlers in `handlers.py`.
 
 One build or timing job per process at a time: concurrent jobs would time each other. One build
-per instance at a time across replicas: a claim in KV (`shared/claims.py`) held around the
-handler; a replica that finds it claimed waits, then gets the recorded result."""
+per instance at a time across replicas: the `Claims` port (`shared/claims.py` `KvClaims` on the
+`claims` KV bucket unless `register` is given another) held around the handler; a replica that
+finds it claimed waits, then gets the recorded result."""
 
 from __future__ import annotations
 
@@ -11,22 +12,12 @@ from dataclasses import dataclass
 
 from faststream.nats import NatsBroker
 
-from cppperf.services.builder.handlers import BuilderOps, EngineOps, on_candidate, on_classified
-from cppperf.shared import claims
+from cppperf.services.builder import handlers
+from cppperf.services.builder.handlers import BuilderOps, EngineOps, on_candidate, on_classified_claimed
 from cppperf.shared import messages as m
-from cppperf.shared.logging import get_logger
-from cppperf.shared.results import republish_finished
+from cppperf.shared.claims import KvClaims
+from cppperf.shared.ports import Claims
 from cppperf.shared.service import ServiceContext, subscribe
-
-log = get_logger(__name__)
-
-
-async def startup(ctx: ServiceContext) -> None:
-    """Announce this worker (lease) and remove the workspaces of dead attempts."""
-    s = ctx.settings
-    await claims.worker_lease(ctx.store, lease=s.bus.claim_lease)
-    claims.own_workspace(s.work_dir(), owner=s.run_owner())
-    await claims.clean_stale_workspaces(ctx.store, s.work_dir(), owner=s.run_owner())
 
 
 @dataclass(frozen=True)
@@ -34,13 +25,20 @@ class Wired:
     """What `register` leaves the runtime: `startup` once the subscribers are wired."""
 
     ctx: ServiceContext
+    claims: Claims
 
     async def startup(self) -> None:
-        await startup(self.ctx)
+        """Announce this worker (lease) and remove the workspaces of dead attempts."""
+        await handlers.startup(self.ctx, self.claims)
 
 
-def register(broker: NatsBroker, ctx: ServiceContext, *, ops: BuilderOps | None = None) -> Wired:
-    work = ops or EngineOps(ctx.settings)
+def register(
+    broker: NatsBroker, ctx: ServiceContext, *, ops: BuilderOps | None = None, claims: Claims | None = None
+) -> Wired:
+    """`claims`: the leases and workspaces (default: `KvClaims` on this context's store); `ops`:
+    the slow work (default: `EngineOps`, the engine in the workspace `claims` gives)."""
+    leases = claims or KvClaims(ctx.store)
+    work = ops or EngineOps(ctx.settings, leases)
     exclusive = asyncio.Lock()
 
     async def candidate(item: m.RepoCandidate) -> None:
@@ -48,26 +46,10 @@ def register(broker: NatsBroker, ctx: ServiceContext, *, ops: BuilderOps | None 
             await on_candidate(ctx, work, item)
 
     async def classified(item: m.CommitClassified) -> None:
-        if not item.label:
-            await on_classified(ctx, work, item)  # records nothing, returns at once
-            return
-        iid = m.instance_id(item.commit.repo, item.commit.sha)
-        if await republish_finished(ctx, iid):
-            return  # finished earlier: a redelivery or a second request gets that result
-
-        async def busy(holder: str) -> None:
-            log.info("instance_claimed_elsewhere", instance=iid, holder=holder)
-
-        lease = ctx.settings.bus.claim_lease
-        async with claims.held(ctx.store, f"instance/{iid}", holder=claims.TOKEN, lease=lease, wait=busy):
-            await claims.clean_stale_workspaces(  # e.g. a dead holder's
-                ctx.store, ctx.settings.work_dir(), owner=ctx.settings.run_owner()
-            )
-            async with exclusive:
-                await on_classified(ctx, work, item)
+        await on_classified_claimed(ctx, work, leases, item, exclusive=exclusive)
 
     subscribe(broker, ctx, subject=m.REPO_CANDIDATE, service="builder", typ=m.RepoCandidate, work=candidate)
     subscribe(
         broker, ctx, subject=m.COMMIT_CLASSIFIED, service="builder", typ=m.CommitClassified, work=classified
     )
-    return Wired(ctx)
+    return Wired(ctx, leases)

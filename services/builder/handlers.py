@@ -1,8 +1,12 @@
 """The builder's handlers, without a broker: `repo.candidate` → validate the latest commit →
-`repo.found`; `commit.classified` (positives) → prove → `patch.built` + the instance record.
+`repo.found`; `commit.classified` (positives) → prove → `patch.built` + the instance record;
+`startup` announces the worker and removes dead attempts' workspaces.
 
 Each handler takes a `StageContext` (settings, publisher, records) and `BuilderOps` (the slow
-work: mirror, validate, prove), returns what it did, and is idempotent: the store is checked
+work: mirror, validate, prove); `on_classified_claimed` and `startup` also the `Claims` port
+(one build per instance at a time across replicas: a lease held around the build; a replica
+that finds it held waits, then answers from the record). Each returns what it did, and is
+idempotent: the store is checked
 first, and a built instance is recorded before `patch.built` is published from it (a crash or a
 second request re-publishes from the record; the stable id drops the duplicate). State: the instance record goes into the `instances` bucket
 (inline, or by `record_ref` in the object store when large); the file under `out/instances/` is
@@ -25,18 +29,21 @@ from cppperf.services.builder.service import (
     validate_latest,
     write_instance,
 )
-from cppperf.shared import buckets, claims
+from cppperf.shared import buckets
 from cppperf.shared import messages as m
 from cppperf.shared.buckets import COMMITS, INSTANCES, REPOS
 from cppperf.shared.domain import InstanceState, RepoState, Stage, Verdict, to_struct
 from cppperf.shared.errors import RepoRejected
+from cppperf.shared.logging import get_logger
 from cppperf.shared.mirror import ensure_local
-from cppperf.shared.ports import StageContext
+from cppperf.shared.ports import Claims, StageContext
 from cppperf.shared.results import built_msg_id, republish_finished
 from cppperf.shared.settings import Settings
 
 CandidateOutcome = Literal["already-validated", "rejected", "validated"]
 ClassifiedOutcome = Literal["negative", "already-built", "built"]
+
+log = get_logger(__name__)
 
 
 class BuilderOps(Protocol):
@@ -50,9 +57,11 @@ class BuilderOps(Protocol):
 
 @dataclass
 class EngineOps:
-    """The real `BuilderOps`: git mirrors and the engine (local or docker backend)."""
+    """The real `BuilderOps`: git mirrors and the engine (local or docker backend), in this
+    process's own workspace (from the `Claims` port: never shared with another process)."""
 
     settings: Settings
+    claims: Claims
 
     def checkout(self, url: str, repo: str) -> Path:
         return ensure_local(url, repo, self.settings.mirror_dir())
@@ -62,7 +71,7 @@ class EngineOps:
 
     def validate(self, candidate: m.RepoCandidate, path: Path) -> m.RepoFound:
         s = self.settings
-        work_dir = claims.own_workspace(s.work_dir(), owner=s.run_owner())  # this process's own
+        work_dir = self.claims.workspace(s.work_dir(), owner=s.run_owner())
         return validate_latest(candidate, path, self.settings.builder, work_dir=work_dir)
 
     def prove(self, commit: m.CommitSelected, path: Path, diff: str) -> BuiltPatch:
@@ -71,7 +80,7 @@ class EngineOps:
             commit,
             path,
             s.builder,
-            work_dir=claims.own_workspace(s.work_dir(), owner=s.run_owner()),  # never shared
+            work_dir=self.claims.workspace(s.work_dir(), owner=s.run_owner()),
             out_dir=Path(s.out_dir),
             diff=diff,
             llm_propose=llm_dependency_proposer(s),
@@ -89,6 +98,38 @@ def with_oracle(built: BuiltPatch, settings: Settings) -> BuiltPatch:
     validate_record(built.record, settings)
     write_instance(Path(settings.out_dir), built.record)
     return built
+
+
+async def startup(ctx: StageContext, claims: Claims) -> list[str]:
+    """Once, before consuming: announce this worker (its lease), take its workspace and remove
+    the workspaces of this run's dead attempts (their tokens)."""
+    s = ctx.settings
+    await claims.announce(lease=s.bus.claim_lease)
+    claims.workspace(s.work_dir(), owner=s.run_owner())
+    return await claims.clean_stale(s.work_dir(), owner=s.run_owner())
+
+
+async def on_classified_claimed(
+    ctx: StageContext, ops: BuilderOps, claims: Claims, item: m.CommitClassified, *, exclusive: asyncio.Lock
+) -> ClassifiedOutcome:
+    """`on_classified` under the instance's claim (`instance/<id>`): a finished instance is
+    answered from its record without a claim; else the claim is taken (waiting while another
+    replica holds it; a dead holder's lease runs out and its workspace is removed), and the build
+    runs once `exclusive` (one build or timing job per process) is free."""
+    if not item.label:
+        return await on_classified(ctx, ops, item)  # records nothing, returns at once
+    iid = m.instance_id(item.commit.repo, item.commit.sha)
+    if await republish_finished(ctx, iid):
+        return "already-built"  # a redelivery or a second request gets that result
+
+    async def busy(holder: str) -> None:
+        log.info("instance_claimed_elsewhere", instance=iid, holder=holder)
+
+    s = ctx.settings
+    async with claims.held(f"instance/{iid}", lease=s.bus.claim_lease, wait=busy):
+        await claims.clean_stale(s.work_dir(), owner=s.run_owner())  # e.g. a dead holder's
+        async with exclusive:
+            return await on_classified(ctx, ops, item)
 
 
 async def on_candidate(ctx: StageContext, ops: BuilderOps, cand: m.RepoCandidate) -> CandidateOutcome:
