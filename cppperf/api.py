@@ -1,5 +1,6 @@
 """The Python API: scan a repository, prove one commit, evaluate one patch -- the same code the
-CLI runs, without a bus. `import cppperf` exposes these functions.
+CLI runs (`evaluate` through the CLI's evaluator client, `cppperf.client`: here, or on a bus's
+evaluator services with `nats_url=`). `import cppperf` exposes these functions.
 
     import cppperf
 
@@ -237,21 +238,29 @@ def evaluate(
     runs: int | None = None,
     out_dir: str | Path | None = None,
     force: bool = False,
+    nats_url: str | None = None,
+    creds: str | Path | None = None,
     s: Settings | None = None,
 ) -> EvalReport:
-    """Score one agent patch on an instance of OUT/instances (`cppperf evaluate`): the typed
-    report (`.verdict`, `.opt`, `.gm_speedup_agent`, `.gm_speedup_expert`, `.per_test`, …), as
-    written to OUT/runs/<run_id>/<model>/<instance_id>/report.json. Finished reports are reused."""
+    """Score one agent patch (`cppperf evaluate`): the typed report (`.verdict`, `.opt`,
+    `.gm_speedup_agent`, `.gm_speedup_expert`, `.per_test`, …), as written to
+    OUT/runs/<run_id>/<model>/<instance_id>/report.json. Here, on an instance of OUT/instances
+    (finished reports are reused); or, with `nats_url`, by the evaluator services on that bus, as
+    the agent of `creds` (`cppperf agents add`; none: the open development bus's `local`) -- the
+    one client the CLI uses too (`cppperf.client.evaluate_rows`)."""
+    from cppperf.client import evaluate_rows
     from cppperf.dataset.records import instance_path
-    from cppperf.services.evaluator.pipeline import EvalRequest
-    from cppperf.services.evaluator.pipeline import evaluate as evaluate_one
 
     overrides: dict[str, Any] = {}
     if out_dir is not None:
         overrides["out_dir"] = str(out_dir)
     if runs is not None:
         overrides["evaluator"] = {"runs": runs}
+    if nats_url is not None:
+        overrides["nats_url"] = nats_url
     s = s or settings(**overrides)
-    if not instance_path(Path(s.out_dir), instance_id).is_file():
+    if not s.nats_url and not instance_path(Path(s.out_dir), instance_id).is_file():
         raise ValueError(f"unknown instance {instance_id} (no {instance_path(Path(s.out_dir), instance_id)})")
-    return typed(EvalReport, evaluate_one(EvalRequest(run_id, model, instance_id, patch), s, force=force))
+    row = {"instance_id": instance_id, "model_name_or_path": model, "model_patch": patch}
+    [report] = evaluate_rows(s, [row], run_id, creds=str(creds) if creds else None, force=force)
+    return typed(EvalReport, report)

@@ -1,4 +1,9 @@
-"""The agent-side client: submit patches to the evaluators on a cppperf bus and read the results.
+"""The one evaluator client, for the CLI (`cppperf evaluate`) and the Python API
+(`cppperf.evaluate`): `evaluate_rows` scores SWE-bench prediction rows in this process, or, with
+`nats_url` set, through the evaluator services on a bus as an agent (`AgentClient` below), and
+keeps every report where a local evaluation writes it (OUT/runs/<run_id>/<model>/<id>/report.json).
+
+The agent-side client: submit patches to the evaluators on a cppperf bus and read the results.
 
 Needs only an agent's rights (`cppperf agents add NAME` writes its creds file): it never touches
 JetStream, streams or buckets, only the evaluator's request-reply API `eval.api.<agent>.*`.
@@ -15,9 +20,11 @@ evaluator's reason.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import nats
 from nats.aio.client import Client as NatsClient
@@ -27,9 +34,13 @@ from nats.errors import TimeoutError as NatsTimeout
 from cppperf.shared import messages as m
 from cppperf.shared.bus import credential_options, read_creds, servers
 from cppperf.shared.errors import CppPerfError
+from cppperf.shared.files import write_atomic
 from cppperf.shared.logging import get_logger
+from cppperf.shared.settings import Settings
 
 log = get_logger(__name__)
+T = TypeVar("T")
+Prediction = dict[str, str]  # SWE-bench's row: instance_id, model_name_or_path, model_patch
 
 
 class Refused(CppPerfError):
@@ -141,3 +152,58 @@ async def evaluate_predictions(
         if on_done is not None:
             on_done(len(reports))
     return reports
+
+
+async def evaluate_over_bus(
+    url: str,
+    rows: list[Prediction],
+    run_id: str,
+    *,
+    creds: str | None = None,
+    on_done: Callable[[int], None] | None = None,
+    poll: float = 1.0,
+) -> list[dict[str, Any]]:
+    """Submit every row to the evaluators on `url` as the agent of `creds` (agent rights only)
+    and wait for every report."""
+    async with await AgentClient.connect(url, creds) as client:
+        return await evaluate_predictions(client, rows, run_id, on_done=on_done, poll=poll)
+
+
+def keep_reports(settings: Settings, run_id: str, reports: list[dict[str, Any]]) -> None:
+    """Write reports the evaluators returned where a local evaluation writes its own."""
+    from cppperf.services.evaluator.pipeline import EvalRequest, run_dir
+
+    for r in reports:
+        req = EvalRequest(run_id, str(r["model"]), str(r["instance_id"]), "")
+        write_atomic(run_dir(settings, req) / "report.json", json.dumps(r, indent=1))
+
+
+def evaluate_rows(
+    settings: Settings,
+    rows: list[Prediction],
+    run_id: str,
+    *,
+    creds: str | None = None,
+    force: bool = False,
+    max_workers: int = 1,
+    on_done: Callable[[int], None] | None = None,
+    run: Callable[[Coroutine[Any, Any, list[dict[str, Any]]]], list[dict[str, Any]]] = asyncio.run,
+) -> list[dict[str, Any]]:
+    """Every row's report, in order: over the bus when `settings.nats_url` is set (`run` runs the
+    coroutine: the CLI's handles Ctrl-C), else here, `max_workers` at a time (finished reports
+    are reused unless `force`). `on_done(n)` after each report."""
+    if settings.nats_url:
+        reports = run(evaluate_over_bus(settings.nats_url, rows, run_id, creds=creds, on_done=on_done))
+        keep_reports(settings, run_id, reports)
+        return reports
+    from cppperf.services.evaluator.pipeline import EvalRequest
+    from cppperf.services.evaluator.pipeline import evaluate as evaluate_one
+
+    reqs = [EvalRequest(run_id, r["model_name_or_path"], r["instance_id"], r["model_patch"]) for r in rows]
+    done: list[dict[str, Any]] = []
+    with ThreadPoolExecutor(max_workers=max(1, max_workers)) as pool:
+        for rep in pool.map(lambda q: evaluate_one(q, settings, force=force), reqs):
+            done.append(rep)
+            if on_done is not None:
+                on_done(len(done))
+    return done

@@ -3,6 +3,7 @@ callback (PyDriller-like), `prove`/`evaluate` typed results (the domain Structs)
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 from datetime import UTC, date, datetime
@@ -13,6 +14,8 @@ import pytest
 import cppperf
 from cppperf.api import ScanProgress, typed
 from cppperf.shared.domain import EvalReport, EvalVerdict, InstanceMeta, Verdict
+from cppperf.shared.service import ServiceContext
+from tests.conftest import make_settings
 from tests.gitrepo import commit_files
 from tests.test_cli_inputs import _store_with
 
@@ -105,3 +108,28 @@ def test_imported_record_section_is_typed(tmp_path: Path) -> None:
     (path,) = (out_dir / "instances").glob("*.json")
     meta = typed(InstanceMeta, json.loads(path.read_text())["cppperf"])
     assert meta.verdict is Verdict.IMPROVED and meta.tests[0].name == "t1" and meta.tests[0].improved
+
+
+@pytest.mark.nats
+async def test_evaluate_over_a_bus_uses_the_clis_client(ctx: ServiceContext, tmp_path: Path) -> None:
+    """`cppperf.evaluate(..., nats_url=)`: the evaluator service on the bus scores the patch (its
+    instance store, not ours: this OUT has no instances) through `cppperf.client`, the module the
+    CLI's `evaluate --nats-url` uses; the report comes back typed and is kept where a local
+    evaluation writes it."""
+    from cppperf.runtime import run_services
+
+    (tmp_path / "service").mkdir()
+    service_out = _store_with(tmp_path / "service")
+    iid = "someowner__a-rather-long-repository-name-" + "b" * 12
+    served = make_settings(tmp_path / "service", nats_url=ctx.settings.nats_url, out_dir=str(service_out))
+    mine = tmp_path / "mine"
+    with pytest.raises(ValueError, match="unknown instance"):  # without a bus: our OUT decides
+        cppperf.evaluate(iid, "", out_dir=mine)
+    async with run_services(served, ctx.settings.nats_url, ["evaluator"]):
+        report = await asyncio.to_thread(
+            cppperf.evaluate, iid, "", model="bus-agent", out_dir=mine, nats_url=ctx.settings.nats_url
+        )
+    assert isinstance(report, EvalReport)
+    assert report.verdict is EvalVerdict.EMPTY_PATCH and report.instance_id == iid
+    kept = json.loads((mine / "runs" / "default" / "bus-agent" / iid / "report.json").read_text())
+    assert kept["verdict"] == "empty-patch" and kept["model"] == "bus-agent"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -26,7 +27,6 @@ from cppperf.cli.common import (
     out,
     print_json,
     run_async,
-    write_atomic,
 )
 from cppperf.cli.predictions import PSEUDO, pseudo_predictions
 from cppperf.shared.errors import CppPerfError
@@ -85,19 +85,6 @@ def _load_predictions(path: Path) -> list[dict[str, str]]:
     if not rows:
         raise typer.BadParameter(f"{path}: no predictions", param_hint="--predictions")
     return rows
-
-
-async def _evaluate_over_bus(
-    url: str, creds: str | None, rows: list[dict[str, str]], run_id: str, progress: Progress
-) -> list[dict[str, Any]]:
-    """Submit every prediction as an agent (`cppperf.client`: agent rights only) and wait."""
-    from cppperf.client import AgentClient, evaluate_predictions
-
-    task = progress.add_task("evaluate", total=len(rows))
-    async with await AgentClient.connect(url, creds) as client:
-        return await evaluate_predictions(
-            client, rows, run_id, on_done=lambda n: progress.update(task, completed=n)
-        )
 
 
 def _split_ids(value: str | None) -> set[str] | None:
@@ -177,10 +164,10 @@ def evaluate(  # noqa: PLR0912, PLR0915 - one verb, its input checks and its two
     Writes OUT/runs/<run_id>/<model>.<run_id>.json, SWE-bench's run report shape plus `opt`
     (`cppperf schema run-report`).
     """
+    from cppperf.client import evaluate_rows
     from cppperf.dataset.records import instance_path
     from cppperf.services.evaluator.handlers import without_samples
     from cppperf.services.evaluator.pipeline import EvalRequest, run_dir, summarize
-    from cppperf.services.evaluator.pipeline import evaluate as evaluate_one
     from cppperf.services.evaluator.runreport import build_run_report, describe, report_path
 
     if (predictions is None) == (instance is None):
@@ -259,31 +246,21 @@ def evaluate(  # noqa: PLR0912, PLR0915 - one verb, its input checks and its two
         console=console,
         disable=as_json,
     )
-    reports: list[dict[str, Any]]
     try:
-        with progress:
-            if s.nats_url:
-                with cli_nats(s) as url:
-                    reports = run_async(
-                        _evaluate_over_bus(url, str(creds) if creds else None, rows, run_id, progress),
-                        waiting_for="the connection to close (evaluators finish what they started)",
-                    )
-                for r in reports:
-                    req = EvalRequest(run_id, str(r["model"]), str(r["instance_id"]), "")
-                    write_atomic(run_dir(s, req) / "report.json", json.dumps(r, indent=1))
-            else:
-                from concurrent.futures import ThreadPoolExecutor
-
-                task = progress.add_task("evaluate", total=len(rows))
-                reqs = [
-                    EvalRequest(run_id, r["model_name_or_path"], r["instance_id"], r["model_patch"])
-                    for r in rows
-                ]
-                reports = []
-                with ThreadPoolExecutor(max_workers=max(1, max_workers)) as pool:
-                    for rep in pool.map(lambda q: evaluate_one(q, s, force=force), reqs):
-                        reports.append(rep)
-                        progress.update(task, completed=len(reports))
+        with progress, cli_nats(s) if s.nats_url else contextlib.nullcontext():
+            task = progress.add_task("evaluate", total=len(rows))
+            reports = evaluate_rows(
+                s,
+                rows,
+                run_id,
+                creds=str(creds) if creds else None,
+                force=force,
+                max_workers=max_workers,
+                on_done=lambda n: progress.update(task, completed=n),
+                run=lambda coro: run_async(
+                    coro, waiting_for="the connection to close (evaluators finish what they started)"
+                ),
+            )
     except CppPerfError as exc:
         raise _fail(exc) from exc
     unknown += [str(r.get("instance_id")) for r in reports if r.get("verdict") == "unknown-instance"]
