@@ -17,7 +17,7 @@ from cppperf.shared.domain import EvalReport, EvalVerdict, InstanceMeta, Verdict
 from cppperf.shared.service import ServiceContext
 from tests.conftest import make_settings
 from tests.gitrepo import commit_files
-from tests.test_cli_inputs import _store_with
+from tests.test_cli_inputs import _store_with, cli
 
 
 @pytest.fixture
@@ -111,7 +111,7 @@ def test_imported_record_section_is_typed(tmp_path: Path) -> None:
 
 
 @pytest.mark.nats
-async def test_evaluate_over_a_bus_uses_the_clis_client(ctx: ServiceContext, tmp_path: Path) -> None:
+async def test_evaluate_over_a_bus_api_and_cli_share_one_client(ctx: ServiceContext, tmp_path: Path) -> None:
     """`cppperf.evaluate(..., nats_url=)`: the evaluator service on the bus scores the patch (its
     instance store, not ours: this OUT has no instances) through `cppperf.client`, the module the
     CLI's `evaluate --nats-url` uses; the report comes back typed and is kept where a local
@@ -129,7 +129,18 @@ async def test_evaluate_over_a_bus_uses_the_clis_client(ctx: ServiceContext, tmp
         report = await asyncio.to_thread(
             cppperf.evaluate, iid, "", model="bus-agent", out_dir=mine, nats_url=ctx.settings.nats_url
         )
+        empty = tmp_path / "empty.diff"
+        empty.write_text("")
+        res = await asyncio.to_thread(
+            cli,
+            *("evaluate", "--instance", iid, "--patch", str(empty), "--model", "cli-agent", "--json"),
+            *("--nats-url", ctx.settings.nats_url, "--out", str(mine)),
+        )
     assert isinstance(report, EvalReport)
     assert report.verdict is EvalVerdict.EMPTY_PATCH and report.instance_id == iid
     kept = json.loads((mine / "runs" / "default" / "bus-agent" / iid / "report.json").read_text())
     assert kept["verdict"] == "empty-patch" and kept["model"] == "bus-agent"
+    # the CLI, the same client: the same report, kept in the same place
+    assert res.exit_code == 0, res.output
+    assert [r["verdict"] for r in json.loads(res.stdout)["reports"]] == ["empty-patch"]
+    assert (mine / "runs" / "default" / "cli-agent" / iid / "report.json").is_file()
