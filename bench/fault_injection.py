@@ -202,7 +202,7 @@ async def trial_term(ctx: ServiceContext, pool: Pool, repo: Path, n: int) -> tup
 
 
 async def trial_big(ctx: ServiceContext, n: int) -> tuple[bool, str]:
-    """~1 MiB of garbage on commit.classified (the workers' input; tests/test_faults.py covers
+    """~1 MiB of garbage on commit.classified (the workers' input; tests/integration/test_faults.py covers
     every input subject): dead-lettered, payload by reference, restored exactly."""
     limit = ctx.bus.nc.max_payload
     body = b'{"junk":"' + bytes([97 + n % 26]) * (limit - 256) + b'"}'

@@ -228,7 +228,7 @@ class EvaluationState(_Value, kw_only=True):
 # --------------------------------------------------------------------- the instance record
 # What the builder and the evaluator write, field for field: these decode with
 # `forbid_unknown_fields` (a key written but not declared here fails the round-trip tests on real
-# output: tests/test_whose_fault.py, test_builder.py, test_evaluator.py, test_domain.py).
+# output: tests/integration/test_whose_fault.py, test_builder.py, test_evaluator.py, test_domain.py).
 class _Written(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     pass
 

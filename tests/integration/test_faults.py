@@ -38,7 +38,7 @@ from tests.conftest import make_settings
 from tests.gitrepo import commit_files
 
 pytestmark = pytest.mark.nats
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ------------------------------------------------------------------------------------ helpers

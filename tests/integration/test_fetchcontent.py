@@ -178,7 +178,7 @@ def test_docker_backend_on_the_era_image(dep: Path, top: tuple[Path, str], tmp_p
     from cppperf.shared.engine.backends import make_backend
     from cppperf.shared.engine.images import base_name, image_exists
     from tests.conftest import make_settings
-    from tests.test_docker import _engine
+    from tests.integration.test_docker import _engine
 
     client = _engine()
     if client is None or not image_exists(client, base_name("bullseye")):

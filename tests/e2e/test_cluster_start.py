@@ -13,7 +13,7 @@ import pytest
 from cppperf.runtime import connect
 from cppperf.shared.settings import load_settings
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from cluster_e2e import Cluster, make_keys
 

@@ -23,6 +23,7 @@ from cppperf.shared import messages as m
 from cppperf.shared.bus import WORK_QUEUES, Bus
 from cppperf.shared.fair import turn_order
 from cppperf.shared.service import ServiceContext
+from tests.integration.test_bus_auth import INSTANCE, FakeOps
 from tests.secured_bus import (
     SecuredBus,
     as_user,
@@ -30,7 +31,6 @@ from tests.secured_bus import (
     reload_config,
     running_secured_bus,
 )
-from tests.test_bus_auth import INSTANCE, FakeOps
 
 pytestmark = pytest.mark.nats
 Q = WORK_QUEUES["eval.requested"]

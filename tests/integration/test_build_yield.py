@@ -14,7 +14,7 @@ import pytest
 
 from tests.gitrepo import commit_files
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import build_yield
 

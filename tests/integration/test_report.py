@@ -14,7 +14,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
-from tests.test_cli_inputs import cli, published, timed
+from tests.e2e.test_cli_inputs import cli, published, timed
 
 
 def _record(name: str, sha: str, tests: list[dict[str, Any]], files: int = 1) -> dict[str, Any]:

@@ -110,7 +110,7 @@ def test_an_engine_that_stops_answering_is_an_infra_failure() -> None:
 @pytest.mark.docker
 @pytest.mark.timeout(1200)  # a fresh machine debootstraps the base image first
 def test_on_the_real_engine() -> None:
-    from tests.test_docker import _engine
+    from tests.integration.test_docker import _engine
 
     client = _engine()
     if client is None:

@@ -28,6 +28,7 @@ from cppperf.shared import messages as m
 from cppperf.shared.bus import credential_options, read_creds
 from cppperf.shared.errors import BadInput
 from cppperf.shared.service import ServiceContext
+from tests.integration.test_bus_auth import INSTANCE, FakeOps, as_user, server_refuses
 from tests.secured_bus import (
     SecuredBus,
     evaluator_service,
@@ -35,7 +36,6 @@ from tests.secured_bus import (
     running_secured_bus,
     start_secured_bus,
 )
-from tests.test_bus_auth import INSTANCE, FakeOps, as_user, server_refuses
 
 pytestmark = pytest.mark.nats
 CAP = 3  # agent_max_pending in these tests
@@ -481,7 +481,7 @@ def _diff(*lines: str) -> str:
 
 
 _HUNK = ("@@ -1 +1 @@", "-a", "+b")
-HOSTILE_PATCHES = {  # (more, applied in the jail: tests/test_hostile.py)
+HOSTILE_PATCHES = {  # (more, applied in the jail: tests/integration/test_hostile.py)
     "octal-escaped-dotdot": (
         _diff(
             'diff --git "a/\\056\\056/x.cpp" "b/\\056\\056/x.cpp"',
@@ -611,7 +611,7 @@ def test_compose_publishes_no_nats_or_monitor_port() -> None:
     the shipped compose file publishes any port."""
     import yaml
 
-    compose = yaml.safe_load((Path(__file__).resolve().parents[1] / "docker-compose.yml").read_text())
+    compose = yaml.safe_load((Path(__file__).resolve().parents[2] / "docker-compose.yml").read_text())
     nodes = {k: v for k, v in compose["services"].items() if k.startswith("nats")}
     assert len(nodes) == 3
     for name, node in nodes.items():

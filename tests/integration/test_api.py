@@ -16,8 +16,8 @@ from cppperf.api import ScanProgress, typed
 from cppperf.shared.domain import EvalReport, EvalVerdict, InstanceMeta, Verdict
 from cppperf.shared.service import ServiceContext
 from tests.conftest import make_settings
+from tests.e2e.test_cli_inputs import _store_with, cli
 from tests.gitrepo import commit_files
-from tests.test_cli_inputs import _store_with, cli
 
 
 @pytest.fixture

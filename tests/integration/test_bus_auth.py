@@ -292,7 +292,7 @@ def test_agents_cli_add_list_remove_and_service_keys(tmp_path: Path) -> None:
     from cppperf.cli.common import app
 
     conf = tmp_path / "agents.conf"
-    conf.write_text((Path(__file__).resolve().parents[1] / "deploy" / "nats" / "agents.conf").read_text())
+    conf.write_text((Path(__file__).resolve().parents[2] / "deploy" / "nats" / "agents.conf").read_text())
     run = CliRunner().invoke
     added = run(app, ["agents", "add", "dave", "--config", str(conf), "--creds", str(tmp_path / "d.creds")])
     assert added.exit_code == 0, added.output

@@ -30,7 +30,7 @@ from cppperf.shared.engine.sandbox import Limits
 from cppperf.shared.settings import Settings
 from tests.conftest import make_settings
 from tests.gitrepo import commit_files
-from tests.test_builder import _two_commit_repo, commit_for
+from tests.integration.test_builder import _two_commit_repo, commit_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.build, pytest.mark.slow]
 
@@ -390,7 +390,7 @@ def test_a_failing_step_gets_the_local_backends_category(engine: Any, case: str,
     function (`cmake.step_category`): a configure error, a compile error, a missing dependency
     and a build killed from outside (SIGKILL, not the container's memory limit: infra) come out
     the same on both."""
-    from tests.test_whose_fault import killing_the_build, slow_build_repo
+    from tests.integration.test_whose_fault import killing_the_build, slow_build_repo
 
     repo = tmp_path / "r"
     marker = f"cppperf-slow-{tmp_path.name}"

@@ -204,41 +204,41 @@ def test_decision_rule_flags(flags: dict[str, bool], rule: DecisionRule, expecte
 # --------------------------------------------------------------- every value has a row
 # produced through the real code path: the test that does it, or why no test can
 REAL_FAILURES: dict[FailureCategory, str] = {
-    FC.CONFIGURE: "tests/test_whose_fault.py::test_a_configure_error_is_configure",
-    FC.DEPENDENCY: "tests/test_builder.py::test_missing_dependency_is_named",
-    FC.COMPILE: "tests/test_builder.py::test_compile_error_rejects_as_compile",
-    FC.TEST_FAILURE: "tests/test_whose_fault.py::test_the_commit_broke_it",
-    FC.TEST_FAILURE_BOTH_SIDES: "tests/test_whose_fault.py::test_fails_everywhere_is_not_the_commits_fault",
-    FC.TEST_FAILURE_PARENT_ONLY: "tests/test_whose_fault.py::test_the_commit_fixed_it_is_parent_only",
-    FC.TEST_FLAKY: "tests/test_whose_fault.py::test_a_test_that_passes_when_run_again_is_flaky",
-    FC.TIMEOUT: "tests/test_whose_fault.py::test_a_hanging_test_is_a_timeout",
-    FC.RESOURCE_LIMIT: "tests/test_docker.py::test_memory_hog_is_a_resource_limit_not_a_result",
-    FC.INFRA: "tests/test_whose_fault.py::test_a_build_killed_from_outside_is_infra",
-    FC.NO_TESTS: "tests/test_whose_fault.py::test_no_common_test_is_no_tests",
+    FC.CONFIGURE: "tests/integration/test_whose_fault.py::test_a_configure_error_is_configure",
+    FC.DEPENDENCY: "tests/integration/test_builder.py::test_missing_dependency_is_named",
+    FC.COMPILE: "tests/integration/test_builder.py::test_compile_error_rejects_as_compile",
+    FC.TEST_FAILURE: "tests/integration/test_whose_fault.py::test_the_commit_broke_it",
+    FC.TEST_FAILURE_BOTH_SIDES: "tests/integration/test_whose_fault.py::test_fails_everywhere_is_not_the_commits_fault",
+    FC.TEST_FAILURE_PARENT_ONLY: "tests/integration/test_whose_fault.py::test_the_commit_fixed_it_is_parent_only",
+    FC.TEST_FLAKY: "tests/integration/test_whose_fault.py::test_a_test_that_passes_when_run_again_is_flaky",
+    FC.TIMEOUT: "tests/integration/test_whose_fault.py::test_a_hanging_test_is_a_timeout",
+    FC.RESOURCE_LIMIT: "tests/integration/test_docker.py::test_memory_hog_is_a_resource_limit_not_a_result",
+    FC.INFRA: "tests/integration/test_whose_fault.py::test_a_build_killed_from_outside_is_infra",
+    FC.NO_TESTS: "tests/integration/test_whose_fault.py::test_no_common_test_is_no_tests",
 }
 REAL_BUILDS: dict[Verdict, str] = {
-    Verdict.IMPROVED: "tests/test_builder.py::test_perf_commit_is_improved_and_names_the_test",
-    Verdict.NOT_IMPROVED: "tests/test_builder.py::test_noop_commit_is_not_improved",
-    Verdict.REGRESSED: "tests/test_builder.py::test_slowdown_is_a_regression",
-    Verdict.UNCHANGED_BINARIES: "tests/test_builder.py::test_comment_only_commit_short_circuits",
-    Verdict.REJECTED: "tests/test_builder.py::test_compile_error_rejects_as_compile",
+    Verdict.IMPROVED: "tests/integration/test_builder.py::test_perf_commit_is_improved_and_names_the_test",
+    Verdict.NOT_IMPROVED: "tests/integration/test_builder.py::test_noop_commit_is_not_improved",
+    Verdict.REGRESSED: "tests/integration/test_builder.py::test_slowdown_is_a_regression",
+    Verdict.UNCHANGED_BINARIES: "tests/integration/test_builder.py::test_comment_only_commit_short_circuits",
+    Verdict.REJECTED: "tests/integration/test_builder.py::test_compile_error_rejects_as_compile",
 }
 REAL_VERDICTS: dict[EvalVerdict, str] = {
-    EV.OPT: "tests/test_evaluator.py::test_expert_patch_is_opt",
-    EV.CORRECT: "tests/test_evaluator.py::test_slower_patch_is_correct_without_speedup",
-    EV.TESTS_FAILED: "tests/test_evaluator.py::test_breaking_patch_names_the_test",
-    EV.TIMEOUT: "tests/test_evaluator.py::test_infinite_loop_times_out",
-    EV.BUILD_FAILED: "tests/test_evaluator.py::test_compile_error_patch",
-    EV.APPLY_FAILED: "tests/test_evaluator.py::test_patch_that_does_not_apply",
-    EV.EMPTY_PATCH: "tests/test_evaluator.py::test_bad_patches_are_refused_before_running",
-    EV.MALFORMED_PATCH: "tests/test_evaluator.py::test_bad_patches_are_refused_before_running",
-    EV.TOO_LARGE: "tests/test_evaluator.py::test_an_over_long_patch_is_too_large",
-    EV.UNSAFE_PATCH: "tests/test_evaluator.py::test_bad_patches_are_refused_before_running",
-    EV.TEST_EDIT: "tests/test_evaluator.py::test_bad_patches_are_refused_before_running",
-    EV.FORBIDDEN_FILE: "tests/test_hostile.py::test_crlf_names_cannot_smuggle_a_second_file",
-    EV.INSTANCE_BROKEN: "tests/test_evaluator.py::test_an_original_that_no_longer_builds_is_instance_broken",
-    EV.UNKNOWN_INSTANCE: "tests/test_hostile.py::test_instance_id_traversal_is_refused_before_any_path",
-    EV.UNTRUSTED_REFUSED: "tests/test_evaluator.py::test_no_jail_is_untrusted_refused",
+    EV.OPT: "tests/integration/test_evaluator.py::test_expert_patch_is_opt",
+    EV.CORRECT: "tests/integration/test_evaluator.py::test_slower_patch_is_correct_without_speedup",
+    EV.TESTS_FAILED: "tests/integration/test_evaluator.py::test_breaking_patch_names_the_test",
+    EV.TIMEOUT: "tests/integration/test_evaluator.py::test_infinite_loop_times_out",
+    EV.BUILD_FAILED: "tests/integration/test_evaluator.py::test_compile_error_patch",
+    EV.APPLY_FAILED: "tests/integration/test_evaluator.py::test_patch_that_does_not_apply",
+    EV.EMPTY_PATCH: "tests/integration/test_evaluator.py::test_bad_patches_are_refused_before_running",
+    EV.MALFORMED_PATCH: "tests/integration/test_evaluator.py::test_bad_patches_are_refused_before_running",
+    EV.TOO_LARGE: "tests/integration/test_evaluator.py::test_an_over_long_patch_is_too_large",
+    EV.UNSAFE_PATCH: "tests/integration/test_evaluator.py::test_bad_patches_are_refused_before_running",
+    EV.TEST_EDIT: "tests/integration/test_evaluator.py::test_bad_patches_are_refused_before_running",
+    EV.FORBIDDEN_FILE: "tests/integration/test_hostile.py::test_crlf_names_cannot_smuggle_a_second_file",
+    EV.INSTANCE_BROKEN: "tests/integration/test_evaluator.py::test_an_original_that_no_longer_builds_is_instance_broken",
+    EV.UNKNOWN_INSTANCE: "tests/integration/test_hostile.py::test_instance_id_traversal_is_refused_before_any_path",
+    EV.UNTRUSTED_REFUSED: "tests/integration/test_evaluator.py::test_no_jail_is_untrusted_refused",
 }
 
 
@@ -267,7 +267,7 @@ def test_every_value_is_produced_by_a_real_run(
 ) -> None:
     enum = type(next(iter(table)))
     assert set(table) == set(enum), f"no producing test named for {sorted(set(enum) - set(table))}"
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     for value, where in table.items():
         if where.startswith("not feasible"):
             continue

@@ -46,7 +46,7 @@ def llm_settings(url: str, **kw: object) -> ClassifierSettings:
             "base_urls": [url],
             "models": ["m1", "m2"],
             "retries": 3,
-            "cascade": False,  # these tests are about the vote itself; tests/test_classifier_cascade.py
+            "cascade": False,  # these tests are about the vote itself; tests/unit/test_classifier_cascade.py
             **kw,
         },
     ).classifier

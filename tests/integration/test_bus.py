@@ -151,7 +151,7 @@ async def test_long_job_with_heartbeats_is_delivered_once(nats_server: EmbeddedN
 async def test_killed_worker_job_is_redone_once_by_another(ctx: ServiceContext, tmp_path: Path) -> None:
     markers = tmp_path / "markers"
     markers.mkdir()
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
 
     def spawn() -> subprocess.Popen[bytes]:
         return subprocess.Popen(

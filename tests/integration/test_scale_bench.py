@@ -14,7 +14,7 @@ from cppperf.services.filter.walk import walk
 from cppperf.shared.rules import Rules
 from cppperf.shared.settings import MiningSettings
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from scale_repos import make_repos
 

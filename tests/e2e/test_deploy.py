@@ -22,7 +22,7 @@ from cppperf.shared.embedded import find_nats_server, free_port
 from cppperf.shared.provision import provision_all
 from cppperf.shared.settings import env_names, load_settings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from cluster_e2e import cluster_node_config  # noqa: E402 - bench/ is no package

@@ -16,7 +16,7 @@ from cppperf.shared.engine.stats import compare_all, compare_exact
 from cppperf.shared.errors import ConfigError
 from cppperf.shared.settings import BuilderSettings
 from tests.conftest import make_settings
-from tests.test_builder import prove
+from tests.integration.test_builder import prove
 
 pytestmark = pytest.mark.skipif(valgrind_unsupported() is not None, reason="valgrind not installed")
 

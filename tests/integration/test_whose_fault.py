@@ -23,7 +23,7 @@ from cppperf.services.builder.service import build_patch
 from cppperf.shared.domain import InstanceMeta
 from tests.conftest import make_settings, strict
 from tests.gitrepo import commit_files
-from tests.test_builder import commit_for
+from tests.integration.test_builder import commit_for
 
 pytestmark = pytest.mark.build
 

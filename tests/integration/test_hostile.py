@@ -41,7 +41,7 @@ from cppperf.services.evaluator.pipeline import EvalRequest, evaluate
 from cppperf.shared.engine.sandbox import jail_available
 from cppperf.shared.settings import Settings
 from tests.conftest import Proven, make_settings
-from tests.test_evaluator import core_patch, hostile_core
+from tests.integration.test_evaluator import core_patch, hostile_core
 
 pytestmark = [
     pytest.mark.build,

@@ -403,7 +403,7 @@ def test_import_recomputes_verdicts_from_raw_timings(tmp_path: Path) -> None:
 def test_published_regression_record_is_not_improved() -> None:
     from cppperf.dataset.records import to_record
 
-    src = Path(__file__).resolve().parents[2] / "shared" / "data" / "cppperf-db" / "entries"
+    src = Path(__file__).resolve().parents[3] / "shared" / "data" / "cppperf-db" / "entries"
     files = sorted(src.glob("fmtlib_fmt_c9102619da70*.json"))
     if not files:
         pytest.skip("CppPerf-DB data not available")
@@ -488,7 +488,7 @@ def test_overview_has_distributions_and_links(tmp_path: Path) -> None:
 
 
 def _readme_block(heading: str) -> str:
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = text[text.index(heading) :]
     start = section.index("```python\n") + len("```python\n")
     return section[start : section.index("\n```", start)]

@@ -30,8 +30,8 @@ from cppperf.shared.engine.coverage import (
 )
 from cppperf.shared.engine.stats import benjamini_hochberg
 from tests.conftest import Proven, commit_for, make_settings, strict
+from tests.e2e.test_cli import run_cli
 from tests.gitrepo import commit_files
-from tests.test_cli import run_cli
 
 DIFF = """\
 diff --git a/src/a.cpp b/src/a.cpp

@@ -10,7 +10,7 @@ import pytest
 
 from cppperf.demo import DemoRepo
 from cppperf.shared.engine.runner_script import instructions_unsupported
-from tests.test_cli import run_cli
+from tests.e2e.test_cli import run_cli
 
 pytestmark = pytest.mark.build
 

@@ -20,8 +20,8 @@ from cppperf.shared.bus import Bus
 from cppperf.shared.errors import NotProvisioned
 from cppperf.shared.provision import provision_all, required_streams
 from cppperf.shared.settings import BusSettings
+from tests.integration.test_bus_auth import server_refuses
 from tests.secured_bus import SecuredBus, as_user, fresh_bus, running_secured_bus
-from tests.test_bus_auth import server_refuses
 
 pytestmark = pytest.mark.nats
 

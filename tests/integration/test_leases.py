@@ -122,7 +122,7 @@ def test_runs_are_pinned_to_the_core_asked() -> None:
 def test_compose_shares_one_lease_directory_between_builders_and_evaluators() -> None:
     import yaml
 
-    compose = yaml.safe_load((Path(__file__).resolve().parents[1] / "docker-compose.yml").read_text())
+    compose = yaml.safe_load((Path(__file__).resolve().parents[2] / "docker-compose.yml").read_text())
     mounts = []
     for name in ("builder", "evaluator"):
         svc = compose["services"][name]

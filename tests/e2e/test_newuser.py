@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.test_cli_inputs import _store_with, cli
 from tests.gitrepo import commit_files
-from tests.test_cli_inputs import _store_with, cli
 
 
 def runner_piped(*args: str) -> subprocess.CompletedProcess[str]:

@@ -123,7 +123,7 @@ def test_urls() -> None:
 def test_docker_backend_trees_carry_submodules(family: dict[str, object], tmp_path: Path) -> None:
     from cppperf.shared.engine.backends import make_backend
     from tests.conftest import make_settings
-    from tests.test_docker import _engine
+    from tests.integration.test_docker import _engine
 
     if _engine() is None:
         pytest.skip("no container engine reachable: set DOCKER_HOST")

@@ -27,8 +27,8 @@ from cppperf.shared.claims import KvClaims
 from cppperf.shared.service import ServiceContext
 from cppperf.shared.settings import Settings
 from tests.conftest import Proven, make_settings
+from tests.integration.test_bus_auth import FakeOps
 from tests.secured_bus import SecuredBus, fresh_bus, running_secured_bus
-from tests.test_bus_auth import FakeOps
 
 
 class StandInOps(EngineOps):

@@ -1,0 +1,1 @@
+"""The whole thing as a user runs it: the CLI, the deployment files, the cluster of processes."""

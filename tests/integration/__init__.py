@@ -1,0 +1,1 @@
+"""A real nats-server, real generated repositories built and timed in the jail, podman, chromium, checkov."""
