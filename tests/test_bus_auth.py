@@ -23,6 +23,7 @@ from cppperf.services.evaluator.instances import EvalInstance
 from cppperf.services.evaluator.pipeline import EvalRequest
 from cppperf.shared import messages as m
 from cppperf.shared.bus import credential_options
+from cppperf.shared.domain import Oracle, Validation
 from cppperf.shared.service import ServiceContext
 from tests.secured_bus import SecuredBus, evaluator_service, running_secured_bus
 
@@ -34,6 +35,14 @@ class FakeOps:
 
     def __init__(self) -> None:
         self.ran: list[EvalRequest] = []
+        self.validated: list[str] = []
+
+    def validate(self, record: dict[str, Any], *, force: bool) -> Validation:
+        """Gold validation stand-in: every instance grades on its tests."""
+        self.validated.append(record["cppperf"]["instance_id"])
+        record["cppperf"]["oracle"] = "ctest"
+        record["cppperf"]["validation"] = {"oracle": "ctest", "can_grade": True}
+        return Validation(oracle=Oracle.CTEST, can_grade=True)
 
     def evaluate(self, req: EvalRequest, instance: EvalInstance | None) -> dict[str, Any]:
         self.ran.append(req)

@@ -11,7 +11,13 @@ from dataclasses import dataclass
 
 from faststream.nats import NatsBroker
 
-from cppperf.services.builder.handlers import BuilderOps, EngineOps, on_candidate, on_classified
+from cppperf.services.builder.handlers import (
+    BuilderOps,
+    EngineOps,
+    on_candidate,
+    on_classified,
+    request_validation,
+)
 from cppperf.shared import claims
 from cppperf.shared import messages as m
 from cppperf.shared.logging import get_logger
@@ -53,6 +59,7 @@ def register(broker: NatsBroker, ctx: ServiceContext, *, ops: BuilderOps | None 
             return
         iid = m.instance_id(item.commit.repo, item.commit.sha)
         if await republish_finished(ctx, iid):
+            await request_validation(ctx, iid)  # `builder.validate_gold`, if not validated yet
             return  # finished earlier: a redelivery or a second request gets that result
 
         async def busy(holder: str) -> None:
