@@ -298,6 +298,9 @@ class SideSamples(_Written, kw_only=True):
     new_instructions: list[float] = msgspec.field(default_factory=list)
     old_ir: list[float] = msgspec.field(default_factory=list)  # `builder.metric = cachegrind`
     new_ir: list[float] = msgspec.field(default_factory=list)
+    # `builder.cachegrind_cache_sim`: estimated cycles per run beside the count (not deciding)
+    old_est_cycles: list[float] = msgspec.field(default_factory=list)
+    new_est_cycles: list[float] = msgspec.field(default_factory=list)
 
 
 class Environment(_Written, kw_only=True):
@@ -546,6 +549,8 @@ class EvalReport(_Written, kw_only=True):
     samples: dict[str, dict[str, list[float]]] | UnsetType = UNSET
     samples_wall: dict[str, dict[str, list[float]]] | UnsetType = UNSET
     samples_cpu: dict[str, dict[str, list[float]]] | UnsetType = UNSET
+    # `builder.cachegrind_cache_sim`: estimated cycles per run, beside the counts (not deciding)
+    samples_est_cycles: dict[str, dict[str, list[float]]] | UnsetType = UNSET
     metric: str | UnsetType = UNSET  # builder.metric
     decided_on: dict[str, str] | UnsetType = UNSET  # per test: the metric that decided
     repeats: dict[str, int] | UnsetType = UNSET  # per test: runs inside one sample

@@ -88,7 +88,7 @@ async def _instance(ctx: StageContext, iid: str) -> EvalInstance | None:
 
 
 # Per-run samples stay in the report on disk; the bus and the `evaluations` bucket carry the rest.
-SAMPLE_KEYS: Final = frozenset({"samples", "samples_wall", "samples_cpu"})
+SAMPLE_KEYS: Final = frozenset({"samples", "samples_wall", "samples_cpu", "samples_est_cycles"})
 
 
 def without_samples(report: dict[str, Any]) -> dict[str, Any]:

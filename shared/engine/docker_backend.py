@@ -261,6 +261,7 @@ class DockerBackend:
         uid: int = UID,
         reap: bool = False,
         valgrind: bool = False,
+        cache_sim: bool = False,
     ) -> RunResult:
         req = {
             "op": "run",
@@ -276,6 +277,7 @@ class DockerBackend:
             "fresh_tmp": self.hardened,
             "reap": reap,  # the runner as subreaper: what the test left is killed, orphans' CPU counted
             "valgrind": valgrind,
+            "cache_sim": cache_sim,
         }
         code, out = self._exec(
             ["python3", RUNNER, json.dumps(req)], user="0", deadline_s=timeout + RUN_MARGIN_S
@@ -294,6 +296,7 @@ class DockerBackend:
             max_rss_kb=int(ans.get("max_rss_kb", 0)),
             instructions=None if ans.get("instructions") is None else int(ans["instructions"]),
             ir=None if ans.get("ir") is None else int(ans["ir"]),
+            est_cycles=None if ans.get("est_cycles") is None else int(ans["est_cycles"]),
         )
 
     @property
@@ -462,6 +465,7 @@ class DockerBackend:
             cpus=limits.cpus,
             instructions=limits.instructions,
             valgrind=limits.valgrind,
+            cache_sim=limits.cache_sim,
             uid=self.uid(side),
             reap=True,
         )
