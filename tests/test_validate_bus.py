@@ -193,3 +193,71 @@ async def test_proven_demo_is_validated_by_the_evaluator_service(
                 await asyncio.sleep(0.2)
             assert await client.bus.drained()
             assert ops.runs == [iid]
+
+
+@dataclass
+class SlowValidator(FakeValidator):
+    """A validation that takes a while: the drain must wait for it."""
+
+    seconds: float = 2.0
+
+    def validate(self, record: dict[str, Any], *, force: bool) -> Validation:
+        import time
+
+        time.sleep(self.seconds)
+        return super().validate(record, force=force)
+
+
+@pytest.mark.nats
+async def test_builder_and_evaluator_on_one_bus_drain_only_after_the_validation(
+    nats_server: Any, tmp_path: Path
+) -> None:
+    """As in `mine` with `builder.validate_gold`: the builder proves (a stand-in), stores and asks;
+    the evaluator validates (a stand-in); the pipeline counts as drained only once the instance's
+    oracle is stored, and the evaluator is the one that wrote it."""
+    from cppperf.services.builder import app as builder_app
+    from cppperf.services.builder.service import BuiltPatch
+    from cppperf.shared.bus import wait_drained
+
+    class Proves(FakeBuilderOps):
+        def prove(self, c: m.CommitSelected, path: Path, diff: str) -> BuiltPatch:
+            built = super().prove(c, path, diff)
+            return BuiltPatch({**RECORD, "cppperf": built.record["cppperf"]}, built.message, built.path)
+
+    settings = make_settings(
+        tmp_path, nats_url=nats_server.url, builder={"validate_gold": True}, bus={"stop_grace": 5}
+    )
+    validator = SlowValidator()
+    register = {
+        "builder": lambda b, c: builder_app.register(b, c, ops=Proves(tmp_path)),
+        "evaluator": lambda b, c: evaluator_app.register(b, c, ops=validator),
+    }
+    async with run_services(
+        settings, nats_server.url, ["builder", "evaluator"], register=register
+    ) as running:
+        ctx = running.ctx
+        await ctx.store.delete(INSTANCES.name, IID)  # another test's run on this session's bus
+        item = m.CommitClassified(commit=commit(), label=True, backend="heuristic")
+        await ctx.bus.publish(m.COMMIT_CLASSIFIED, item, msg_id=f"drain-{tmp_path.name}")
+        await asyncio.sleep(0.5)
+        await wait_drained(ctx.bus, timeout=60)
+        state = await buckets.get(ctx.store, INSTANCES, IID)
+        assert state is not None and state.oracle == Oracle.CTEST, state
+        assert validator.ran == [(IID, False)]
+        record = await instance_record(ctx.store, IID)
+        assert record is not None and record["cppperf"]["oracle"] == "ctest"
+
+
+@pytest.mark.nats
+def test_validate_over_the_bus_refuses_an_unknown_id_in_one_line(nats_server: Any, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from cppperf.cli.common import app
+
+    res = CliRunner().invoke(
+        app,
+        ["validate", "nobody__nothing-0123456789ab", "--nats-url", nats_server.url, "--out", str(tmp_path)],
+    )
+    assert res.exit_code != 0
+    assert "unknown instance" in res.output and "instances bucket" in res.output, res.output
+    assert "Traceback" not in res.output
