@@ -125,6 +125,16 @@ def validate(
     timeout: Annotated[
         float, typer.Option("--timeout", help="with a bus: seconds to wait for the evaluator (0: no limit)")
     ] = 0.0,
+    creds: Annotated[
+        Path | None,
+        typer.Option(
+            "--creds",
+            envvar="CPPPERF_BUS_CREDS",
+            help="with --nats-url on a secured bus: the admin's creds file (agents may not ask)",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
     out_dir: OutDir = None,
     as_json: AsJson = False,
     config: Config = None,
@@ -136,9 +146,15 @@ def validate(
     \b
     Example:
       cppperf validate local__demo-4bda4860cd0d
-      cppperf validate --nats-url nats://bus:4222
+      cppperf validate --nats-url nats://nats-1:4222 --creds admin.creds
     """
-    s = _settings(config, out_dir=str(out_dir) if out_dir else None, evaluator__runs=runs, nats_url=nats_url)
+    s = _settings(
+        config,
+        out_dir=str(out_dir) if out_dir else None,
+        evaluator__runs=runs,
+        nats_url=nats_url,
+        bus__creds=str(creds) if creds else None,
+    )
     if s.nats_url:
         results = _over_the_bus(s, ids, force=force, timeout=timeout, quiet=as_json)
     else:
