@@ -26,7 +26,7 @@ they forbid unknown fields, so the tests that decode real output fail on a key n
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Final, Protocol, TypeVar
+from typing import Final, Protocol, TypeVar
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -211,6 +211,9 @@ class InstanceState(_Value, kw_only=True):
     record: str = ""  # the whole instance record (JSON) when small enough to stay inline
     record_ref: str | None = None  # else its object-store name
     record_path: str = ""  # where this node exported it (an export, not the state)
+    # gold validation's result (the record's `cppperf.oracle`), set by the evaluator: None until
+    # validated (`validate.requested`)
+    oracle: Oracle | None = None
 
 
 class EvaluationState(_Value, kw_only=True):
@@ -295,6 +298,9 @@ class SideSamples(_Written, kw_only=True):
     new_instructions: list[float] = msgspec.field(default_factory=list)
     old_ir: list[float] = msgspec.field(default_factory=list)  # `builder.metric = cachegrind`
     new_ir: list[float] = msgspec.field(default_factory=list)
+    # `builder.cachegrind_cache_sim`: estimated cycles per run beside the count (not deciding)
+    old_est_cycles: list[float] = msgspec.field(default_factory=list)
+    new_est_cycles: list[float] = msgspec.field(default_factory=list)
 
 
 class Environment(_Written, kw_only=True):
@@ -337,12 +343,27 @@ class Attempt(_Written, kw_only=True):
     build_steps: list[BuildStep] = msgspec.field(default_factory=list)
 
 
+class ValidationRun(_Written, kw_only=True, omit_defaults=True):
+    """One of gold validation's two evaluations, in brief (its full report stays on disk under
+    `evaluator.runs_dir/validate/{gold,null}/<id>/`); empty when it did not run (the null patch
+    runs only after the expert's scored opt)."""
+
+    verdict: EvalVerdict | None = None
+    opt: bool = False
+    reason: str = ""
+    gm_speedup_agent: float | None = None
+    timed_tests: list[str] = msgspec.field(default_factory=list)
+    timed_benchmarks: list[str] = msgspec.field(default_factory=list)
+    wall_seconds: float | None = None
+    metric: str = ""  # the metric its verdict was decided on (cpu | wall | instructions | cachegrind)
+
+
 class Validation(_Written, kw_only=True):
     """Gold validation (services/evaluator/gold.py): the two evaluations' verdicts, the oracle."""
 
-    gold: dict[str, Any] = msgspec.field(default_factory=dict)  # the expert patch's report, in brief
-    null: dict[str, Any] = msgspec.field(default_factory=dict)  # the comment-only patch's
-    oracle: str = "none"
+    gold: ValidationRun = msgspec.field(default_factory=ValidationRun)  # the expert patch's evaluation
+    null: ValidationRun = msgspec.field(default_factory=ValidationRun)  # the comment-only patch's
+    oracle: Oracle = Oracle.NONE
     can_grade: bool = False
     why: str = ""  # when it cannot grade
 
@@ -528,6 +549,8 @@ class EvalReport(_Written, kw_only=True):
     samples: dict[str, dict[str, list[float]]] | UnsetType = UNSET
     samples_wall: dict[str, dict[str, list[float]]] | UnsetType = UNSET
     samples_cpu: dict[str, dict[str, list[float]]] | UnsetType = UNSET
+    # `builder.cachegrind_cache_sim`: estimated cycles per run, beside the counts (not deciding)
+    samples_est_cycles: dict[str, dict[str, list[float]]] | UnsetType = UNSET
     metric: str | UnsetType = UNSET  # builder.metric
     decided_on: dict[str, str] | UnsetType = UNSET  # per test: the metric that decided
     repeats: dict[str, int] | UnsetType = UNSET  # per test: runs inside one sample

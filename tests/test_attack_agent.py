@@ -21,6 +21,7 @@ from nats.aio.msg import Msg
 
 from cppperf.agents import add_agent, agent_entry, list_agents, new_key, remove_agent, render
 from cppperf.client import AgentClient, Refused
+from cppperf.runtime import connect
 from cppperf.services.evaluator.gateway import dedup_id
 from cppperf.services.evaluator.instances import EvalInstance
 from cppperf.services.evaluator.pipeline import EvalRequest
@@ -35,6 +36,7 @@ from tests.secured_bus import (
     running_secured_bus,
     start_secured_bus,
 )
+from tests.secured_bus import as_user as settings_as
 from tests.test_bus_auth import INSTANCE, FakeOps, as_user, server_refuses
 
 pytestmark = pytest.mark.nats
@@ -169,6 +171,11 @@ PUBLISH_ATTACKS = [
     "$SYS.REQ.ACCOUNT.SERVICES.CONNZ",
     "_R_.abc",
     "dlq.eval.requested",
+    "validate.requested",  # ask for a gold validation
+    "$KV.instances.local__demo-0123456789ab",  # write an oracle: forge a finished validation
+    "$JS.ACK.VALIDATE_REQUESTED.evaluator-validate.1.1.1.1.1",
+    "$JS.API.CONSUMER.MSG.NEXT.VALIDATE_REQUESTED.evaluator-validate",
+    "$JS.API.DIRECT.GET.KV_instances.$KV.instances.local__demo-0123456789ab",
 ]
 
 
@@ -200,7 +207,57 @@ SUBSCRIBE_ATTACKS = [
     "$O.blobs.>",
     "$SYS.>",
     "dlq.>",
+    "validate.>",
+    "$KV.instances.>",
 ]
+
+
+async def test_agent_can_neither_request_a_validation_nor_write_an_oracle(
+    secured: SecuredBus, evaluator: Any, tmp_path: Path
+) -> None:
+    """`validate.requested` and the `instances` bucket are the builder's and the evaluator's: an
+    agent's request, forged oracle or completion is refused by the server and leaves no trace;
+    the same request from the builder's user is validated, and only the evaluator's user writes
+    the oracle."""
+    ctx, ops = evaluator
+    iid = "local__demo-0123456789ab"
+    state = {"stage": "built", "verdict": "improved", "oracle": "both", "record": "{}"}
+    forged = [
+        ("validate.requested", m.encode(m.ValidateRequested(instance_id=iid))),
+        ("validate.requested", m.encode(m.ValidateRequested(instance_id=iid, force=True, request_id="f"))),
+        (f"$KV.instances.{iid}", json.dumps(state).encode()),  # a finished validation, forged
+    ]
+    for subject, body in forged:
+        nc = await as_user(secured, "bob")
+        try:
+            await nc.publish(subject, body)
+            with contextlib.suppress(Exception):
+                await nc.flush(timeout=1)
+            await asyncio.sleep(0.05)
+            assert "for publish" in str(nc.last_error).lower(), subject
+        finally:
+            with contextlib.suppress(Exception):
+                await nc.close()
+    assert (await ctx.bus.js.stream_info("VALIDATE_REQUESTED")).state.last_seq == 0
+    assert await ctx.store.ids("instances") == []
+    assert ops.validated == []
+    # the builder's user stores the instance and asks; the evaluator's user writes the oracle
+    record = {
+        "metadata": {"repository_name": "local/demo", "repository": "/nowhere"},
+        "commit_info": {"old_sha": "b" * 40, "new_sha": "a" * 40, "patch": ["d"], "files_changed": []},
+        "cppperf": {"instance_id": iid, "verdict": "improved"},
+    }
+    builder = settings_as(secured, tmp_path / "builder", "builder")
+    async with connect(builder, secured.url) as bctx:
+        good = {"stage": "built", "verdict": "improved", "record": json.dumps(record)}
+        await bctx.store.put("instances", iid, good)
+        await bctx.bus.publish(m.VALIDATE_REQUESTED, m.ValidateRequested(instance_id=iid))
+        for _ in range(300):
+            if (await bctx.store.get("instances", iid) or {}).get("oracle"):
+                break
+            await asyncio.sleep(0.1)
+        assert (await bctx.store.get("instances", iid) or {}).get("oracle") == "ctest"
+    assert ops.validated == [iid]
 
 
 async def test_agent_may_subscribe_only_to_its_inbox_and_announcements(secured: SecuredBus) -> None:

@@ -247,6 +247,8 @@ def _meta(commit: CommitSelected, res: InstanceResult, settings: BuilderSettings
                 new_instructions=s.instructions.get("new", []),
                 old_ir=s.ir.get("old", []),
                 new_ir=s.ir.get("new", []),
+                old_est_cycles=s.est_cycles.get("old", []),
+                new_est_cycles=s.est_cycles.get("new", []),
             )
             for n, s in (meas.samples.items() if meas else [])
         },

@@ -25,6 +25,7 @@ class EvalInstance:
     improved_benchmarks: list[str] = field(default_factory=list)  # `bench:` workloads that proved it
     files: list[str] = field(default_factory=list)
     date: str = ""
+    metric: str = ""  # the metric the builder proved it on (`cppperf.metric`; "" for an imported record)
 
     @property
     def multi_file(self) -> bool:
@@ -49,6 +50,7 @@ def from_record(record: dict[str, Any]) -> EvalInstance:
         improved_benchmarks=[str(n) for n in ours.get("improved_benchmarks") or []],
         files=[f.get("filename", "") for f in ci.get("files_changed") or []],
         date=str(ci.get("commit_date") or ""),
+        metric=str(ours.get("metric") or ""),
     )
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from msgspec import UNSET
 
 from cppperf.services.evaluator.apply import apply_patch
 from cppperf.services.evaluator.checks import check_patch, check_tree, snapshot
@@ -58,7 +59,7 @@ from cppperf.shared.engine.backends import make_backend
 from cppperf.shared.engine.benchmarks import Discovered, broken_on, is_benchmark, timed_edits, timed_run
 from cppperf.shared.engine.benchmarks import find as find_benchmarks
 from cppperf.shared.engine.cmake import StepResult, TestCase, test_description
-from cppperf.shared.engine.leases import exact_metric, on_build_cores, timing_core
+from cppperf.shared.engine.leases import EXACT_METRICS, exact_metric, on_build_cores, timing_core
 from cppperf.shared.engine.limits import limits_for
 from cppperf.shared.engine.protocol import check_metric, measure
 from cppperf.shared.engine.sandbox import Limits, RunResult, jail_problem
@@ -174,6 +175,26 @@ def _verdict(verdict: EvalVerdict, reason: str, **fields: Any) -> EvalReport:
     return EvalReport(verdict=verdict, opt=False, reason=reason, **fields)
 
 
+def evaluation_metric(s: Settings, inst: EvalInstance) -> str:
+    """The metric original, agent and expert are compared on: `evaluator.metric` when set, else
+    the exact metric the instance was proven on (an instance proven on Cachegrind's counts is
+    graded on them too), else `builder.metric`."""
+    if s.evaluator.metric:
+        return s.evaluator.metric
+    if inst.metric in EXACT_METRICS:
+        return inst.metric
+    return s.builder.metric
+
+
+def on_metric(s: Settings, inst: EvalInstance) -> Settings:
+    """`s` with `builder.metric` the evaluation's metric (`evaluation_metric`): checks, limits,
+    leases, measurement and report all follow it."""
+    metric = evaluation_metric(s, inst)
+    if metric == s.builder.metric:
+        return s
+    return msgspec.structs.replace(s, builder=msgspec.structs.replace(s.builder, metric=metric))
+
+
 def _evaluate(
     req: EvalRequest, s: Settings, out: Path, phase: Phase, instance: EvalInstance | None
 ) -> EvalReport:
@@ -182,6 +203,7 @@ def _evaluate(
         inst = instance or load_instance(req.instance_id, Path(s.out_dir))
     except Exception as exc:
         return _verdict(EvalVerdict.UNKNOWN_INSTANCE, str(exc))
+    s = on_metric(s, inst)
     base = {"multi_file": inst.multi_file, "files": inst.files}
     rules = Rules.from_settings(s.mining)
     check = check_patch(
@@ -463,8 +485,9 @@ def _run(
         meas = measure(
             timed,
             run_one,
-            rounds=ev.runs,
-            warmup=s.builder.warmup,
+            # an exact count needs no warm-up: a few identical runs (as the builder counts)
+            rounds=s.builder.exact_runs if exact else ev.runs,
+            warmup=0 if exact else s.builder.warmup,
             seed=s.builder.seed,
             sides=SIDES,
             progress=lambda d, t: phase("measure", d, t),
@@ -488,6 +511,8 @@ def _run(
         opt_fraction=ev.opt_fraction,
         resamples=s.builder.bootstrap_resamples,
         seed=s.builder.seed,
+        exact=[n for n in timed if meas.metric_of(n) == "cachegrind"],
+        tolerance=s.builder.exact_tolerance,
     )
     return EvalReport(
         verdict=score_verdict(sc.opt),
@@ -497,7 +522,7 @@ def _run(
         tests_pass=True,
         timed_tests=timed,
         timed_benchmarks=benches.common,
-        rounds=ev.runs,
+        rounds=s.builder.exact_runs if exact else ev.runs,
         seed=s.builder.seed,
         per_test=sc.per_test,
         gm_speedup_agent=sc.gm_speedup_agent,
@@ -508,6 +533,7 @@ def _run(
         samples={n: meas.samples[n].by_metric(meas.metric_of(n)) for n in timed},
         samples_wall={n: meas.samples[n].wall for n in timed},
         samples_cpu={n: meas.samples[n].cpu for n in timed},
+        samples_est_cycles={n: c for n in timed if (c := meas.samples[n].est_cycles)} or UNSET,
         metric=s.builder.metric,
         decided_on=dict(meas.decided_on),
         repeats=dict(meas.repeats),

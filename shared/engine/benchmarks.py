@@ -162,7 +162,7 @@ def as_sample(name: str, res: RunResult) -> RunResult:
         real, cpu, _n = parse_run(res.output, benchmark_of(name))
     except BenchOutputError as exc:
         return replace(res, returncode=1, output=f"{exc.reason}: {exc}\n{res.output[-1500:]}")
-    return replace(res, wall_s=real, cpu_s=cpu, instructions=None, ir=None)
+    return replace(res, wall_s=real, cpu_s=cpu, instructions=None, ir=None, est_cycles=None)
 
 
 def timed_run(backend: Backend, side: str, t: TestCase, limits: Limits) -> RunResult:
