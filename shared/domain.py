@@ -509,6 +509,26 @@ class PerTestScore(_Written, kw_only=True):
     within_opt_fraction: bool
 
 
+class NativeConfirmation(_Written, kw_only=True):
+    """An `opt` decided on exact counts, checked against native CPU time (evaluator pipeline
+    `_confirm`): original, agent and expert timed without Valgrind on the timing core. A count
+    can be made to disagree with the work (a patch that detects Valgrind and does less there,
+    work the count misses); the time cannot. `confirmed`: the native times score `opt` too (the
+    timed metric's own decision: the agent significantly faster than the original on a test its
+    count improved, slower on none, within `evaluator.opt_fraction` of the expert); else the
+    verdict is `correct`, not `opt`."""
+
+    metric: str = "cpu"
+    rounds: int
+    confirmed: bool
+    speedup: dict[str, float] = msgspec.field(default_factory=dict)  # per test: original / agent, native
+    expert_speedup: dict[str, float] = msgspec.field(default_factory=dict)  # original / expert, native
+    improved: list[str] = msgspec.field(default_factory=list)  # the agent significantly faster
+    regressed: list[str] = msgspec.field(default_factory=list)  # the agent significantly slower
+    short_of_expert: list[str] = msgspec.field(default_factory=list)  # clearly slower than the expert
+    leased_core: int | None = None
+
+
 class EvalReport(_Written, kw_only=True):
     """`runs/<run_id>/<model>/<instance_id>/report.json`, built as this Struct by the evaluator
     (services/evaluator/pipeline.py). A field is UNSET (absent from the JSON) until the step that
@@ -555,6 +575,9 @@ class EvalReport(_Written, kw_only=True):
     decided_on: dict[str, str] | UnsetType = UNSET  # per test: the metric that decided
     repeats: dict[str, int] | UnsetType = UNSET  # per test: runs inside one sample
     leased_core: int | UnsetType | None = UNSET  # the timing core the three trees were timed on
+    # an `opt` on exact counts checked by native CPU time (its samples: `samples_confirm`, on disk)
+    native_confirmation: NativeConfirmation | UnsetType = UNSET
+    samples_confirm: dict[str, dict[str, list[float]]] | UnsetType = UNSET
 
 
 # ------------------------------------------------------------------------------------ schemas

@@ -276,6 +276,9 @@ class EvaluatorSettings(msgspec.Struct, kw_only=True):
     # the exact one (`cachegrind`: counts, no timing-core lease), else `builder.metric`; a value
     # here decides for every instance
     metric: Literal["", "cpu", "wall", "instructions", "cachegrind"] = ""
+    # an `opt` decided on exact counts is confirmed by native CPU time: original and agent, this
+    # many rounds (the first a warm-up) on the timing core; not faster natively = not opt
+    confirm_runs: int = 8
 
 
 class Settings(msgspec.Struct, kw_only=True):
@@ -521,6 +524,11 @@ def _validate_ranges(s: Settings) -> None:
     if s.builder.min_improvement < 0:
         raise _bad("builder.min_improvement", "must be >= 0")
     _validate_exact(s.builder)
+    if s.evaluator.confirm_runs < 6:
+        raise _bad(
+            "evaluator.confirm_runs",
+            f"{s.evaluator.confirm_runs}; must be >= 6 (a warm-up and five rounds to decide on)",
+        )
 
 
 def _validate_exact(b: BuilderSettings) -> None:

@@ -610,6 +610,70 @@ def test_hostile_patch_is_refused_before_it_is_applied(name: str) -> None:
     assert not result.ok and result.verdict == verdict, (name, result)
 
 
+UNGRADABLE = "local__demo-0badc0ffee00"
+COMMENT_ONLY = _diff(
+    "diff --git a/src/core.cpp b/src/core.cpp",
+    "--- a/src/core.cpp",
+    "+++ b/src/core.cpp",
+    "@@ -1 +1,2 @@",
+    ' #include "core.h"',
+    "+// faster now",
+)
+
+
+def ungradable_record(iid: str = UNGRADABLE) -> dict[str, Any]:
+    """An instance whose gold validation found that it cannot grade: a comment-only patch scored
+    `opt` on it (the measurement cannot tell a change from none), so its oracle is `none`."""
+    null = {"verdict": "opt", "opt": True}
+    validation = {"gold": {"verdict": "opt", "opt": True}, "null": null, "oracle": "none", "can_grade": False}
+    return {
+        "metadata": {"repository_name": "local/demo", "repository": "/nowhere"},
+        "commit_info": {"old_sha": "b" * 40, "new_sha": "a" * 40, "patch": ["d"], "files_changed": []},
+        "cppperf": {"instance_id": iid, "verdict": "improved", "oracle": "none", "validation": validation},
+    }
+
+
+def test_an_instance_that_cannot_grade_scores_no_patch(tmp_path: Path) -> None:
+    """Gold validation writes `oracle: none` into the record of an instance on which a
+    comment-only patch scores `opt`; an agent that picks exactly those instances must not farm
+    `opt` with a comment. The evaluation refuses before anything is built (`instance-broken`)."""
+    from cppperf.services.evaluator.instances import from_record
+    from cppperf.services.evaluator.pipeline import evaluate
+    from tests.conftest import make_settings
+
+    settings = make_settings(tmp_path, evaluator={"runs_dir": str(tmp_path / "runs")})
+    inst = from_record(ungradable_record())
+    req = EvalRequest(run_id="bob.r", model="m", instance_id=UNGRADABLE, patch=COMMENT_ONLY)
+    report = evaluate(req, settings, instance=inst)
+    assert report["verdict"] == "instance-broken" and not report["opt"], report
+    assert "cannot grade" in report["reason"] and "oracle none" in report["reason"]
+    assert not (tmp_path / "work").exists()  # nothing was exported or built
+
+
+async def test_an_agent_gets_no_score_on_an_instance_that_cannot_grade(
+    secured: SecuredBus, tmp_path: Path
+) -> None:
+    """The same over the shipped bus, the evaluator service running the real pipeline: bob submits
+    a comment to the instance the builder stored with `oracle: none`; the answer is
+    `instance-broken`, at once (nothing built, no repository fetched)."""
+    from cppperf.services.evaluator.handlers import PipelineOps
+    from tests.conftest import make_settings
+
+    ops = PipelineOps(make_settings(tmp_path / "eval", evaluator={"runs_dir": str(tmp_path / "runs")}))
+    async with evaluator_service(secured, tmp_path, ops):
+        builder = settings_as(secured, tmp_path / "builder", "builder")
+        async with connect(builder, secured.url) as bctx:
+            state = {"stage": "built", "verdict": "improved", "oracle": "none"}
+            await bctx.store.put(
+                "instances", UNGRADABLE, {**state, "record": json.dumps(ungradable_record())}
+            )
+        async with await AgentClient.connect(secured.url, secured.creds("bob")) as bob:
+            eid = await bob.submit(UNGRADABLE, COMMENT_ONLY, run_id="r", model="m")
+            report = await bob.wait(eid, poll=0.1, max_wait=60)
+    assert report["verdict"] == "instance-broken" and not report["opt"], report
+    assert "cannot grade" in report["reason"]
+
+
 @pytest.mark.parametrize("instance_id", [".", "..", "...", "-", "evaluations"])
 def test_instance_id_that_is_no_instance_builds_no_path(tmp_path: Path, instance_id: str) -> None:
     """The gateway's alphabet lets `.` and `..` through; the evaluation refuses them before a run

@@ -108,7 +108,7 @@ def validate_record(
 
     def run(model: str, patch: str) -> dict[str, Any]:
         req = EvalRequest(run_id=RUN_ID, model=model, instance_id=inst.instance_id, patch=patch)
-        return evaluate(req, settings, force=force, on_phase=on_phase, instance=inst)
+        return evaluate(req, settings, force=force, on_phase=on_phase, instance=inst, validating=True)
 
     gold = run("gold", inst.expert_patch)
     null = run("null", null_patch_for(record, settings)) if gold.get("verdict") == EvalVerdict.OPT else {}

@@ -88,7 +88,9 @@ async def _instance(ctx: StageContext, iid: str) -> EvalInstance | None:
 
 
 # Per-run samples stay in the report on disk; the bus and the `evaluations` bucket carry the rest.
-SAMPLE_KEYS: Final = frozenset({"samples", "samples_wall", "samples_cpu", "samples_est_cycles"})
+SAMPLE_KEYS: Final = frozenset(
+    {"samples", "samples_wall", "samples_cpu", "samples_est_cycles", "samples_confirm"}
+)
 
 
 def without_samples(report: dict[str, Any]) -> dict[str, Any]:

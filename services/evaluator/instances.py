@@ -26,6 +26,9 @@ class EvalInstance:
     files: list[str] = field(default_factory=list)
     date: str = ""
     metric: str = ""  # the metric the builder proved it on (`cppperf.metric`; "" for an imported record)
+    # gold validation's verdict on it (`cppperf.oracle`): "" until validated, `none` when it cannot
+    # grade (the expert's patch is not opt, or a comment-only patch is)
+    oracle: str = ""
 
     @property
     def multi_file(self) -> bool:
@@ -51,6 +54,7 @@ def from_record(record: dict[str, Any]) -> EvalInstance:
         files=[f.get("filename", "") for f in ci.get("files_changed") or []],
         date=str(ci.get("commit_date") or ""),
         metric=str(ours.get("metric") or ""),
+        oracle=str(ours.get("oracle") or ""),
     )
 
 

@@ -53,7 +53,14 @@ from cppperf.services.evaluator.verdict import (
     tests_defined_verdict,
     timing_verdict,
 )
-from cppperf.shared.domain import BenchmarkSkip, EvalReport, EvalVerdict, FailedTest
+from cppperf.shared.domain import (
+    BenchmarkSkip,
+    EvalReport,
+    EvalVerdict,
+    FailedTest,
+    NativeConfirmation,
+    Oracle,
+)
 from cppperf.shared.engine.backend import Backend, SideName, build_sides, export_tree
 from cppperf.shared.engine.backends import make_backend
 from cppperf.shared.engine.benchmarks import Discovered, broken_on, is_benchmark, timed_edits, timed_run
@@ -124,10 +131,12 @@ def evaluate(
     force: bool = False,
     on_phase: Phase | None = None,
     instance: EvalInstance | None = None,
+    validating: bool = False,
 ) -> dict[str, Any]:
     """The report for one request (from disk when already finished for this very patch).
     `instance` is the instance (from the `instances` bucket); without it, its record is read from
-    OUT/instances."""
+    OUT/instances. An instance whose gold validation says it cannot grade (`oracle: none`) grades
+    nobody (`instance-broken`), except its own validation (`validating`, gold.py)."""
     digest = patch_sha256(req.patch)
     unknown = instance_id_verdict(req.instance_id)  # before any path is built from it
     if unknown is not None:
@@ -152,7 +161,7 @@ def evaluate(
     _write(out / "patch.diff", req.patch)
     t0 = time.perf_counter()
     report = msgspec.structs.replace(
-        _evaluate(req, settings, out, on_phase or (lambda _p, _d, _t: None), instance),
+        _evaluate(req, settings, out, on_phase or (lambda _p, _d, _t: None), instance, validating),
         instance_id=req.instance_id,
         run_id=req.run_id,
         model=req.model,
@@ -196,13 +205,24 @@ def on_metric(s: Settings, inst: EvalInstance) -> Settings:
 
 
 def _evaluate(
-    req: EvalRequest, s: Settings, out: Path, phase: Phase, instance: EvalInstance | None
+    req: EvalRequest,
+    s: Settings,
+    out: Path,
+    phase: Phase,
+    instance: EvalInstance | None,
+    validating: bool = False,
 ) -> EvalReport:
     ev = s.evaluator
     try:
         inst = instance or load_instance(req.instance_id, Path(s.out_dir))
     except Exception as exc:
         return _verdict(EvalVerdict.UNKNOWN_INSTANCE, str(exc))
+    if inst.oracle == Oracle.NONE and not validating:  # an agent would pick exactly these
+        return _verdict(
+            EvalVerdict.INSTANCE_BROKEN,
+            f"instance {inst.instance_id} cannot grade: its gold validation found no workload on which "
+            "the expert's patch is opt and a comment-only patch is not (oracle none)",
+        )
     s = on_metric(s, inst)
     base = {"multi_file": inst.multi_file, "files": inst.files}
     rules = Rules.from_settings(s.mining)
@@ -410,7 +430,7 @@ def _correctness(
     return failures
 
 
-def _run(
+def _run(  # noqa: PLR0911 - one verdict per stage that can stop an evaluation
     req: EvalRequest,
     inst: EvalInstance,
     s: Settings,
@@ -514,10 +534,21 @@ def _run(
         exact=[n for n in timed if meas.metric_of(n) == "cachegrind"],
         tolerance=s.builder.exact_tolerance,
     )
+    opt, reason = sc.opt, ""
+    confirmation: NativeConfirmation | None = None
+    confirm_samples: dict[str, dict[str, list[float]]] = {}
+    # counts can be made to disagree with the work, time cannot: an opt on counts is timed too
+    counted_better = [n for n in timed if not is_benchmark(n) and sc.per_test[n].agent_improved]
+    if opt and exact and counted_better:
+        step = _confirm(s, counted_better, workloads, backend, limits, phase)
+        if isinstance(step, EvalReport):  # a run failed natively that passed counted
+            return msgspec.structs.replace(step, **info)
+        confirmation, confirm_samples = step
+        opt, reason = confirmation.confirmed, _unconfirmed(confirmation)
     return EvalReport(
-        verdict=score_verdict(sc.opt),
-        opt=sc.opt,
-        reason="",
+        verdict=score_verdict(opt),
+        opt=opt,
+        reason=reason,
         **info,
         tests_pass=True,
         timed_tests=timed,
@@ -538,7 +569,87 @@ def _run(
         decided_on=dict(meas.decided_on),
         repeats=dict(meas.repeats),
         leased_core=pin,
+        native_confirmation=confirmation or UNSET,
+        samples_confirm=confirm_samples or UNSET,
     )
+
+
+def _unconfirmed(c: NativeConfirmation) -> str:
+    """The reason of an `opt` on counts that native time did not confirm ("" when it did)."""
+    if c.confirmed:
+        return ""
+    speedups = ", ".join(
+        f"{n} {x:.2f}x (expert {c.expert_speedup.get(n, 0):.2f}x)" for n, x in sorted(c.speedup.items())
+    )
+    return (
+        f"opt on Cachegrind's counts but not in native CPU time (speed-up {speedups}): "
+        "a patch must run faster, not only count fewer instructions under Valgrind"
+    )
+
+
+def _confirm(
+    s: Settings,
+    tests: list[str],
+    workloads: dict[str, dict[str, TestCase]],
+    backend: Backend,
+    limits: Callable[[TestCase, int | None, bool], Limits],
+    phase: Phase,
+) -> tuple[NativeConfirmation, dict[str, dict[str, list[float]]]] | EvalReport:
+    """Confirm an `opt` decided on exact counts by native CPU time: the three trees,
+    `evaluator.confirm_runs` interleaved rounds (the first a warm-up) on a leased timing core,
+    without Valgrind, scored as a timed evaluation is (`score`): confirmed when that is `opt`
+    too — the agent significantly faster than the original on one of `tests` (those its count
+    improved), slower on none, and not clearly slower than the expert. A patch that detects
+    Valgrind (its client request, its preload library, its mappings, …) and does less work
+    there counts like a faster one but runs like the original (or like a lesser patch); whatever
+    the means, the time shows it. A test failing natively: its verdict."""
+    ev = s.evaluator
+    native = msgspec.structs.replace(s.builder, metric="cpu")
+
+    with timing_core(native, phase, priority=ev.lease_priority) as pin:
+
+        def run_one(side: str, name: str) -> RunResult:
+            t = workloads[side][name]
+            return timed_run(backend, side, t, limits(t, pin, False))
+
+        meas = measure(
+            tests,
+            run_one,
+            rounds=ev.confirm_runs,
+            warmup=1,
+            seed=s.builder.seed + 1,
+            sides=SIDES,
+            progress=lambda d, t: phase("confirm", d, t),
+            metric="cpu",
+            multithread_ratio=s.builder.multithread_ratio,
+            floor=s.builder.sample_floor,
+            max_repeats=s.builder.max_repeats,
+        )
+    if meas.failure is not None:
+        f = meas.failure
+        why = f"test {f.test} failed natively during the confirmation of its counts (round {f.round})"
+        return _verdict(timing_verdict(f.side, timed_out=f.timed_out), why, tests_pass=False)
+    kept = {n: dict(meas.samples[n].by_metric(meas.metric_of(n))) for n in tests}  # warm-up dropped
+    timed = score(
+        kept,
+        alpha=s.builder.alpha,
+        min_improvement=s.builder.min_improvement,
+        opt_fraction=ev.opt_fraction,
+        resamples=s.builder.bootstrap_resamples,
+        seed=s.builder.seed,
+    )
+    per = timed.per_test
+    confirmation = NativeConfirmation(
+        rounds=ev.confirm_runs,
+        confirmed=timed.opt,
+        speedup={n: round(v.agent_speedup, 4) for n, v in per.items()},
+        expert_speedup={n: round(v.expert_speedup, 4) for n, v in per.items()},
+        improved=[n for n, v in per.items() if v.agent_improved],
+        regressed=[n for n, v in per.items() if v.agent_regressed],
+        short_of_expert=[n for n, v in per.items() if not v.within_opt_fraction],
+        leased_core=pin,
+    )
+    return confirmation, kept
 
 
 def summarize(settings: Settings, run_id: str, model: str) -> dict[str, Any]:

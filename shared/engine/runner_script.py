@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TextIO
 
 
 class OutputKeeper:
@@ -129,17 +129,37 @@ def valgrind_argv(argv: list[str], out_dir: str, *, cache_sim: bool = False) -> 
     ]
 
 
+def _open_regular(path: str) -> TextIO | None:
+    """`path` opened for reading when it is a regular file itself; None for a symlink, a FIFO, a
+    device or a directory. The count directory is writable by the counted test: what it leaves
+    there must neither block the runner (a FIFO) nor count a file elsewhere (a symlink)."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return os.fdopen(fd, errors="replace")
+
+
 def cachegrind_counts(out_dir: str) -> dict[str, int] | None:
     """Every event of every `cachegrind.out.<pid>` in `out_dir` (its `events:` names the columns
     of its `summary:` line), summed per event over the processes that counted `Ir`; None when no
-    process wrote one. Without `--cache-sim=yes` the only event is `Ir`."""
+    process wrote one. Without `--cache-sim=yes` the only event is `Ir`. Regular files
+    only (`_open_regular`)."""
     totals: dict[str, int] = {}
     found = False
     for name in sorted(os.listdir(out_dir)):
         if not name.startswith("cachegrind.out."):
             continue
+        fh = _open_regular(os.path.join(out_dir, name))
+        if fh is None:
+            continue
         events = ["Ir"]
-        with open(os.path.join(out_dir, name), errors="replace") as fh:
+        with fh:
             for line in fh:
                 if line.startswith("events:"):
                     events = line.split()[1:]
