@@ -147,3 +147,15 @@ def test_count_files_are_read_only_as_regular_files_in_the_directory(tmp_path: P
     os.mkfifo(out / "cachegrind.out.8")
     (out / "cachegrind.out.9").write_text("events: Ir\nsummary: 100\n")
     assert _counts_within(out, 10) == {"Ir": 100}
+
+
+def test_confirm_runs_cannot_be_set_below_what_can_decide() -> None:
+    """Five kept rounds a side are the fewest whose rank test can reach α = 0.05 after the
+    Benjamini-Hochberg correction: fewer would make every confirmation fail (or, worse, tempt an
+    operator to switch it off); there is no switch."""
+    from cppperf.shared.errors import ConfigError
+    from cppperf.shared.settings import load_settings
+
+    assert load_settings(env={}).evaluator.confirm_runs == 8
+    with pytest.raises(ConfigError, match=r"evaluator\.confirm_runs"):
+        load_settings(env={"CPPPERF_EVALUATOR_CONFIRM_RUNS": "3"})
