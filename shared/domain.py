@@ -514,8 +514,8 @@ class NativeConfirmation(_Written, kw_only=True):
     `_confirm`): original, agent and expert timed without Valgrind on the timing core. A count
     can be made to disagree with the work (a patch that detects Valgrind and does less there,
     work the count misses); the time cannot. `confirmed`: the native times score `opt` too (the
-    timed metric's own decision: the agent significantly faster than the original on a test its
-    count improved, slower on none, within `evaluator.opt_fraction` of the expert); else the
+    timed metric's own decision: the agent significantly faster than the original on a counted
+    test, slower on none, within `evaluator.opt_fraction` of the expert); else the
     verdict is `correct`, not `opt`."""
 
     metric: str = "cpu"

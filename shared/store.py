@@ -60,16 +60,35 @@ KV_MAX_BYTES: Final = 256 * 1024 * 1024  # BusSettings.kv_max_bytes: a full buck
 BLOB_MAX_BYTES: Final = 4 * 1024 * 1024 * 1024  # BusSettings.blob_max_bytes
 
 _BAD_KEY_CHAR = re.compile(r"[^-/_.a-zA-Z0-9]")
-_ESCAPE = re.compile(r"=([0-9A-F]{2})")
+_ESCAPE = re.compile(r"=(?:U([0-9A-F]{6})|([0-9A-F]{2}))")
+EMPTY_KEY: Final = "="  # the empty id (no id escapes to a lone `=`: `=` itself is `=3D`)
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    return f"={code:02X}" if code < 256 else f"=U{code:06X}"
 
 
 def encode_key(item_id: str) -> str:
-    key = _BAD_KEY_CHAR.sub(lambda mt: f"={ord(mt.group()):02X}" if ord(mt.group()) < 256 else "=3F", item_id)
-    return key.strip(".").replace("..", ".=2E") or "=00"
+    """A valid KV key for any id, one per id (injective: `decode_key` gives the id back). Only
+    `[-/_.a-zA-Z0-9]` stay; `=` and everything else is escaped (`=XX`, `=UXXXXXX` beyond Latin-1);
+    a leading or trailing dot, and the second of two, are escaped too (a key's tokens are never
+    empty). Ids differing only there — `x` and `x.`, `.` and `..`, from an agent's request — never
+    share a record."""
+    if not item_id:
+        return EMPTY_KEY
+    key = _BAD_KEY_CHAR.sub(lambda mt: _escape(mt.group()), item_id)
+    if key.startswith("."):
+        key = "=2E" + key[1:]
+    if key.endswith("."):
+        key = key[:-1] + "=2E"
+    return key.replace("..", ".=2E")
 
 
 def decode_key(key: str) -> str:
-    return _ESCAPE.sub(lambda mt: chr(int(mt.group(1), 16)), key)
+    if key == EMPTY_KEY:
+        return ""
+    return _ESCAPE.sub(lambda mt: chr(int(mt.group(1) or mt.group(2), 16)), key)
 
 
 def now_iso() -> str:

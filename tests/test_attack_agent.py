@@ -317,6 +317,78 @@ async def test_unknown_keys_and_renamed_creds_get_nothing(secured: SecuredBus, t
 
 
 # ------------------------------------------------------------------------- the gateway's refusals
+async def test_no_agent_request_makes_the_evaluator_write_the_instances_bucket(
+    secured: SecuredBus, evaluator: Any, tmp_path: Path
+) -> None:
+    """The evaluator may now write `$KV.instances.>` (gold validation); nothing an agent sends
+    makes it write there: submits for a stored instance (graded), for ids made of dots or
+    wildcards or naming the bucket's subjects, a `validate` verb, results and result lookups with
+    such ids. The bucket's stream has not moved and the stored oracle is the builder's."""
+    ctx, ops = evaluator
+    builder = settings_as(secured, tmp_path / "builder", "builder")
+    record = {
+        "metadata": {"repository_name": "local/demo", "repository": "/nowhere"},
+        "commit_info": {"old_sha": "b" * 40, "new_sha": "a" * 40, "patch": ["d"], "files_changed": []},
+        "cppperf": {"instance_id": INSTANCE, "verdict": "improved", "oracle": "ctest"},
+    }
+    async with connect(builder, secured.url) as bctx:
+        state = {"stage": "built", "verdict": "improved", "oracle": "ctest", "record": json.dumps(record)}
+        await bctx.store.put("instances", INSTANCE, state)
+    before = (await ctx.bus.js.stream_info("KV_instances")).state.last_seq
+    ids = (
+        ".",
+        "..",
+        "a..b",
+        f"{INSTANCE}.x",
+        f"$KV.instances.{INSTANCE}",
+        f"{INSTANCE}>",
+        "\u2024",
+        INSTANCE,
+    )
+    verdicts: dict[str, str] = {}
+    async with await AgentClient.connect(secured.url, secured.creds("bob")) as client:
+        for iid in ids:  # one at a time: under the pending cap
+            try:
+                eid = await client.submit(iid, "fast", run_id="r", model="m")
+            except Refused:
+                continue
+            verdicts[iid] = (await client.wait(eid, poll=0.1, max_wait=90))["verdict"]
+    # the refused ones never reached the queue; each other one was evaluated on its own (".."
+    # once shared "."'s bucket key, and was answered from its record)
+    assert sorted(verdicts) == sorted([".", "..", "a..b", f"{INSTANCE}.x", INSTANCE]), verdicts
+    assert sorted(r.instance_id for r in ops.ran) == sorted(verdicts)
+    assert verdicts[INSTANCE] == "opt"
+    bob = await as_user(secured, "bob")
+    try:
+        for verb in ("validate", "validate_requested"):
+            body = m.encode(m.ValidateRequested(instance_id=INSTANCE))
+            assert not (await ask(bob, f"eval.api.bob.{verb}", body)).ok
+    finally:
+        await bob.close()
+    assert (await ctx.bus.js.stream_info("KV_instances")).state.last_seq == before
+    stored = await ctx.store.get("instances", INSTANCE) or {}
+    assert stored.get("oracle") == "ctest" and json.loads(stored["record"]) == record
+    assert ops.validated == []
+
+
+def test_bucket_keys_are_one_per_id() -> None:
+    """Ids reach bucket keys from agents' requests (`run_id`, `model`, `instance_id`: dots
+    allowed anywhere). Keys once dropped leading and trailing dots, so `bob.r/m/.` and
+    `bob.r/m/..` (and `x`, `x.`) shared one evaluation record. Every id now has its own key, a
+    valid one, and decodes back."""
+    import re
+
+    from cppperf.shared.store import decode_key, encode_key
+
+    ids = ["", ".", "..", "...", "x", "x.", ".x", "a..b", "a...b", "a.=2Eb", "=00", "\x00", "?"]
+    ids += ["\u2024", "\u2025", "bob.r/m/.", "bob.r/m/..", "bob.r./m/x", "bob.r/m./x", "o/n@" + "a" * 40]
+    keys = [encode_key(i) for i in ids]
+    assert len(set(keys)) == len(ids), list(zip(ids, keys, strict=True))
+    assert [decode_key(k) for k in keys] == ids
+    token = r"[-/_=a-zA-Z0-9]+"
+    assert all(re.fullmatch(rf"{token}(\.{token})*", k) for k in keys), keys
+
+
 def deep(n: int) -> str:
     return "[" * n + "]" * n
 

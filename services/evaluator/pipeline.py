@@ -538,9 +538,10 @@ def _run(  # noqa: PLR0911 - one verdict per stage that can stop an evaluation
     confirmation: NativeConfirmation | None = None
     confirm_samples: dict[str, dict[str, list[float]]] = {}
     # counts can be made to disagree with the work, time cannot: an opt on counts is timed too
-    counted_better = [n for n in timed if not is_benchmark(n) and sc.per_test[n].agent_improved]
-    if opt and exact and counted_better:
-        step = _confirm(s, counted_better, workloads, backend, limits, phase)
+    # every counted test (one the count leaves alone may be slower natively), when one improved
+    counted = [n for n in timed if not is_benchmark(n)]
+    if opt and exact and any(sc.per_test[n].agent_improved for n in counted):
+        step = _confirm(s, counted, workloads, backend, limits, phase)
         if isinstance(step, EvalReport):  # a run failed natively that passed counted
             return msgspec.structs.replace(step, **info)
         confirmation, confirm_samples = step
@@ -598,8 +599,8 @@ def _confirm(
     """Confirm an `opt` decided on exact counts by native CPU time: the three trees,
     `evaluator.confirm_runs` interleaved rounds (the first a warm-up) on a leased timing core,
     without Valgrind, scored as a timed evaluation is (`score`): confirmed when that is `opt`
-    too — the agent significantly faster than the original on one of `tests` (those its count
-    improved), slower on none, and not clearly slower than the expert. A patch that detects
+    too — the agent significantly faster than the original on one of `tests` (every counted
+    test), slower on none, and not clearly slower than the expert on any. A patch that detects
     Valgrind (its client request, its preload library, its mappings, …) and does less work
     there counts like a faster one but runs like the original (or like a lesser patch); whatever
     the means, the time shows it. A test failing natively: its verdict."""
