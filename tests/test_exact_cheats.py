@@ -4,12 +4,13 @@ it executes natively must not score `opt`.
 
 The class: whatever makes the count disagree with the work — detecting Valgrind
 (`RUNNING_ON_VALGRIND`, `LD_PRELOAD` naming `vgpreload`, /proc/self/maps, argv, the environment)
-and doing less there, work in a process the count misses, a count file rewritten after the
-process wrote it. Hiding Valgrind from the code it runs cannot be complete (its client request is
-an instruction sequence the code can execute), so the defence is a check of meaning: an `opt`
-decided on counts is confirmed by native CPU time on the timing core (`pipeline._confirm`:
-the agent's tree must be measurably faster than the original's, not only count fewer
-instructions); an honest patch (the expert's) passes it. Also: the count files are read only as
+and doing less there, work whose count is lost (a forked child's count file deleted by its
+parent: Valgrind writes them as the test's uid). Hiding Valgrind from the code it runs cannot be
+complete (its client request is an instruction sequence the code can execute), so the defence is
+a check of meaning: an `opt` decided on counts is confirmed by native CPU time on the timing core
+(`pipeline._confirm`: the three trees timed and scored as a timed evaluation; the agent's tree
+must be measurably faster than the original's and not clearly slower than the expert's, not only
+count fewer instructions); an honest patch (the expert's) passes it. Also: the count files are read only as
 regular files (a FIFO or a symlink a test leaves in the count directory neither hangs the runner
 nor counts a file outside it)."""
 
@@ -66,6 +67,60 @@ def cheating_core(native_reps: int = 3) -> str:
     return head + sep + DETECT + rest
 
 
+# No detection at all: spin()'s three passes run in a forked child (traced: Valgrind follows every
+# fork), and the parent, after waiting for it, deletes the child's count file from the count
+# directory (Valgrind writes it as the test's uid, in the jail's /tmp). Counted: only the parent's
+# work; run: all of it.
+FORKING_CORE = """\
+#include "core.h"
+
+#include <cstring>
+#include <dirent.h>
+#include <string>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static volatile unsigned long long sink;
+
+static void forget(pid_t child) {
+  const std::string name = "cachegrind.out." + std::to_string(child);
+  DIR* tmp = opendir("/tmp");
+  if (!tmp) return;
+  while (dirent* e = readdir(tmp)) {
+    if (std::strncmp(e->d_name, "cppperf-cg-", 11) == 0) {
+      unlink((std::string("/tmp/") + e->d_name + "/" + name).c_str());
+    }
+  }
+  closedir(tmp);
+}
+
+unsigned long long spin(unsigned long long iters) {
+  int fds[2];
+  if (pipe(fds) != 0) return 0;
+  pid_t child = fork();
+  if (child == 0) {
+    unsigned long long x = 0;
+    for (int rep = 0; rep < 3; ++rep) {
+      x = 88172645463325252ull;
+      for (unsigned long long i = 0; i < iters; ++i) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        sink = x;
+      }
+    }
+    if (write(fds[1], &x, sizeof x) != sizeof x) _exit(1);
+    _exit(0);
+  }
+  close(fds[1]);
+  unsigned long long x = 0;
+  if (read(fds[0], &x, sizeof x) != sizeof x) x = 0;
+  close(fds[0]);
+  waitpid(child, nullptr, 0);
+  forget(child);
+  return x;
+}
+"""
+
+
 def patch_of(path: str, old: str, new: str) -> str:
     lines = difflib.unified_diff(
         old.splitlines(keepends=True), new.splitlines(keepends=True), f"a/{path}", f"b/{path}"
@@ -117,6 +172,13 @@ def test_a_patch_that_detects_valgrind_and_works_less_there_is_not_opt(counted: 
     confirm = report["native_confirmation"]
     assert not confirm["confirmed"] and confirm["short_of_expert"] == ["spin"], confirm
     assert confirm["speedup"]["spin"] < confirm["expert_speedup"]["spin"], confirm
+    # work hidden from the count by deleting a traced child's count file: the same
+    forking = patch_of("src/core.cpp", core(3), FORKING_CORE)
+    report = evaluate(EvalRequest(run_id="attack", model="forking", instance_id=iid, patch=forking), settings)
+    counts = report["samples"]["spin"]
+    assert counts["agent"][0] < counts["expert"][0], counts  # fewer than the expert's: no spin counted
+    assert report["verdict"] == "correct" and not report["opt"], report["reason"]
+    assert not report["native_confirmation"]["confirmed"], report["native_confirmation"]
     # the expert's own patch, as an agent's: the count's opt is confirmed natively
     honest = evaluate(
         EvalRequest(run_id="attack", model="honest", instance_id=iid, patch=inst.expert_patch), settings
