@@ -388,10 +388,10 @@ def test_a_speed_up_only_a_benchmark_shows_is_proven_by_the_benchmark(tmp_path: 
         evaluator=msgspec.structs.replace(settings.evaluator, runs=8, runs_dir=str(tmp_path / "runs")),
     )
     block = validate_stored(ours["instance_id"], settings)
-    assert block["gold"]["verdict"] == "opt", block
-    assert block["gold"]["timed_benchmarks"] == ["bench:bench_work/BM_spin"]
-    assert block["null"]["verdict"] == "correct", block
-    assert block["oracle"] == Oracle.BENCHMARK and block["can_grade"]
+    assert block.gold.verdict == "opt", block
+    assert block.gold.timed_benchmarks == ["bench:bench_work/BM_spin"]
+    assert block.null.verdict == "correct", block
+    assert block.oracle == Oracle.BENCHMARK and block.can_grade
     # an agent may not change the benchmark itself (its own sources, from the file API)
     from cppperf.services.evaluator.gold import null_patch
     from cppperf.services.evaluator.pipeline import EvalRequest, evaluate
