@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 from cppperf.cli.common import app
 from cppperf.demo import core
 from cppperf.services.evaluator.gold import NULL_COMMENT, null_patch, oracle_of, validate_stored
-from cppperf.shared.domain import InstanceMeta, to_struct
-from tests.conftest import Proven, make_settings
+from cppperf.shared.domain import InstanceMeta, decode_record, to_struct
+from tests.conftest import Proven, as_file, make_settings
 
 pytestmark = pytest.mark.build
 
@@ -90,12 +90,15 @@ def test_builder_validates_improved_instances_when_asked(
         verdict="improved",
     )
     off = make_settings(tmp_path / "off")
-    assert with_oracle(BuiltPatch(perf.record, msg, perf.path), off).record["cppperf"].get("oracle") is None
+    record = decode_record(perf.record)
+    assert (
+        as_file(with_oracle(BuiltPatch(record, msg, perf.path), off).record)["cppperf"].get("oracle") is None
+    )
     on = make_settings(tmp_path / "on", builder={"validate_gold": True})
     not_improved = m.PatchBuilt(**{**msgspec.structs.asdict(msg), "verdict": "not-improved"})
-    with_oracle(BuiltPatch(perf.record, not_improved, perf.path), on)
+    with_oracle(BuiltPatch(record, not_improved, perf.path), on)
     assert seen == []
-    built = with_oracle(BuiltPatch(perf.record, msg, perf.path), on)
-    assert seen == [msg.instance_id] and built.record["cppperf"]["oracle"] == "ctest"
+    built = with_oracle(BuiltPatch(record, msg, perf.path), on)
+    assert seen == [msg.instance_id] and built.record.cppperf.oracle == "ctest"
     written = json.loads((Path(on.out_dir) / "instances" / f"{msg.instance_id}.json").read_text())
     assert written["cppperf"]["oracle"] == "ctest"

@@ -20,6 +20,7 @@ from cppperf.cli.common import (
     out,
     print_json,
 )
+from cppperf.shared.domain import Verdict
 from cppperf.shared.errors import CppPerfError
 
 
@@ -47,9 +48,9 @@ def validate(
     s = _settings(config, out_dir=str(out_dir) if out_dir else None, evaluator__runs=runs)
     if not ids:
         ids = [
-            str(r["cppperf"]["instance_id"])
+            r.cppperf.instance_id
             for r in iter_records(Path(s.out_dir))
-            if (r.get("cppperf") or {}).get("verdict") == "improved"
+            if r.cppperf.verdict == Verdict.IMPROVED
         ]
         if not ids:
             raise _fail(f"no proven (improved) instance in {Path(s.out_dir) / 'instances'}")

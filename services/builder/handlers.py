@@ -12,8 +12,7 @@ an export.
 from __future__ import annotations
 
 import asyncio
-import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -28,7 +27,15 @@ from cppperf.services.builder.service import (
 from cppperf.shared import buckets, claims
 from cppperf.shared import messages as m
 from cppperf.shared.buckets import COMMITS, INSTANCES, REPOS
-from cppperf.shared.domain import InstanceState, RepoState, Stage, Verdict, to_struct
+from cppperf.shared.domain import (
+    InstanceState,
+    RepoState,
+    Stage,
+    Verdict,
+    decode_record,
+    record_text,
+    to_json_dict,
+)
 from cppperf.shared.errors import RepoRejected
 from cppperf.shared.mirror import ensure_local
 from cppperf.shared.ports import StageContext
@@ -86,7 +93,9 @@ def with_oracle(built: BuiltPatch, settings: Settings) -> BuiltPatch:
         return built
     from cppperf.services.evaluator.gold import validate_record
 
-    validate_record(built.record, settings)
+    data = to_json_dict(built.record)  # gold.py works on the record's JSON and adds its validation
+    validate_record(data, settings)
+    built = replace(built, record=decode_record(data))
     write_instance(Path(settings.out_dir), built.record)
     return built
 
@@ -141,31 +150,28 @@ async def on_classified(ctx: StageContext, ops: BuilderOps, item: m.CommitClassi
     diff = await ctx.store.resolve_text(commit.diff, commit.diff_ref)
     built = await asyncio.to_thread(ops.prove, commit, path, diff)
     msg = built.message
-    record_text = json.dumps(built.record)
-    record, record_ref = await ctx.store.inline_or_ref(f"record/{iid}", record_text)
-    state = to_struct(
-        {
-            "stage": Stage.BUILT,
-            "verdict": msg.verdict,
-            "repo": msg.repo,
-            "sha": msg.sha,
-            "parent": msg.parent,
-            "improved_tests": msg.improved_tests,
-            "regressed_tests": msg.regressed_tests,
-            "improved_benchmarks": msg.improved_benchmarks,
-            "regressed_benchmarks": msg.regressed_benchmarks,
-            "failure_category": msg.failure_category,
-            "record": record,
-            "record_ref": record_ref,
-            "record_path": str(built.path),
-        },
-        InstanceState,
+    text = record_text(built.record, indent=None)
+    record, record_ref = await ctx.store.inline_or_ref(f"record/{iid}", text)
+    state = InstanceState(
+        stage=Stage.BUILT,
+        verdict=built.record.cppperf.verdict,
+        repo=msg.repo,
+        sha=msg.sha,
+        parent=msg.parent,
+        improved_tests=msg.improved_tests,
+        regressed_tests=msg.regressed_tests,
+        improved_benchmarks=msg.improved_benchmarks,
+        regressed_benchmarks=msg.regressed_benchmarks,
+        failure_category=built.record.cppperf.failure_category,
+        record=record,
+        record_ref=record_ref,
+        record_path=str(built.path),
     )
     # Store before publish: the record is the truth and patch.built is derived from it; if another
     # attempt recorded first, its result is the one announced (record, KV and message agree).
     if not await buckets.create(ctx.store, INSTANCES, iid, state):
         await republish_finished(ctx, iid)
         return "already-built"
-    await ctx.bus.publish(m.PATCH_BUILT, msg, msg_id=built_msg_id(iid, record_text))
+    await ctx.bus.publish(m.PATCH_BUILT, msg, msg_id=built_msg_id(iid, text))
     await ctx.store.update(COMMITS.name, commit.id, stage=Stage.BUILT, verdict=msg.verdict)
     return "built"

@@ -60,12 +60,10 @@ async def _patch(ctx: StageContext, msg: m.EvalRequested) -> str:
 
 
 async def _instance(ctx: StageContext, iid: str) -> EvalInstance | None:
-    record = await instance_record(ctx.store, iid)
-    if record is None:
-        return None
     try:
-        return from_record(record)
-    except (KeyError, TypeError, ValueError) as exc:
+        record = await instance_record(ctx.store, iid)
+        return None if record is None else from_record(record)
+    except ValueError as exc:  # not JSON, or not an instance record (msgspec.ValidationError)
         raise BadInput(f"instance record {iid} in the store is unreadable: {exc}") from exc
 
 
