@@ -333,7 +333,7 @@ def test_summary_splits_single_and_multi_file(tmp_path: Path) -> None:
     for iid, rep in reports.items():
         (root / iid).mkdir(parents=True)
         (root / iid / "report.json").write_text(json.dumps(rep))
-    sm = summarize(settings, "t", "m")
+    sm = msgspec.to_builtins(summarize(settings, "t", "m"))  # as the summary file holds it
     assert sm["overall"] == {
         "instances": 4,
         "verdicts": {"opt": 1, "correct": 1, "build-failed": 1, "empty-patch": 1},
