@@ -54,6 +54,10 @@ class MemoryRecords:
         value = {**value, "id": item_id, "updated_at": now_iso()}
         self.buckets.setdefault(bucket, {})[item_id] = msgspec.json.encode(value)  # JSON, as the KV
 
+    async def ids(self, bucket: str, *, under: str | None = None) -> list[str]:
+        keys = list(self.buckets.get(bucket, {}))
+        return keys if under is None else [k for k in keys if k.split(".", 1)[0] == under]
+
     async def create(self, bucket: str, item_id: str, value: dict[str, Any]) -> bool:
         if item_id in self.buckets.get(bucket, {}):
             return False

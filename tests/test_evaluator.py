@@ -469,3 +469,28 @@ def test_gold_and_empty_predictions_cover_every_proven_instance(tmp_path: Path) 
         ("o__r-bbbbbbbbbbbb", ""),
         ("x__y-000000000000", ""),
     ]
+
+
+def test_a_finished_report_is_read_back_as_its_struct_and_reused_for_its_patch(tmp_path: Path) -> None:
+    """The cache goes through `EvalReport`: the same patch gets the stored report back (nothing is
+    built: the instance does not even exist); a report.json that is not a report is evaluated
+    again (here: `unknown-instance`), never returned as it stands."""
+    from cppperf.services.evaluator.pipeline import evaluate_report, patch_sha256, read_report, run_dir
+
+    settings = make_settings(tmp_path)
+    req = EvalRequest(run_id="c", model="m", instance_id="o__r-aaaaaaaaaaaa", patch="p")
+    path = run_dir(settings, req) / "report.json"
+    assert read_report(path) is None  # none yet
+    path.parent.mkdir(parents=True)
+    stored = EvalReport(
+        verdict="opt", opt=True, patch_sha256=patch_sha256("p"), per_test={}, gm_speedup_agent=2.0
+    )
+    path.write_text(json.dumps(msgspec.to_builtins(stored)))
+    assert read_report(path) == stored
+    assert evaluate_report(req, settings) == stored
+    path.write_text(
+        json.dumps({"verdict": "opt", "opt": True, "patch_sha256": patch_sha256("p"), "extra": 1})
+    )
+    assert read_report(path) is None
+    again = evaluate_report(req, settings)
+    assert again.verdict == "unknown-instance" and again.patch_sha256 == patch_sha256("p")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from cppperf.demo import DemoRepo
@@ -426,3 +427,49 @@ async def test_force_requeues_a_finished_instance_and_the_builder_proves_it_agai
     assert (await ctx.bus.js.stream_info(built_stream)).state.messages == 2
     last = await ctx.bus.js.get_last_msg(built_stream, m.PATCH_BUILT)
     assert (last.headers or {}).get("Nats-Msg-Id", "").startswith(iid + "@")
+
+
+async def test_gateway_answers_a_finished_evaluation_whole_or_in_brief(fctx: FakeContext) -> None:
+    """`result` is the stored report (typed on the way: `EvalReport`) with its id; `results` rows
+    are `ResultSummary`s; a report too large for a reply is its summary, `truncated`; a stored
+    report that does not decode is answered as such, never raised."""
+    from cppperf.services.evaluator import gateway
+    from cppperf.shared import buckets
+    from cppperf.shared.buckets import EVALUATIONS
+    from cppperf.shared.domain import EvalReport, EvaluationState, to_json_dict
+
+    eid = m.evaluation_id(m.agent_run("alice", "r1"), "m", "o__r-aaaaaaaaaaaa")
+    report = EvalReport(
+        verdict=EvalVerdict.OPT, opt=True, instance_id="o__r-aaaaaaaaaaaa", model="m", gm_speedup_agent=1.5
+    )
+
+    async def store(text: str) -> None:
+        state = EvaluationState(verdict=EvalVerdict.OPT, opt=True, report=text)
+        await buckets.put(fctx.store, EVALUATIONS, eid, state)
+
+    async def result() -> dict[str, Any]:
+        answer = await gateway.result(fctx, "alice", m.encode(m.AgentQuery(id=eid)))  # type: ignore[arg-type]
+        assert answer.ok and answer.status == "done" and answer.result is not None
+        return answer.result
+
+    await store(json.dumps(to_json_dict(msgspec.structs.replace(report, apply_log="applied"))))
+    assert await result() == {**to_json_dict(report), "apply_log": "applied", "id": eid}
+    rows = (await gateway.results(fctx, "alice", m.encode(m.AgentQuery(run_id="r1")))).results  # type: ignore[arg-type]
+    brief = {
+        "id": eid,
+        "instance_id": "o__r-aaaaaaaaaaaa",
+        "model": "m",
+        "verdict": "opt",
+        "opt": True,
+        "gm_speedup_agent": 1.5,
+        "reason": "",
+    }
+    assert rows == [brief]
+    assert (await gateway.results(fctx, "bob", m.encode(m.AgentQuery(run_id="r1")))).results == []  # type: ignore[arg-type]
+    await store(
+        json.dumps(to_json_dict(msgspec.structs.replace(report, apply_log="x" * gateway.MAX_REPORT_REPLY)))
+    )
+    assert await result() == {**brief, "truncated": True}
+    await store("{not json")
+    unreadable = await result()
+    assert unreadable["verdict"] == "opt" and unreadable["reason"] == "the stored report is unreadable"
