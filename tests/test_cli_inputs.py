@@ -791,7 +791,7 @@ def test_evaluate_json_leaves_out_every_sample_key(tmp_path: Path) -> None:
     patch.write_text("diff --git a/x.cpp b/x.cpp\n")
     cached = out_dir / "runs" / "r" / "m" / iid / "report.json"
     cached.parent.mkdir(parents=True)
-    samples = {k: {"t": [1.0, 2.0]} for k in SAMPLE_KEYS}
+    samples = {k: {"t": {"agent": [1.0, 2.0]}} for k in SAMPLE_KEYS}  # per test, per side
     cached.write_text(
         json.dumps({"verdict": "correct", "patch_sha256": patch_sha256(patch.read_text())} | samples)
     )
