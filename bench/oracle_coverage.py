@@ -34,6 +34,7 @@ from bench.build_yield import DEFAULT_INDEX, select
 from cppperf.cli.build import _commit_from_repo
 from cppperf.services.builder.service import build_patch
 from cppperf.services.evaluator.gold import validate_record
+from cppperf.shared.domain import to_json_dict
 from cppperf.shared.settings import load_settings
 
 PAPER_ORACLE_SHARE = 35 / 347
@@ -57,12 +58,13 @@ def one(entry: dict[str, Any], clone: Path, args: argparse.Namespace) -> dict[st
         )
     except Exception as exc:  # an infrastructure failure is a row of the table, not the end of the run
         return {**row, "verdict": "error", "why": f"{type(exc).__name__}: {exc}"[:200], "oracle": "none"}
-    row.update(verdict=built.record["cppperf"]["verdict"], prove_s=round(time.perf_counter() - t0, 1))
+    meta = built.record.cppperf
+    row.update(verdict=str(meta.verdict), prove_s=round(time.perf_counter() - t0, 1))
     row.update(coverage="n/a", benchmarks="n/a", exact_metric="n/a")
     if row["verdict"] != "improved":
-        return {**row, "oracle": "none", "why": built.record["cppperf"].get("failure_category") or ""}
+        return {**row, "oracle": "none", "why": meta.failure_category or ""}
     t1 = time.perf_counter()
-    block = validate_record(built.record, settings)
+    block = validate_record(to_json_dict(built.record), settings)  # gold.py works on the record's JSON
     return {
         **row,
         "oracle": block["oracle"],

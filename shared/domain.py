@@ -9,8 +9,10 @@
     RepoState, CommitState, InstanceState, EvaluationState   the values of the KV buckets
                                                              `repos`, `commits`, `instances`,
                                                              `evaluations` (keyed by the stable ids)
-    InstanceMeta     the instance record's `cppperf` section (the rest is CppPerf-DB's shape),
-                     built as this Struct by services/builder/record.py
+    InstanceRecord   one instance record: the published CppPerf-DB sections (shared/published.py,
+                     `PublishedEntry`) plus `cppperf`, built as this Struct by
+                     services/builder/record.py and `cppperf dataset import`
+    InstanceMeta     the instance record's `cppperf` section
     StatsRecord      one test's statistics and decisions (engine/stats.py; the record's `tests`)
     Coverage         its `coverage`: which tests run the change, the deciding family, controls
     EvalReport       the evaluator's `report.json` (also `EvalCompleted.report`, without samples),
@@ -20,16 +22,20 @@ Every value is a `str` subclass or a Struct, so JSON on disk and on the wire is 
 values only grow: new fields get defaults and unknown fields are ignored when decoding (msgspec
 schema evolution). The record section and the report are what cppperf writes, field for field:
 they forbid unknown fields, so the tests that decode real output fail on a key not declared here.
-`schemas()` gives their JSON schemas (`cppperf schema`).
+`schemas()` gives their JSON schemas (`cppperf schema`): `instance-record` (the whole record file),
+`published-entry` (a CppPerf-DB file as `cppperf dataset import` reads it), `eval-report`, ….
 """
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from typing import Final, Protocol, TypeVar
 
 import msgspec
 from msgspec import UNSET, UnsetType
+
+from cppperf.shared.published import PublishedEntry
 
 
 class Verdict(StrEnum):
@@ -487,6 +493,14 @@ class InstanceMeta(_Written, kw_only=True):
     coverage: Coverage | UnsetType = UNSET  # `builder.coverage`: which tests run the change
 
 
+class InstanceRecord(PublishedEntry, kw_only=True):
+    """One instance record (`OUT/instances/<id>.json`): the published CppPerf-DB sections
+    (shared/published.py) plus `cppperf`. Built as this Struct by services/builder/record.py and by
+    `cppperf dataset import` (cppperf/dataset/records.py); `write_record` writes it."""
+
+    cppperf: InstanceMeta
+
+
 # ------------------------------------------------------------------- the evaluation report
 class FailedTest(_Written, kw_only=True):
     test: str
@@ -586,6 +600,8 @@ SCHEMA_TYPES: Final[dict[str, type[msgspec.Struct]]] = {
     "commit-state": CommitState,
     "instance-state": InstanceState,
     "evaluation-state": EvaluationState,
+    "instance-record": InstanceRecord,
+    "published-entry": PublishedEntry,
     "instance-meta": InstanceMeta,
     "eval-report": EvalReport,
 }
@@ -615,3 +631,17 @@ def to_struct(value: object, typ: type[S]) -> S:
 def to_json_dict(value: msgspec.Struct) -> dict[str, object]:
     out: dict[str, object] = msgspec.to_builtins(value)
     return out
+
+
+def record_text(record: InstanceRecord, *, indent: int | None = 1) -> str:
+    """An instance record's JSON as the record files hold it: Python's encoder, as records were
+    always written (an unknown CI is `Infinity`, which `msgspec.json` would write as null)."""
+    return json.dumps(msgspec.to_builtins(record), indent=indent)
+
+
+def decode_record(value: str | bytes | object) -> InstanceRecord:
+    """An instance record from its JSON (text, or already parsed), strictly: every key declared,
+    every value of its type (`msgspec.ValidationError` otherwise; `json.JSONDecodeError` for text
+    that is not JSON). Python's decoder: it reads `Infinity`."""
+    data = json.loads(value) if isinstance(value, str | bytes) else value
+    return msgspec.convert(data, InstanceRecord, strict=True)

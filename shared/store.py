@@ -17,7 +17,6 @@ bucket created or brought to the configured limits, also one that exists with ol
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -42,7 +41,7 @@ from nats.js.object_store import ObjectStore
 
 from cppperf.shared import buckets
 from cppperf.shared.buckets import INSTANCES, NAMES
-from cppperf.shared.domain import InstanceState
+from cppperf.shared.domain import InstanceRecord, InstanceState, decode_record
 from cppperf.shared.errors import NotProvisioned, TransientError
 from cppperf.shared.logging import get_logger
 from cppperf.shared.ports import Records
@@ -311,14 +310,14 @@ class Store:
         return inline
 
 
-async def instance_record(records: Records, iid: str) -> dict[str, Any] | None:
+async def instance_record(records: Records, iid: str) -> InstanceRecord | None:
     """An instance record from the `instances` bucket (inline, or from the object store by
-    `record_ref`); None when the bucket has no record for it (e.g. an imported dataset on disk)."""
+    `record_ref`); None when the bucket has no record for it (e.g. an imported dataset on disk).
+    A stored record that does not decode raises ValueError (`msgspec.ValidationError`)."""
     state = await buckets.get(records, INSTANCES, iid) or InstanceState()
     if not state.record and not state.record_ref:
         return None
-    record: dict[str, Any] = json.loads(await records.resolve_text(state.record, state.record_ref))
-    return record
+    return decode_record(await records.resolve_text(state.record, state.record_ref))
 
 
 NOT_PROVISIONED: Final = "run `cppperf bus provision` with the admin credentials"

@@ -245,6 +245,7 @@ async def test_agent_can_neither_request_a_validation_nor_write_an_oracle(
     record = {
         "metadata": {"repository_name": "local/demo", "repository": "/nowhere"},
         "commit_info": {"old_sha": "b" * 40, "new_sha": "a" * 40, "patch": ["d"], "files_changed": []},
+        "tests": {"tests": []},
         "cppperf": {"instance_id": iid, "verdict": "improved"},
     }
     builder = settings_as(secured, tmp_path / "builder", "builder")
@@ -329,6 +330,7 @@ async def test_no_agent_request_makes_the_evaluator_write_the_instances_bucket(
     record = {
         "metadata": {"repository_name": "local/demo", "repository": "/nowhere"},
         "commit_info": {"old_sha": "b" * 40, "new_sha": "a" * 40, "patch": ["d"], "files_changed": []},
+        "tests": {"tests": []},
         "cppperf": {"instance_id": INSTANCE, "verdict": "improved", "oracle": "ctest"},
     }
     async with connect(builder, secured.url) as bctx:
@@ -701,6 +703,7 @@ def ungradable_record(iid: str = UNGRADABLE) -> dict[str, Any]:
     return {
         "metadata": {"repository_name": "local/demo", "repository": "/nowhere"},
         "commit_info": {"old_sha": "b" * 40, "new_sha": "a" * 40, "patch": ["d"], "files_changed": []},
+        "tests": {"tests": []},
         "cppperf": {"instance_id": iid, "verdict": "improved", "oracle": "none", "validation": validation},
     }
 

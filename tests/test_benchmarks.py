@@ -37,7 +37,7 @@ from cppperf.shared.engine.fileapi import write_query
 from cppperf.shared.engine.gbench import BenchOutputError, BenchSettings, ere_escape, listed, parse_run
 from cppperf.shared.engine.sandbox import RunResult
 from cppperf.shared.settings import BuilderSettings, Settings
-from tests.conftest import commit_for, make_settings
+from tests.conftest import as_file, commit_for, make_settings
 from tests.gitrepo import commit_files
 
 
@@ -346,7 +346,7 @@ def _prove(repo: Path, sha: str, settings: Settings, tmp_path: Path) -> dict[str
         work_dir=tmp_path / "work",
         out_dir=tmp_path / "out",
     )
-    return built.record
+    return as_file(built.record)
 
 
 @needs_gbench

@@ -34,10 +34,11 @@ from cppperf.shared.domain import (
     Validation,
     ValidationRun,
     Verdict,
+    decode_record,
 )
 from cppperf.shared.errors import BadInput, CppPerfError
 from cppperf.shared.store import instance_record
-from tests.conftest import Proven, make_settings
+from tests.conftest import Proven, as_file, make_settings
 from tests.fakes import FakeContext
 from tests.test_handlers import FakeBuilderOps, commit
 
@@ -45,6 +46,7 @@ IID = "o__r-aaaaaaaaaaaa"
 RECORD = {
     "metadata": {"repository_name": "o/r", "repository": "/src/r"},
     "commit_info": {"old_sha": "b" * 40, "new_sha": "a" * 40, "patch": ["diff"], "files_changed": []},
+    "tests": {"tests": []},
     "cppperf": {"instance_id": IID, "verdict": "improved"},
 }
 
@@ -90,10 +92,10 @@ async def test_validation_lands_in_the_stored_record_and_is_not_redone(fctx: Fak
     assert state is not None and state.oracle == Oracle.CTEST
     assert state.verdict == Verdict.IMPROVED and state.stage == Stage.BUILT  # the builder's fields stay
     record = await instance_record(fctx.store, IID)
-    assert record is not None and record["cppperf"]["oracle"] == "ctest"
-    assert record["commit_info"] == RECORD["commit_info"]
+    assert record is not None and record.cppperf.oracle == "ctest"
+    assert as_file(record)["commit_info"] == RECORD["commit_info"]
     exported = json.loads((Path(fctx.settings.out_dir) / "instances" / f"{IID}.json").read_text())
-    assert exported == record  # this node's export, as the builder writes one
+    assert exported == as_file(record)  # this node's export, as the builder writes one
     # a redelivery, or a second request: answered by the stored result, nothing runs
     assert await on_validate(fctx, ops, m.ValidateRequested(instance_id=IID)) == "already-validated"
     assert ops.ran == [(IID, False)]
@@ -181,7 +183,7 @@ async def test_proven_demo_is_validated_by_the_evaluator_service(
             assert block["oracle"] == "ctest" and block["can_grade"], block
             assert block["gold"]["verdict"] == "opt" and block["null"]["verdict"] == "correct", block
             record = await instance_record(client.store, iid)
-            assert record is not None and record["cppperf"]["oracle"] == "ctest"
+            assert record is not None and record.cppperf.oracle == "ctest"
             assert (await buckets.get(client.store, INSTANCES, iid) or InstanceState()).oracle == "ctest"
             # asked again (another request id: the bus would drop an identical one): the stored
             # validation answers, the evaluations do not run again
@@ -222,7 +224,11 @@ async def test_builder_and_evaluator_on_one_bus_drain_only_after_the_validation(
     class Proves(FakeBuilderOps):
         def prove(self, c: m.CommitSelected, path: Path, diff: str) -> BuiltPatch:
             built = super().prove(c, path, diff)
-            return BuiltPatch({**RECORD, "cppperf": built.record["cppperf"]}, built.message, built.path)
+            return BuiltPatch(
+                decode_record({**RECORD, "cppperf": as_file(built.record)["cppperf"]}),
+                built.message,
+                built.path,
+            )
 
     settings = make_settings(
         tmp_path, nats_url=nats_server.url, builder={"validate_gold": True}, bus={"stop_grace": 5}
@@ -245,7 +251,7 @@ async def test_builder_and_evaluator_on_one_bus_drain_only_after_the_validation(
         assert state is not None and state.oracle == Oracle.CTEST, state
         assert validator.ran == [(IID, False)]
         record = await instance_record(ctx.store, IID)
-        assert record is not None and record["cppperf"]["oracle"] == "ctest"
+        assert record is not None and record.cppperf.oracle == "ctest"
 
 
 @pytest.mark.nats

@@ -34,7 +34,7 @@ from cppperf.cli.common import (
     print_json,
     run_async,
 )
-from cppperf.shared.domain import to_json_dict
+from cppperf.shared.domain import Verdict, to_json_dict
 from cppperf.shared.errors import CppPerfError
 
 POLL_SECONDS = 1.0
@@ -71,7 +71,8 @@ async def _finished(ctx: Any, iid: str, *, since: str | None) -> dict[str, Any] 
     raw = await ctx.store.get(INSTANCES.name, iid) or {}
     if not raw.get("oracle") or (since is not None and str(raw.get("updated_at") or "") == since):
         return None
-    block = stored_validation(await instance_record(ctx.store, iid) or {})
+    record = await instance_record(ctx.store, iid)
+    block = None if record is None else stored_validation(to_json_dict(record))
     return None if block is None else to_json_dict(block)
 
 
@@ -184,9 +185,9 @@ def _here(s: Any, ids: list[str] | None, *, force: bool) -> dict[str, dict[str, 
 
     if not ids:
         ids = [
-            str(r["cppperf"]["instance_id"])
+            r.cppperf.instance_id
             for r in iter_records(Path(s.out_dir))
-            if (r.get("cppperf") or {}).get("verdict") == "improved"
+            if r.cppperf.verdict == Verdict.IMPROVED
         ]
         if not ids:
             raise _fail(f"no proven (improved) instance in {Path(s.out_dir) / 'instances'}")

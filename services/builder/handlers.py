@@ -18,7 +18,6 @@ an evaluation itself.
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -33,7 +32,13 @@ from cppperf.services.builder.service import (
 from cppperf.shared import buckets
 from cppperf.shared import messages as m
 from cppperf.shared.buckets import COMMITS, INSTANCES, REPOS
-from cppperf.shared.domain import InstanceState, RepoState, Stage, Verdict, to_struct
+from cppperf.shared.domain import (
+    InstanceState,
+    RepoState,
+    Stage,
+    Verdict,
+    record_text,
+)
 from cppperf.shared.errors import RepoRejected
 from cppperf.shared.logging import get_logger
 from cppperf.shared.mirror import ensure_local
@@ -188,25 +193,22 @@ async def on_classified(ctx: StageContext, ops: BuilderOps, item: m.CommitClassi
     diff = await ctx.store.resolve_text(commit.diff, commit.diff_ref)
     built = await asyncio.to_thread(ops.prove, commit, path, diff)
     msg = built.message
-    record_text = json.dumps(built.record)
-    record, record_ref = await ctx.store.inline_or_ref(f"record/{iid}", record_text)
-    state = to_struct(
-        {
-            "stage": Stage.BUILT,
-            "verdict": msg.verdict,
-            "repo": msg.repo,
-            "sha": msg.sha,
-            "parent": msg.parent,
-            "improved_tests": msg.improved_tests,
-            "regressed_tests": msg.regressed_tests,
-            "improved_benchmarks": msg.improved_benchmarks,
-            "regressed_benchmarks": msg.regressed_benchmarks,
-            "failure_category": msg.failure_category,
-            "record": record,
-            "record_ref": record_ref,
-            "record_path": str(built.path),
-        },
-        InstanceState,
+    text = record_text(built.record, indent=None)
+    record, record_ref = await ctx.store.inline_or_ref(f"record/{iid}", text)
+    state = InstanceState(
+        stage=Stage.BUILT,
+        verdict=built.record.cppperf.verdict,
+        repo=msg.repo,
+        sha=msg.sha,
+        parent=msg.parent,
+        improved_tests=msg.improved_tests,
+        regressed_tests=msg.regressed_tests,
+        improved_benchmarks=msg.improved_benchmarks,
+        regressed_benchmarks=msg.regressed_benchmarks,
+        failure_category=built.record.cppperf.failure_category,
+        record=record,
+        record_ref=record_ref,
+        record_path=str(built.path),
     )
     # Store before publish: the record is the truth and patch.built is derived from it; if another
     # attempt recorded first, its result is the one announced (record, KV and message agree).
@@ -214,7 +216,7 @@ async def on_classified(ctx: StageContext, ops: BuilderOps, item: m.CommitClassi
         await republish_finished(ctx, iid)
         await request_validation(ctx, iid)
         return "already-built"
-    await ctx.bus.publish(m.PATCH_BUILT, msg, msg_id=built_msg_id(iid, record_text))
+    await ctx.bus.publish(m.PATCH_BUILT, msg, msg_id=built_msg_id(iid, text))
     await request_validation(ctx, iid)  # after the record: the evaluator reads it from the bucket
     await ctx.store.update(COMMITS.name, commit.id, stage=Stage.BUILT, verdict=msg.verdict)
     return "built"

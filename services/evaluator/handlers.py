@@ -30,7 +30,15 @@ from cppperf.services.evaluator.pipeline import EvalRequest, evaluate, patch_sha
 from cppperf.shared import buckets
 from cppperf.shared import messages as m
 from cppperf.shared.buckets import EVALUATIONS, INSTANCES
-from cppperf.shared.domain import EvaluationState, InstanceState, Validation, Verdict, to_struct
+from cppperf.shared.domain import (
+    EvaluationState,
+    InstanceState,
+    Validation,
+    Verdict,
+    decode_record,
+    record_text,
+    to_struct,
+)
 from cppperf.shared.errors import BadInput
 from cppperf.shared.files import write_atomic
 from cppperf.shared.ports import StageContext
@@ -78,12 +86,10 @@ async def _patch(ctx: StageContext, msg: m.EvalRequested) -> str:
 
 
 async def _instance(ctx: StageContext, iid: str) -> EvalInstance | None:
-    record = await instance_record(ctx.store, iid)
-    if record is None:
-        return None
     try:
-        return from_record(record)
-    except (KeyError, TypeError, ValueError) as exc:
+        record = await instance_record(ctx.store, iid)
+        return None if record is None else from_record(record)
+    except ValueError as exc:  # not JSON, or not an instance record (msgspec.ValidationError)
         raise BadInput(f"instance record {iid} in the store is unreadable: {exc}") from exc
 
 
@@ -173,9 +179,10 @@ async def on_validate(ctx: StageContext, ops: ValidatorOps, msg: m.ValidateReque
     if state.oracle is not None and gold.stored_validation(record) is not None and not msg.force:
         return "already-validated"  # a redelivery or a second request: the stored result stands
     block = await asyncio.to_thread(ops.validate, record, force=msg.force)
-    text, ref = await ctx.store.inline_or_ref(f"record/{iid}", json.dumps(record))
+    validated = decode_record(record)  # the record as every writer writes it (its Struct)
+    text, ref = await ctx.store.inline_or_ref(f"record/{iid}", record_text(validated, indent=None))
     await ctx.store.update(INSTANCES.name, iid, record=text, record_ref=ref, oracle=str(block.oracle))
     # this node's export, as the builder writes it (OUT/instances/<id>.json)
     path = Path(ctx.settings.out_dir) / "instances" / f"{iid}.json"
-    await asyncio.to_thread(write_atomic, path, json.dumps(record, indent=1))
+    await asyncio.to_thread(write_atomic, path, record_text(validated))
     return "validated"

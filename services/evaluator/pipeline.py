@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import msgspec
 from msgspec import UNSET
@@ -60,6 +60,7 @@ from cppperf.shared.domain import (
     FailedTest,
     NativeConfirmation,
     Oracle,
+    SkippedBenchmark,
 )
 from cppperf.shared.engine.backend import Backend, SideName, build_sides, export_tree
 from cppperf.shared.engine.backends import make_backend
@@ -133,6 +134,32 @@ def evaluate(
     instance: EvalInstance | None = None,
     validating: bool = False,
 ) -> dict[str, Any]:
+    """`evaluate_report` as the JSON report.json holds (gold validation, the API, the bus)."""
+    return as_json(
+        evaluate_report(
+            req, settings, force=force, on_phase=on_phase, instance=instance, validating=validating
+        )
+    )
+
+
+def read_report(path: Path) -> EvalReport | None:
+    """A finished `report.json` as its Struct; None when there is none, or it is not a report of
+    this version (then it is evaluated again). Python's JSON: a report may hold `Infinity`."""
+    try:
+        return msgspec.convert(json.loads(path.read_text()), EvalReport)
+    except (OSError, ValueError):  # absent, not JSON, or another shape (msgspec.ValidationError)
+        return None
+
+
+def evaluate_report(
+    req: EvalRequest,
+    settings: Settings,
+    *,
+    force: bool = False,
+    on_phase: Phase | None = None,
+    instance: EvalInstance | None = None,
+    validating: bool = False,
+) -> EvalReport:
     """The report for one request (from disk when already finished for this very patch).
     `instance` is the instance (from the `instances` bucket); without it, its record is read from
     OUT/instances. An instance whose gold validation says it cannot grade (`oracle: none`) grades
@@ -140,22 +167,19 @@ def evaluate(
     digest = patch_sha256(req.patch)
     unknown = instance_id_verdict(req.instance_id)  # before any path is built from it
     if unknown is not None:
-        return as_json(
-            _verdict(
-                unknown,
-                f"invalid instance id {req.instance_id[:200]!r} (owner__name-<sha12>)",
-                instance_id=req.instance_id[:200],
-                run_id=req.run_id,
-                model=req.model,
-                patch_sha256=digest,
-            )
+        return _verdict(
+            unknown,
+            f"invalid instance id {req.instance_id[:200]!r} (owner__name-<sha12>)",
+            instance_id=req.instance_id[:200],
+            run_id=req.run_id,
+            model=req.model,
+            patch_sha256=digest,
         )
     out = run_dir(settings, req)
     report_path = out / "report.json"
-    if report_path.is_file() and not force:
-        cached: dict[str, Any] = json.loads(report_path.read_text())
-        if cached.get("patch_sha256") == digest:
-            return cached
+    cached = None if force else read_report(report_path)
+    if cached is not None and cached.patch_sha256 == digest:
+        return cached
     report_path.unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     _write(out / "patch.diff", req.patch)
@@ -169,15 +193,24 @@ def evaluate(
         patch_sha256=digest,
         wall_seconds=round(time.perf_counter() - t0, 2),
     )
-    written = as_json(report)
-    _write(report_path, json.dumps(written, indent=1))
-    return written
+    _write(report_path, json.dumps(as_json(report), indent=1))
+    return report
 
 
 def as_json(report: EvalReport) -> dict[str, Any]:
     """The report as JSON-shaped builtins (what report.json holds): a decoding boundary."""
     out: dict[str, Any] = msgspec.to_builtins(report)
     return out
+
+
+class _Built(TypedDict, total=False):
+    """The report's fields once the three trees are built (every later verdict carries them)."""
+
+    applied: bool
+    applied_with: str
+    builds: bool
+    tests: list[str]
+    benchmarks_skipped: list[SkippedBenchmark]
 
 
 def _verdict(verdict: EvalVerdict, reason: str, **fields: Any) -> EvalReport:
@@ -471,7 +504,7 @@ def _run(  # noqa: PLR0911 - one verdict per stage that can stop an evaluation
     def limits(t: TestCase, cpu: int | None = None, instructions: bool = False) -> Limits:
         return limits_for(t, s.builder, timeout=ev.test_timeout, cpu=cpu, instructions=instructions)
 
-    info: dict[str, Any] = {"applied": True, "applied_with": applied_with, "builds": True, "tests": common}
+    info = _Built(applied=True, applied_with=applied_with, builds=True, tests=common)
     if benches.skipped:
         info["benchmarks_skipped"] = list(benches.skipped)
     # the expert's improved tests and benchmarks, else the tests that run its change (coverage),
@@ -653,32 +686,58 @@ def _confirm(
     return confirmation, kept
 
 
-def summarize(settings: Settings, run_id: str, model: str) -> dict[str, Any]:
-    """Counts and `opt` rate over a model's reports, overall and single- vs multi-file (Table 2)."""
+class SummaryBlock(msgspec.Struct, kw_only=True):
+    """Counts over some of a model's reports."""
+
+    instances: int
+    verdicts: dict[str, int]
+    applied: int
+    builds: int
+    tests_pass: int
+    opt: int
+    opt_rate: float
+
+
+class RunSummary(msgspec.Struct, kw_only=True):
+    """`OUT/runs/<run_id>/<model>.summary.json`: Table 2 of the paper for one model."""
+
+    run_id: str
+    model: str
+    overall: SummaryBlock
+    single_file: SummaryBlock
+    multi_file: SummaryBlock
+
+
+def _block(rs: list[EvalReport]) -> SummaryBlock:
+    verdicts: dict[str, int] = {}
+    for r in rs:
+        verdicts[r.verdict] = verdicts.get(r.verdict, 0) + 1
+    n = len(rs)
+    opt = sum(r.opt for r in rs)
+    return SummaryBlock(
+        instances=n,
+        verdicts=verdicts,
+        applied=sum(r.applied is True for r in rs),
+        builds=sum(r.builds is True for r in rs),
+        tests_pass=sum(r.tests_pass is True for r in rs),
+        opt=opt,
+        opt_rate=round(opt / n, 4) if n else 0.0,
+    )
+
+
+def summarize(settings: Settings, run_id: str, model: str) -> RunSummary:
+    """Counts and `opt` rate over a model's reports, overall and single- vs multi-file (Table 2);
+    a report.json that is not a report is left out."""
     root = settings.runs_path() / safe_name(run_id) / safe_name(model)
-    reports = [json.loads(p.read_text()) for p in sorted(root.glob("*/report.json"))]
-
-    def block(rs: list[dict[str, Any]]) -> dict[str, Any]:
-        verdicts: dict[str, int] = {}
-        for r in rs:
-            verdicts[r["verdict"]] = verdicts.get(r["verdict"], 0) + 1
-        n = len(rs)
-        return {
-            "instances": n,
-            "verdicts": verdicts,
-            "applied": sum(bool(r.get("applied")) for r in rs),
-            "builds": sum(bool(r.get("builds")) for r in rs),
-            "tests_pass": sum(bool(r.get("tests_pass")) for r in rs),
-            "opt": sum(bool(r.get("opt")) for r in rs),
-            "opt_rate": round(sum(bool(r.get("opt")) for r in rs) / n, 4) if n else 0.0,
-        }
-
-    summary = {
-        "run_id": run_id,
-        "model": model,
-        "overall": block(reports),
-        "single_file": block([r for r in reports if not r.get("multi_file")]),
-        "multi_file": block([r for r in reports if r.get("multi_file")]),
-    }
-    _write(root.parent / f"{safe_name(model)}.summary.json", json.dumps(summary, indent=1))
+    reports = [r for p in sorted(root.glob("*/report.json")) if (r := read_report(p)) is not None]
+    summary = RunSummary(
+        run_id=run_id,
+        model=model,
+        overall=_block(reports),
+        single_file=_block([r for r in reports if r.multi_file is not True]),
+        multi_file=_block([r for r in reports if r.multi_file is True]),
+    )
+    _write(
+        root.parent / f"{safe_name(model)}.summary.json", json.dumps(msgspec.to_builtins(summary), indent=1)
+    )
     return summary
