@@ -118,6 +118,29 @@ def prove(
     }
 
 
+def revalidate(row: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Gold validation once more from the proof's stored record (after a fix to the evaluator)."""
+    from cppperf.services.evaluator.gold import validate_record
+
+    settings = settings_for(row["config"], args, args.mirrors)
+    repo, _, sha8 = row["id"].partition("@")
+    found = sorted((Path(settings.out_dir) / "instances").glob(f"{repo.replace('/', '__')}-{sha8}*.json"))
+    if not found:
+        return row
+    t1 = time.perf_counter()
+    block = validate_record(json.loads(found[0].read_text()), settings, force=True)
+    return {
+        **row,
+        "oracle": block["oracle"],
+        "gold": block["gold"].get("verdict"),
+        "null": block["null"].get("verdict"),
+        "gold_speedup": block["gold"].get("gm_speedup_agent"),
+        "why": block.get("why", ""),
+        "validate_s": round(time.perf_counter() - t1, 1),
+        "revalidated": True,
+    }
+
+
 def summarise(c: dict[str, Any]) -> dict[str, Any]:
     """The columns of one proof from the record's `cppperf` section."""
     lines = c.get("failure_lines") or []
@@ -258,6 +281,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--submodule-mirror", action="append", default=[], help="URL=GIT_DIR")
     p.add_argument("--out", type=Path, default=Path("oracle-coverage"))
     p.add_argument("--redo", action="store_true")
+    p.add_argument(
+        "--revalidate",
+        nargs="*",
+        default=[],
+        help="sha prefixes whose improved rows are gold-validated again from their stored records",
+    )
     p.add_argument("--report", action="store_true", help="print the table from results.jsonl; run nothing")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown (for the README)")
     args = p.parse_args()
@@ -282,11 +311,21 @@ def run(
     for n, entry in enumerate(chosen, 1):
         for config in args.configs:
             key = (instance_key(entry), config)
-            if key in done:
+            again = (
+                key in done
+                and done[key]["verdict"] == "improved"
+                and not done[key].get("revalidated")  # once: a restart does not repeat it
+                and entry["new_sha"].startswith(tuple(args.revalidate))
+            )
+            if key in done and not again:
                 continue
             when = time.strftime("%H:%M:%S")
             print(f"[{n}/{len(chosen)}] {key[0]} {config} … ({when})", file=sys.stderr, flush=True)
-            row = prove(entry, args.clones[entry["repo"]], config, args, args.mirrors)
+            if again:
+                print("    gold validation again from the stored record", file=sys.stderr, flush=True)
+                row = revalidate(done[key], args)
+            else:
+                row = prove(entry, args.clones[entry["repo"]], config, args, args.mirrors)
             print(f"    → {json.dumps(row)}", file=sys.stderr, flush=True)
             with (args.out / "results.jsonl").open("a") as fh:
                 fh.write(json.dumps(row) + "\n")
