@@ -303,33 +303,86 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+def load_done(results: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """The rows written so far, the last one per (instance, configuration)."""
+    done: dict[tuple[str, str], dict[str, Any]] = {}
+    if results.is_file():
+        for line in results.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                done[(r["id"], r["config"])] = r
+    return done
+
+
+def claim(out: Path, iid: str) -> bool:
+    """Take an instance for this process (`OUT/claims/<id>` holds the pid): a second process on
+    the same OUT works on other instances (they share the instance's workspace); a dead
+    process's claim is taken over."""
+    path = out / "claims" / iid.replace("/", "__")
+    path.parent.mkdir(exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                pid = int(path.read_text().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid == os.getpid():
+                return True
+            if pid and Path(f"/proc/{pid}").exists():
+                return False
+            path.unlink(missing_ok=True)  # its process is gone
+            continue
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        return True
+    return False
+
+
 def run(
     chosen: list[dict[str, Any]], done: dict[tuple[str, str], dict[str, Any]], args: argparse.Namespace
 ) -> None:
-    """Every (instance, configuration) not in `done`, in order; each row appended when it ends."""
+    """Every (instance, configuration) not done, in order; each row appended when it ends. Rows
+    another process on the same OUT wrote meanwhile are read again before each one."""
     print(f"pid {os.getpid()}, {len(chosen)} instances, out {args.out}", file=sys.stderr, flush=True)
+    results = args.out / "results.jsonl"
     for n, entry in enumerate(chosen, 1):
-        for config in args.configs:
-            key = (instance_key(entry), config)
-            again = (
-                key in done
-                and done[key]["verdict"] == "improved"
-                and not done[key].get("revalidated")  # once: a restart does not repeat it
-                and entry["new_sha"].startswith(tuple(args.revalidate))
-            )
-            if key in done and not again:
-                continue
-            when = time.strftime("%H:%M:%S")
-            print(f"[{n}/{len(chosen)}] {key[0]} {config} … ({when})", file=sys.stderr, flush=True)
-            if again:
-                print("    gold validation again from the stored record", file=sys.stderr, flush=True)
-                row = revalidate(done[key], args)
-            else:
-                row = prove(entry, args.clones[entry["repo"]], config, args, args.mirrors)
-            print(f"    → {json.dumps(row)}", file=sys.stderr, flush=True)
-            with (args.out / "results.jsonl").open("a") as fh:
-                fh.write(json.dumps(row) + "\n")
-            done[key] = row
+        iid = instance_key(entry)
+        if all((iid, c) in done and not again(done[(iid, c)], entry, args) for c in args.configs):
+            continue
+        if not claim(args.out, iid):
+            print(f"[{n}/{len(chosen)}] {iid}: another process has it", file=sys.stderr, flush=True)
+            continue
+        try:
+            for config in args.configs:
+                done.update(load_done(results) if not args.redo else {})
+                key = (iid, config)
+                redo = key in done and again(done[key], entry, args)
+                if key in done and not redo:
+                    continue
+                when = time.strftime("%H:%M:%S")
+                print(f"[{n}/{len(chosen)}] {iid} {config} … ({when})", file=sys.stderr, flush=True)
+                if redo:
+                    print("    gold validation again from the stored record", file=sys.stderr, flush=True)
+                    row = revalidate(done[key], args)
+                else:
+                    row = prove(entry, args.clones[entry["repo"]], config, args, args.mirrors)
+                print(f"    → {json.dumps(row)}", file=sys.stderr, flush=True)
+                with results.open("a") as fh:
+                    fh.write(json.dumps(row) + "\n")
+                done[key] = row
+        finally:
+            (args.out / "claims" / iid.replace("/", "__")).unlink(missing_ok=True)
+
+
+def again(row: dict[str, Any], entry: dict[str, Any], args: argparse.Namespace) -> bool:
+    """An improved row to gold-validate once more (`--revalidate`; once: a restart does not repeat it)."""
+    return (
+        row["verdict"] == "improved"
+        and not row.get("revalidated")
+        and entry["new_sha"].startswith(tuple(args.revalidate))
+    )
 
 
 def main() -> None:
@@ -340,12 +393,7 @@ def main() -> None:
     chosen = select(args.index, args.clones, args.per_repo, args.ids)
     if not chosen:
         sys.exit("no index entry matches the clones given")
-    results = args.out / "results.jsonl"
-    done: dict[tuple[str, str], dict[str, Any]] = {}
-    if results.is_file() and not args.redo:
-        for line in results.read_text().splitlines():
-            r = json.loads(line)
-            done[(r["id"], r["config"])] = r
+    done = {} if args.redo else load_done(args.out / "results.jsonl")
     if not args.report:
         run(chosen, done, args)
     instances = [instance_key(e) for e in chosen]

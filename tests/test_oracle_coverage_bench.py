@@ -81,3 +81,24 @@ def test_table_marks_unfinished_configurations_not_run(oc: ModuleType) -> None:
     assert lines[3].count("not run: time") == 3
     # no instance finished: the ratio is not a number
     assert "ratio n/a" in oc.summary(rows, [a])
+
+
+def test_a_claimed_instance_is_left_to_its_live_process(oc: ModuleType, tmp_path: Path) -> None:
+    assert oc.claim(tmp_path, "o/a@1")  # free: taken
+    assert oc.claim(tmp_path, "o/a@1")  # ours already
+    other = tmp_path / "claims" / "o__b@2"
+    other.write_text("1")  # pid 1 is alive: another process has it
+    assert not oc.claim(tmp_path, "o/b@2")
+    other.write_text("999999999")  # no such process: taken over
+    assert oc.claim(tmp_path, "o/b@2")
+
+
+def test_load_done_keeps_the_last_row_per_instance_and_configuration(oc: ModuleType, tmp_path: Path) -> None:
+    results = tmp_path / "results.jsonl"
+    results.write_text(
+        '{"id": "o/a@1", "config": "tests", "verdict": "improved", "oracle": "none"}\n\n'
+        '{"id": "o/a@1", "config": "tests", "verdict": "improved", "oracle": "ctest", "revalidated": true}\n'
+    )
+    done = oc.load_done(results)
+    assert list(done) == [("o/a@1", "tests")] and done[("o/a@1", "tests")]["oracle"] == "ctest"
+    assert oc.load_done(tmp_path / "missing.jsonl") == {}
