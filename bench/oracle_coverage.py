@@ -74,9 +74,16 @@ def settings_for(config: str, args: argparse.Namespace, mirrors: dict[str, str])
 
 
 def prove(
-    entry: dict[str, Any], clone: Path, config: str, args: argparse.Namespace, mirrors: dict[str, str]
+    entry: dict[str, Any],
+    clone: Path,
+    config: str,
+    args: argparse.Namespace,
+    mirrors: dict[str, str],
+    validate: bool = True,
 ) -> dict[str, Any]:
-    """One configuration's proof of one instance, then its gold validation when `improved`."""
+    """One configuration's proof of one instance, then its gold validation when `improved` (and
+    `validate`: not when another configuration's proof already has a clean oracle,
+    `--validate first`)."""
     import msgspec
 
     from cppperf.cli.build import _commit_from_repo
@@ -99,6 +106,8 @@ def prove(
     row.update(summarise(built.record["cppperf"]), prove_s=round(time.perf_counter() - t0, 1))
     if row["verdict"] != "improved":
         return row
+    if not validate:
+        return {**row, "oracle": "skipped", "why": "not validated: an earlier configuration has an oracle"}
     t1 = time.perf_counter()
     try:
         block = validate_record(built.record, settings)
@@ -206,7 +215,9 @@ def counts(rows: list[dict[str, Any]], instances: list[str]) -> dict[str, Any]:
 
 def clean_oracle(r: dict[str, Any]) -> bool:
     """The proof was gold-validated with an oracle and no coverage control moved."""
-    return r.get("oracle") not in (None, "none", "error") and not (r.get("coverage") or {}).get("suspect")
+    return r.get("oracle") not in (None, "none", "error", "skipped") and not (r.get("coverage") or {}).get(
+        "suspect"
+    )
 
 
 def cell(r: dict[str, Any] | None) -> str:
@@ -227,7 +238,9 @@ def cell(r: dict[str, Any] | None) -> str:
         )
     if r.get("benchmarks"):
         v += f"; {r['benchmarks']} bench"
-    if "oracle" in r:
+    if r.get("oracle") == "skipped":
+        v += "; not validated (another has an oracle)"
+    elif "oracle" in r:
         v += f"; gold → oracle **{r['oracle']}**"
     secs = r.get("prove_s", 0.0) + r.get("validate_s", 0.0)
     return f"{v} ({secs:.0f} s)"
@@ -281,6 +294,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--submodule-mirror", action="append", default=[], help="URL=GIT_DIR")
     p.add_argument("--out", type=Path, default=Path("oracle-coverage"))
     p.add_argument("--redo", action="store_true")
+    p.add_argument(
+        "--validate",
+        choices=["all", "first"],
+        default="all",
+        help="gold-validate every configuration that proves an instance, or only until one has an oracle",
+    )
     p.add_argument(
         "--revalidate",
         nargs="*",
@@ -367,7 +386,9 @@ def run(
                     print("    gold validation again from the stored record", file=sys.stderr, flush=True)
                     row = revalidate(done[key], args)
                 else:
-                    row = prove(entry, args.clones[entry["repo"]], config, args, args.mirrors)
+                    has = any(clean_oracle(done[(iid, c)]) for c in args.configs if (iid, c) in done)
+                    validate = args.validate == "all" or not has
+                    row = prove(entry, args.clones[entry["repo"]], config, args, args.mirrors, validate)
                 print(f"    → {json.dumps(row)}", file=sys.stderr, flush=True)
                 with results.open("a") as fh:
                     fh.write(json.dumps(row) + "\n")

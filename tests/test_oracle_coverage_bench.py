@@ -102,3 +102,9 @@ def test_load_done_keeps_the_last_row_per_instance_and_configuration(oc: ModuleT
     done = oc.load_done(results)
     assert list(done) == [("o/a@1", "tests")] and done[("o/a@1", "tests")]["oracle"] == "ctest"
     assert oc.load_done(tmp_path / "missing.jsonl") == {}
+
+
+def test_a_skipped_validation_is_no_oracle_and_says_so(oc: ModuleType) -> None:
+    r = _row("o/a@1", "exact", "improved", proven_by="ctest", oracle="skipped")
+    assert not oc.clean_oracle(r)
+    assert "not validated" in oc.cell(r)
