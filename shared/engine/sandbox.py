@@ -141,6 +141,9 @@ JAIL_TMP = "/tmp"  # noqa: S108 - inside the jail: a private tmpfs, fresh for ea
 JAIL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+SCRATCH_MB = 64  # each `Jail.scratch` tmpfs (CTest's own logs of one run)
+
+
 @dataclass(frozen=True)
 class Jail:
     """What one jailed run sees besides the read-only system: (host path, path inside) binds."""
@@ -150,6 +153,9 @@ class Jail:
     uid: int = SANDBOX_UID
     tmp_mb: int = 1024  # size of the private /tmp
     system: tuple[str, ...] = field(default=SYSTEM_RO)
+    # directories inside a read-only bind that get a fresh tmpfs of their own (SCRATCH_MB) for the
+    # run: writable while it runs, gone after it (each must exist: it is the mount point)
+    scratch: tuple[Path, ...] = ()
 
 
 def _allowed() -> dict[str, str]:
@@ -237,6 +243,8 @@ def bwrap_argv(
     binds = [("--ro-bind", *b) for b in jail.ro] + [("--bind", *b) for b in jail.rw]
     for i, (flag, host, inside) in enumerate(binds):
         argv += [flag, f"{stage}/{i}" if stage else str(host), str(inside)]
+    for inside in jail.scratch:  # over the binds: a fresh, capped tmpfs per run
+        argv += ["--size", str(SCRATCH_MB * 1024 * 1024), "--tmpfs", str(inside)]
     # bwrap's own tmpfs for / and /dev have no size (half the RAM): once every mount point is
     # made they become read-only, so only the size-capped /tmp and /dev/shm and the binds take writes
     argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
