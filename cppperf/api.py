@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
-from cppperf.shared.domain import EvalReport, InstanceMeta
+from cppperf.shared.domain import EvalReport, InstanceMeta, decode_record, to_json_dict
 
 if TYPE_CHECKING:
     from cppperf.services.filter.walk import CommitHeader
@@ -65,7 +65,7 @@ class Proof(msgspec.Struct, frozen=True, kw_only=True):
         """The commit's diff as a git patch (what `--predictions gold` submits)."""
         from cppperf.dataset.records import git_patch
 
-        return git_patch(self.record)
+        return git_patch(decode_record(self.record))
 
 
 @dataclass(frozen=True)
@@ -223,9 +223,9 @@ def prove(
     commit = commit_from_repo(repo, sha, parent=parent, name=name)
     built = build_patch(commit, _repo(repo), s.builder, work_dir=s.work_dir(), out_dir=Path(s.out_dir))
     return Proof(
-        instance=typed(InstanceMeta, built.record["cppperf"]),
-        record=built.record,
-        path=str(instance_path(Path(s.out_dir), built.record["cppperf"]["instance_id"])),
+        instance=built.record.cppperf,
+        record=to_json_dict(built.record),
+        path=str(instance_path(Path(s.out_dir), built.record.cppperf.instance_id)),
     )
 
 

@@ -98,12 +98,20 @@ WORK_QUEUES: dict[str, WorkQueue] = {
         WorkQueue(m.COMMIT_SELECTED, "COMMIT_SELECTED", "classifier"),
         WorkQueue(m.COMMIT_CLASSIFIED, "COMMIT_CLASSIFIED", "builder"),
         WorkQueue(m.EVAL_REQUESTED, "EVAL_REQUESTED", "evaluator", per_agent=True),
+        WorkQueue(m.VALIDATE_REQUESTED, "VALIDATE_REQUESTED", "evaluator-validate"),
     ]
 }
 OUTPUT_STREAMS: dict[str, str] = {m.PATCH_BUILT: "PATCH_BUILT", m.EVAL_COMPLETED: "EVAL_COMPLETED"}
 PER_AGENT_OUTPUTS = frozenset({m.EVAL_COMPLETED})
 DLQ_STREAM = "DLQ"
-PIPELINE_ORDER = [m.REPO_CANDIDATE, m.REPO_FOUND, m.COMMIT_SELECTED, m.COMMIT_CLASSIFIED, m.EVAL_REQUESTED]
+PIPELINE_ORDER = [
+    m.REPO_CANDIDATE,
+    m.REPO_FOUND,
+    m.COMMIT_SELECTED,
+    m.COMMIT_CLASSIFIED,
+    m.VALIDATE_REQUESTED,
+    m.EVAL_REQUESTED,
+]
 
 
 def owning_service(q: WorkQueue) -> str:

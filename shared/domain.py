@@ -9,8 +9,10 @@
     RepoState, CommitState, InstanceState, EvaluationState   the values of the KV buckets
                                                              `repos`, `commits`, `instances`,
                                                              `evaluations` (keyed by the stable ids)
-    InstanceMeta     the instance record's `cppperf` section (the rest is CppPerf-DB's shape),
-                     built as this Struct by services/builder/record.py
+    InstanceRecord   one instance record: the published CppPerf-DB sections (shared/published.py,
+                     `PublishedEntry`) plus `cppperf`, built as this Struct by
+                     services/builder/record.py and `cppperf dataset import`
+    InstanceMeta     the instance record's `cppperf` section
     StatsRecord      one test's statistics and decisions (engine/stats.py; the record's `tests`)
     Coverage         its `coverage`: which tests run the change, the deciding family, controls
     EvalReport       the evaluator's `report.json` (also `EvalCompleted.report`, without samples),
@@ -20,16 +22,20 @@ Every value is a `str` subclass or a Struct, so JSON on disk and on the wire is 
 values only grow: new fields get defaults and unknown fields are ignored when decoding (msgspec
 schema evolution). The record section and the report are what cppperf writes, field for field:
 they forbid unknown fields, so the tests that decode real output fail on a key not declared here.
-`schemas()` gives their JSON schemas (`cppperf schema`).
+`schemas()` gives their JSON schemas (`cppperf schema`): `instance-record` (the whole record file),
+`published-entry` (a CppPerf-DB file as `cppperf dataset import` reads it), `eval-report`, ….
 """
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
-from typing import Any, Final, Protocol, TypeVar
+from typing import Final, Protocol, TypeVar
 
 import msgspec
 from msgspec import UNSET, UnsetType
+
+from cppperf.shared.published import PublishedEntry
 
 
 class Verdict(StrEnum):
@@ -211,6 +217,9 @@ class InstanceState(_Value, kw_only=True):
     record: str = ""  # the whole instance record (JSON) when small enough to stay inline
     record_ref: str | None = None  # else its object-store name
     record_path: str = ""  # where this node exported it (an export, not the state)
+    # gold validation's result (the record's `cppperf.oracle`), set by the evaluator: None until
+    # validated (`validate.requested`)
+    oracle: Oracle | None = None
 
 
 class EvaluationState(_Value, kw_only=True):
@@ -295,6 +304,9 @@ class SideSamples(_Written, kw_only=True):
     new_instructions: list[float] = msgspec.field(default_factory=list)
     old_ir: list[float] = msgspec.field(default_factory=list)  # `builder.metric = cachegrind`
     new_ir: list[float] = msgspec.field(default_factory=list)
+    # `builder.cachegrind_cache_sim`: estimated cycles per run beside the count (not deciding)
+    old_est_cycles: list[float] = msgspec.field(default_factory=list)
+    new_est_cycles: list[float] = msgspec.field(default_factory=list)
 
 
 class Environment(_Written, kw_only=True):
@@ -337,12 +349,27 @@ class Attempt(_Written, kw_only=True):
     build_steps: list[BuildStep] = msgspec.field(default_factory=list)
 
 
+class ValidationRun(_Written, kw_only=True, omit_defaults=True):
+    """One of gold validation's two evaluations, in brief (its full report stays on disk under
+    `evaluator.runs_dir/validate/{gold,null}/<id>/`); empty when it did not run (the null patch
+    runs only after the expert's scored opt)."""
+
+    verdict: EvalVerdict | None = None
+    opt: bool = False
+    reason: str = ""
+    gm_speedup_agent: float | None = None
+    timed_tests: list[str] = msgspec.field(default_factory=list)
+    timed_benchmarks: list[str] = msgspec.field(default_factory=list)
+    wall_seconds: float | None = None
+    metric: str = ""  # the metric its verdict was decided on (cpu | wall | instructions | cachegrind)
+
+
 class Validation(_Written, kw_only=True):
     """Gold validation (services/evaluator/gold.py): the two evaluations' verdicts, the oracle."""
 
-    gold: dict[str, Any] = msgspec.field(default_factory=dict)  # the expert patch's report, in brief
-    null: dict[str, Any] = msgspec.field(default_factory=dict)  # the comment-only patch's
-    oracle: str = "none"
+    gold: ValidationRun = msgspec.field(default_factory=ValidationRun)  # the expert patch's evaluation
+    null: ValidationRun = msgspec.field(default_factory=ValidationRun)  # the comment-only patch's
+    oracle: Oracle = Oracle.NONE
     can_grade: bool = False
     why: str = ""  # when it cannot grade
 
@@ -466,6 +493,14 @@ class InstanceMeta(_Written, kw_only=True):
     coverage: Coverage | UnsetType = UNSET  # `builder.coverage`: which tests run the change
 
 
+class InstanceRecord(PublishedEntry, kw_only=True):
+    """One instance record (`OUT/instances/<id>.json`): the published CppPerf-DB sections
+    (shared/published.py) plus `cppperf`. Built as this Struct by services/builder/record.py and by
+    `cppperf dataset import` (cppperf/dataset/records.py); `write_record` writes it."""
+
+    cppperf: InstanceMeta
+
+
 # ------------------------------------------------------------------- the evaluation report
 class FailedTest(_Written, kw_only=True):
     test: str
@@ -486,6 +521,26 @@ class PerTestScore(_Written, kw_only=True):
     agent_vs_expert_time_ratio: float
     agent_vs_expert_ci: list[float]
     within_opt_fraction: bool
+
+
+class NativeConfirmation(_Written, kw_only=True):
+    """An `opt` decided on exact counts, checked against native CPU time (evaluator pipeline
+    `_confirm`): original, agent and expert timed without Valgrind on the timing core. A count
+    can be made to disagree with the work (a patch that detects Valgrind and does less there,
+    work the count misses); the time cannot. `confirmed`: the native times score `opt` too (the
+    timed metric's own decision: the agent significantly faster than the original on a counted
+    test, slower on none, within `evaluator.opt_fraction` of the expert); else the
+    verdict is `correct`, not `opt`."""
+
+    metric: str = "cpu"
+    rounds: int
+    confirmed: bool
+    speedup: dict[str, float] = msgspec.field(default_factory=dict)  # per test: original / agent, native
+    expert_speedup: dict[str, float] = msgspec.field(default_factory=dict)  # original / expert, native
+    improved: list[str] = msgspec.field(default_factory=list)  # the agent significantly faster
+    regressed: list[str] = msgspec.field(default_factory=list)  # the agent significantly slower
+    short_of_expert: list[str] = msgspec.field(default_factory=list)  # clearly slower than the expert
+    leased_core: int | None = None
 
 
 class EvalReport(_Written, kw_only=True):
@@ -528,10 +583,15 @@ class EvalReport(_Written, kw_only=True):
     samples: dict[str, dict[str, list[float]]] | UnsetType = UNSET
     samples_wall: dict[str, dict[str, list[float]]] | UnsetType = UNSET
     samples_cpu: dict[str, dict[str, list[float]]] | UnsetType = UNSET
+    # `builder.cachegrind_cache_sim`: estimated cycles per run, beside the counts (not deciding)
+    samples_est_cycles: dict[str, dict[str, list[float]]] | UnsetType = UNSET
     metric: str | UnsetType = UNSET  # builder.metric
     decided_on: dict[str, str] | UnsetType = UNSET  # per test: the metric that decided
     repeats: dict[str, int] | UnsetType = UNSET  # per test: runs inside one sample
     leased_core: int | UnsetType | None = UNSET  # the timing core the three trees were timed on
+    # an `opt` on exact counts checked by native CPU time (its samples: `samples_confirm`, on disk)
+    native_confirmation: NativeConfirmation | UnsetType = UNSET
+    samples_confirm: dict[str, dict[str, list[float]]] | UnsetType = UNSET
 
 
 # ------------------------------------------------------------------------------------ schemas
@@ -540,6 +600,8 @@ SCHEMA_TYPES: Final[dict[str, type[msgspec.Struct]]] = {
     "commit-state": CommitState,
     "instance-state": InstanceState,
     "evaluation-state": EvaluationState,
+    "instance-record": InstanceRecord,
+    "published-entry": PublishedEntry,
     "instance-meta": InstanceMeta,
     "eval-report": EvalReport,
 }
@@ -569,3 +631,17 @@ def to_struct(value: object, typ: type[S]) -> S:
 def to_json_dict(value: msgspec.Struct) -> dict[str, object]:
     out: dict[str, object] = msgspec.to_builtins(value)
     return out
+
+
+def record_text(record: InstanceRecord, *, indent: int | None = 1) -> str:
+    """An instance record's JSON as the record files hold it: Python's encoder, as records were
+    always written (an unknown CI is `Infinity`, which `msgspec.json` would write as null)."""
+    return json.dumps(msgspec.to_builtins(record), indent=indent)
+
+
+def decode_record(value: str | bytes | object) -> InstanceRecord:
+    """An instance record from its JSON (text, or already parsed), strictly: every key declared,
+    every value of its type (`msgspec.ValidationError` otherwise; `json.JSONDecodeError` for text
+    that is not JSON). Python's decoder: it reads `Infinity`."""
+    data = json.loads(value) if isinstance(value, str | bytes) else value
+    return msgspec.convert(data, InstanceRecord, strict=True)

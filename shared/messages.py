@@ -32,6 +32,7 @@ COMMIT_CLASSIFIED: Final = "commit.classified"
 PATCH_BUILT: Final = "patch.built"
 EVAL_REQUESTED: Final = "eval.requested"
 EVAL_COMPLETED: Final = "eval.completed"
+VALIDATE_REQUESTED: Final = "validate.requested"  # gold validation of a stored instance (evaluator)
 DLQ_PREFIX: Final = "dlq."
 EVAL_API: Final = "eval.api"  # eval.api.<agent>.{submit,result,results}: the agents' request-reply API
 LOCAL_AGENT: Final = "local"  # the agent of requests on an open (unauthenticated) bus
@@ -225,6 +226,22 @@ class EvalCompleted(_Msg, frozen=True, kw_only=True):
         return evaluation_id(agent_run(self.agent, self.run_id), self.model, self.instance_id)
 
 
+class ValidateRequested(_Msg, frozen=True, kw_only=True):
+    """Gold-validate a stored instance (services/evaluator/gold.py): published by the builder
+    (`builder.validate_gold`) or `cppperf validate` on a bus, consumed by the evaluator. Its result
+    is the instance's state: `oracle` in the `instances` bucket and the record's `validation`."""
+
+    instance_id: str
+    force: bool = False  # validate again even when the stored record has a validation
+    # part of the dedup id: the builder's is the stored record's hash (a rebuilt instance is asked
+    # again), a forced `cppperf validate` a fresh one
+    request_id: str = ""
+
+    @property
+    def id(self) -> str:
+        return f"validate/{self.instance_id}" + (f"/{self.request_id}" if self.request_id else "")
+
+
 class AgentSubmit(_Msg, frozen=True, kw_only=True):
     """An agent's request on `eval.api.<agent>.submit` (the agent is the subject's, not a field)."""
 
@@ -291,6 +308,7 @@ SUBJECT_TYPES: Final[dict[str, type[msgspec.Struct]]] = {
     PATCH_BUILT: PatchBuilt,
     EVAL_REQUESTED: EvalRequested,
     EVAL_COMPLETED: EvalCompleted,
+    VALIDATE_REQUESTED: ValidateRequested,
 }
 
 _ALL_TYPES: Final[list[type[msgspec.Struct]]] = [

@@ -11,28 +11,29 @@ recorded result instead of building again, so record, KV entry and `patch.built`
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 
+from cppperf.shared import buckets
 from cppperf.shared import messages as m
 from cppperf.shared.buckets import COMMITS, INSTANCES
+from cppperf.shared.domain import InstanceState
 from cppperf.shared.ports import StageContext
 
 
-def finished_message(iid: str, rec: dict[str, Any]) -> m.PatchBuilt:
-    """`record_path` stays empty (deprecated): the record is read from `instances` by id, the
-    same on first publish and on re-publish."""
+def finished_message(iid: str, state: InstanceState) -> m.PatchBuilt:
+    """`patch.built` from the `instances` entry of a built instance (`state.verdict` set).
+    `record_path` stays empty (deprecated): the record is read from `instances` by id, the same on
+    first publish and on re-publish."""
     return m.PatchBuilt(
         instance_id=iid,
-        repo=str(rec.get("repo", "")),
-        sha=str(rec.get("sha", "")),
-        parent=str(rec.get("parent", "")),
-        verdict=str(rec["verdict"]),
-        improved_tests=list(rec.get("improved_tests") or []),
-        regressed_tests=list(rec.get("regressed_tests") or []),
-        improved_benchmarks=list(rec.get("improved_benchmarks") or []),
-        regressed_benchmarks=list(rec.get("regressed_benchmarks") or []),
-        failure_category=rec.get("failure_category"),
-        failure_detail=str(rec.get("failure_detail") or ""),
+        repo=state.repo,
+        sha=state.sha,
+        parent=state.parent,
+        verdict=str(state.verdict or ""),
+        improved_tests=list(state.improved_tests),
+        regressed_tests=list(state.regressed_tests),
+        improved_benchmarks=list(state.improved_benchmarks),
+        regressed_benchmarks=list(state.regressed_benchmarks),
+        failure_category=state.failure_category,
     )
 
 
@@ -44,11 +45,11 @@ def built_msg_id(iid: str, record_text: str) -> str:
 async def republish_finished(ctx: StageContext, iid: str) -> bool:
     """If the instance has a recorded verdict: (re)publish `patch.built` from it, mark the
     commit built, and return True."""
-    rec = await ctx.store.get(INSTANCES.name, iid)
-    if rec is None or not rec.get("verdict"):
+    state = await buckets.get(ctx.store, INSTANCES, iid)
+    if state is None or not state.verdict:
         return False
-    msg = finished_message(iid, rec)
-    text = await ctx.store.resolve_text(str(rec.get("record") or ""), rec.get("record_ref"))
+    msg = finished_message(iid, state)
+    text = await ctx.store.resolve_text(state.record, state.record_ref)
     await ctx.bus.publish(m.PATCH_BUILT, msg, msg_id=built_msg_id(iid, text))
     await ctx.store.update(COMMITS.name, m.commit_id(msg.repo, msg.sha), stage="built", verdict=msg.verdict)
     return True

@@ -231,6 +231,9 @@ class BuilderSettings(msgspec.Struct, kw_only=True):
     exact_runs: int = 3  # rounds under Valgrind (an exact count needs few; no warm-up)
     exact_tolerance: float = 0.001  # counts of one side within this relative spread are exact
     valgrind_slowdown: float = 50.0  # a test's timeout is multiplied by this under Valgrind
+    # also simulate the caches (`--cache-sim=yes`, about 2x slower) and record per run an estimated
+    # cycle figure beside the count: Ir + 10·L1 misses + 100·LL misses; the decision stays on Ir
+    cachegrind_cache_sim: bool = False
     # --- which tests run the change (issue 27) -------------------------------------------------
     # build the new side once more with --coverage, run each test once, decide on the tests that
     # execute a changed line (the others are A/A controls). Off by default: a second full build
@@ -269,6 +272,13 @@ class EvaluatorSettings(msgspec.Struct, kw_only=True):
     )
     lease_priority: int = 0  # evaluations go before proofs in the timing-core queue
     keep_failed: bool = False  # debugging: keep work_dir/eval/<hash> of an evaluation that failed
+    # the metric the three trees are compared on: "" = the one the instance was proven on when it is
+    # the exact one (`cachegrind`: counts, no timing-core lease), else `builder.metric`; a value
+    # here decides for every instance
+    metric: Literal["", "cpu", "wall", "instructions", "cachegrind"] = ""
+    # an `opt` decided on exact counts is confirmed by native CPU time: original and agent, this
+    # many rounds (the first a warm-up) on the timing core; not faster natively = not opt
+    confirm_runs: int = 8
 
 
 class Settings(msgspec.Struct, kw_only=True):
@@ -514,6 +524,11 @@ def _validate_ranges(s: Settings) -> None:
     if s.builder.min_improvement < 0:
         raise _bad("builder.min_improvement", "must be >= 0")
     _validate_exact(s.builder)
+    if s.evaluator.confirm_runs < 6:
+        raise _bad(
+            "evaluator.confirm_runs",
+            f"{s.evaluator.confirm_runs}; must be >= 6 (a warm-up and five rounds to decide on)",
+        )
 
 
 def _validate_exact(b: BuilderSettings) -> None:

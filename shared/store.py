@@ -17,7 +17,6 @@ bucket created or brought to the configured limits, also one that exists with ol
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -42,7 +41,7 @@ from nats.js.object_store import ObjectStore
 
 from cppperf.shared import buckets
 from cppperf.shared.buckets import INSTANCES, NAMES
-from cppperf.shared.domain import InstanceState
+from cppperf.shared.domain import InstanceRecord, InstanceState, decode_record
 from cppperf.shared.errors import NotProvisioned, TransientError
 from cppperf.shared.logging import get_logger
 from cppperf.shared.ports import Records
@@ -60,16 +59,35 @@ KV_MAX_BYTES: Final = 256 * 1024 * 1024  # BusSettings.kv_max_bytes: a full buck
 BLOB_MAX_BYTES: Final = 4 * 1024 * 1024 * 1024  # BusSettings.blob_max_bytes
 
 _BAD_KEY_CHAR = re.compile(r"[^-/_.a-zA-Z0-9]")
-_ESCAPE = re.compile(r"=([0-9A-F]{2})")
+_ESCAPE = re.compile(r"=(?:U([0-9A-F]{6})|([0-9A-F]{2}))")
+EMPTY_KEY: Final = "="  # the empty id (no id escapes to a lone `=`: `=` itself is `=3D`)
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    return f"={code:02X}" if code < 256 else f"=U{code:06X}"
 
 
 def encode_key(item_id: str) -> str:
-    key = _BAD_KEY_CHAR.sub(lambda mt: f"={ord(mt.group()):02X}" if ord(mt.group()) < 256 else "=3F", item_id)
-    return key.strip(".").replace("..", ".=2E") or "=00"
+    """A valid KV key for any id, one per id (injective: `decode_key` gives the id back). Only
+    `[-/_.a-zA-Z0-9]` stay; `=` and everything else is escaped (`=XX`, `=UXXXXXX` beyond Latin-1);
+    a leading or trailing dot, and the second of two, are escaped too (a key's tokens are never
+    empty). Ids differing only there — `x` and `x.`, `.` and `..`, from an agent's request — never
+    share a record."""
+    if not item_id:
+        return EMPTY_KEY
+    key = _BAD_KEY_CHAR.sub(lambda mt: _escape(mt.group()), item_id)
+    if key.startswith("."):
+        key = "=2E" + key[1:]
+    if key.endswith("."):
+        key = key[:-1] + "=2E"
+    return key.replace("..", ".=2E")
 
 
 def decode_key(key: str) -> str:
-    return _ESCAPE.sub(lambda mt: chr(int(mt.group(1), 16)), key)
+    if key == EMPTY_KEY:
+        return ""
+    return _ESCAPE.sub(lambda mt: chr(int(mt.group(1) or mt.group(2), 16)), key)
 
 
 def now_iso() -> str:
@@ -292,14 +310,14 @@ class Store:
         return inline
 
 
-async def instance_record(records: Records, iid: str) -> dict[str, Any] | None:
+async def instance_record(records: Records, iid: str) -> InstanceRecord | None:
     """An instance record from the `instances` bucket (inline, or from the object store by
-    `record_ref`); None when the bucket has no record for it (e.g. an imported dataset on disk)."""
+    `record_ref`); None when the bucket has no record for it (e.g. an imported dataset on disk).
+    A stored record that does not decode raises ValueError (`msgspec.ValidationError`)."""
     state = await buckets.get(records, INSTANCES, iid) or InstanceState()
     if not state.record and not state.record_ref:
         return None
-    record: dict[str, Any] = json.loads(await records.resolve_text(state.record, state.record_ref))
-    return record
+    return decode_record(await records.resolve_text(state.record, state.record_ref))
 
 
 NOT_PROVISIONED: Final = "run `cppperf bus provision` with the admin credentials"

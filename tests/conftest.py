@@ -24,7 +24,7 @@ from cppperf.services.filter.select import to_message
 from cppperf.services.filter.walk import commit_details, iter_commits
 from cppperf.shared import messages as m
 from cppperf.shared.bus import Bus
-from cppperf.shared.domain import InstanceMeta
+from cppperf.shared.domain import InstanceRecord, record_text
 from cppperf.shared.embedded import EmbeddedNats
 from cppperf.shared.service import ServiceContext
 from cppperf.shared.settings import Settings, load_settings
@@ -110,6 +110,12 @@ def commit_for(repo: Path, sha: str, name: str = "local/demo") -> m.CommitSelect
 S = TypeVar("S", bound=msgspec.Struct)
 
 
+def as_file(record: InstanceRecord) -> dict[str, Any]:
+    """An instance record as its file holds it (its JSON, parsed): what tests index into."""
+    data: dict[str, Any] = json.loads(record_text(record))
+    return data
+
+
 def strict(value: object, typ: type[S]) -> S:
     """`value` (a record section or a report) read back from its JSON as written and decoded
     strictly as its domain Struct: a key the Struct does not declare (`forbid_unknown_fields`) or a
@@ -150,8 +156,9 @@ def proven(tmp_path_factory: pytest.TempPathFactory, demo_repo: DemoRepo) -> Cal
                 work_dir=root / "work",
                 out_dir=Path(settings.out_dir),
             )
-            strict(built.record["cppperf"], InstanceMeta)  # the record is what the domain declares
-            done[kind] = Proven(settings=settings, path=built.path, record=built.record)
+            record = as_file(built.record)
+            strict(record, InstanceRecord)  # the record is what the domain declares, every section
+            done[kind] = Proven(settings=settings, path=built.path, record=record)
         p = done[kind]
         return Proven(settings=p.settings, path=p.path, record=copy.deepcopy(p.record))
 

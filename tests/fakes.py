@@ -17,6 +17,8 @@ from typing import Any
 import msgspec
 
 from cppperf.shared import messages as m
+from cppperf.shared.domain import InstanceMeta, InstanceRecord, Verdict
+from cppperf.shared.published import CommitInfo, Metadata, TestsSummary
 from cppperf.shared.settings import Settings
 from cppperf.shared.store import INLINE_LIMIT, encode_key, now_iso
 
@@ -56,6 +58,10 @@ class MemoryRecords:
     async def put(self, bucket: str, item_id: str, value: dict[str, Any]) -> None:
         value = {**value, "id": item_id, "updated_at": now_iso()}
         self.buckets.setdefault(bucket, {})[item_id] = msgspec.json.encode(value)  # JSON, as the KV
+
+    async def ids(self, bucket: str, *, under: str | None = None) -> list[str]:
+        keys = list(self.buckets.get(bucket, {}))
+        return keys if under is None else [k for k in keys if k.split(".", 1)[0] == under]
 
     async def create(self, bucket: str, item_id: str, value: dict[str, Any]) -> bool:
         if item_id in self.buckets.get(bucket, {}):
@@ -149,12 +155,31 @@ class MemoryClaims:
         ]
 
 
+def stand_in_record(commit: m.CommitSelected, verdict: str, *, seed: int | None = None) -> InstanceRecord:
+    """The least instance record a stand-in proof returns (no proof behind it); `seed` tells two
+    builds of the same commit apart."""
+    return InstanceRecord(
+        metadata=Metadata(repository_name=commit.repo),
+        commit_info=CommitInfo(old_sha=commit.parent, new_sha=commit.sha, files_changed=[]),
+        tests=TestsSummary(tests=[]),
+        cppperf=InstanceMeta(
+            instance_id=m.instance_id(commit.repo, commit.sha), verdict=Verdict(verdict), seed=seed
+        ),
+    )
+
+
 def write_bare_instance(out: Path, instance_id: str = "o__r-aaaaaaaaaaaa", verdict: str = "improved") -> None:
     """The least instance record predictions work from, in `out/instances/` (no proof behind it)."""
     record = {
         "cppperf": {"instance_id": instance_id, "verdict": verdict},
         "metadata": {"repository_name": "o/r"},
-        "commit_info": {"old_sha": "b" * 40, "new_sha": "a" * 40, "patch": ["diff --git a/x b/x\n"]},
+        "commit_info": {
+            "old_sha": "b" * 40,
+            "new_sha": "a" * 40,
+            "patch": ["diff --git a/x b/x\n"],
+            "files_changed": [],
+        },
+        "tests": {"tests": []},
     }
     (out / "instances").mkdir(parents=True, exist_ok=True)
     (out / "instances" / f"{instance_id}.json").write_text(json.dumps(record))

@@ -29,6 +29,7 @@ from cppperf.shared.claims import KvClaims
 from cppperf.shared.logging import configure_logging
 from cppperf.shared.service import ServiceContext
 from cppperf.shared.settings import load_settings
+from tests.fakes import stand_in_record
 
 
 def fake_build(marker_dir: Path, sleep: float) -> Any:
@@ -45,7 +46,7 @@ def fake_build(marker_dir: Path, sleep: float) -> Any:
         tmp.rename(marker_dir / f"start-{iid}-{os.getpid()}")
         time.sleep(sleep)
         verdict = "improved" if os.getpid() % 2 else "not-improved"  # two builders would disagree
-        record = {"cppperf": {"instance_id": iid, "verdict": verdict, "pid": os.getpid()}}
+        record = stand_in_record(commit, verdict, seed=os.getpid())  # the pid: whose build it was
         path = write_instance(out_dir, record)
         n = len(list(marker_dir.glob(f"built-{os.getpid()}-*")))
         tmp = marker_dir / f".built-{os.getpid()}-{n}"

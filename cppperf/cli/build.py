@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,6 +26,7 @@ from cppperf.cli.common import (
     refuse_powerless,
 )
 from cppperf.cli.repos import check_name, git_repo
+from cppperf.shared.domain import Calibration, record_text, to_json_dict
 from cppperf.shared.errors import CppPerfError
 
 # ------------------------------------------------------------------------------------------ build / calibrate
@@ -185,8 +185,8 @@ def reproduce(
         print_json(result)
     else:
         out.print(
-            f"{image}: recorded verdict {result['recorded_verdict']}, reproduced {result['verdict']} "
-            f"({'same' if result['same_verdict'] else 'DIFFERENT'}); improved tests {result['improved_tests']}"
+            f"{image}: recorded verdict {result.recorded_verdict}, reproduced {result.verdict} "
+            f"({'same' if result.same_verdict else 'DIFFERENT'}); improved tests {result.improved_tests}"
         )
 
 
@@ -247,9 +247,9 @@ def build(
     except CppPerfError as exc:
         raise _fail(exc) from exc
     if as_json:
-        print_json(built.record["cppperf"])
+        print_json(built.record.cppperf)
     else:
-        _print_instance(built.record)
+        _print_instance(to_json_dict(built.record))
         out.print(f"record: {built.path}")
 
 
@@ -300,21 +300,21 @@ def calibrate(
     flagged_ours = [t.name for t in res.tests if t.improved or t.regressed]
     flagged_paper = [t.name for t in res.tests if t.paper_improved or t.paper_regressed]
     flagged_strict = [t.name for t in res.tests if t.strict_improved or t.strict_regressed]
-    result = {
-        "tests": len(res.tests),
-        "flagged_ours": flagged_ours,
-        "flagged_paper_rule": flagged_paper,
-        "flagged_strict_rule": flagged_strict,
-        "verdict": res.verdict,
-        "verdict_paper_rule": res.verdict_paper,
-        "verdict_strict_rule": res.verdict_strict,
-        "failure": res.failure_detail,
-    }
+    result = Calibration(
+        tests=len(res.tests),
+        flagged_ours=flagged_ours,
+        flagged_paper_rule=flagged_paper,
+        flagged_strict_rule=flagged_strict,
+        verdict=res.verdict,
+        verdict_paper_rule=res.verdict_paper,
+        verdict_strict_rule=res.verdict_strict,
+        failure=res.failure_detail,
+    )
     if out_file is not None:
         record = build_record(commit, res, diff="", settings=settings)
-        record["cppperf"]["calibration"] = result
+        meta = msgspec.structs.replace(record.cppperf, calibration=result)
         out_file.parent.mkdir(parents=True, exist_ok=True)
-        out_file.write_text(json.dumps(record, indent=1))
+        out_file.write_text(record_text(msgspec.structs.replace(record, cppperf=meta)))
     if as_json:
         print_json(result)
     else:

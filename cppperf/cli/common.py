@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
+import msgspec
 import typer
 import typer._click as click
 from rich.console import Console
@@ -217,7 +218,12 @@ def _fail(exc: BaseException | str, code: int = EXIT_FAILURES) -> typer.Exit:
 
 def print_json(data: Any) -> None:
     """One JSON document on stdout, never wrapped."""
-    sys.stdout.write(json.dumps(data, default=str, indent=1) + "\n")
+    sys.stdout.write(json.dumps(data, default=_jsonable, indent=1) + "\n")
+
+
+def _jsonable(value: object) -> object:
+    """A Struct (a record, a report) as its JSON value; anything else as its text."""
+    return msgspec.to_builtins(value) if isinstance(value, msgspec.Struct) else str(value)
 
 
 def write_atomic(path: Path, text: str, *, mode: int | None = None) -> None:

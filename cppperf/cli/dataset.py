@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from msgspec import UNSET
 from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
@@ -29,6 +30,14 @@ from cppperf.cli.common import (
     print_json,
     write_atomic,
 )
+from cppperf.shared.domain import Environment, InstanceRecord, to_json_dict
+from cppperf.shared.published import BuildInfo
+
+
+def _set_or_none(value: object) -> object:
+    """A published key's value, None when the file lacks it (`UNSET`)."""
+    return None if value is UNSET else value
+
 
 dataset_app = typer.Typer(
     cls=WholeHelpGroup,
@@ -67,22 +76,22 @@ def _filters(
     )
 
 
-def _summary(r: dict[str, Any]) -> dict[str, Any]:
+def _summary(r: InstanceRecord) -> dict[str, Any]:
     from cppperf.dataset.records import is_significant
 
-    ci, ours = r["commit_info"], r.get("cppperf") or {}
+    ci, ours = r.commit_info, r.cppperf
     return {
-        "instance_id": ours.get("instance_id"),
-        "repo": r["metadata"]["repository_name"],
-        "date": str(ci.get("commit_date", ""))[:10],
-        "files": len(ci.get("files_changed") or []),
-        "lines_added": ci.get("lines_added", 0),
-        "lines_removed": ci.get("lines_removed", 0),
-        "verdict": ours.get("verdict"),
+        "instance_id": ours.instance_id,
+        "repo": r.metadata.repository_name,
+        "date": (ci.commit_date or "")[:10],
+        "files": len(ci.files_changed),
+        "lines_added": ci.lines_added or 0,
+        "lines_removed": ci.lines_removed or 0,
+        "verdict": ours.verdict,
         "significant": is_significant(r),
-        "improved_tests": len(ours.get("improved_tests") or [])
-        if "improved_tests" in ours
-        else int((r.get("tests") or {}).get("significant_improvements") or 0),
+        "improved_tests": len(ours.improved_tests)
+        if ours.improved_tests is not UNSET
+        else int(r.tests.significant_improvements or 0),
     }
 
 
@@ -181,10 +190,8 @@ def dataset_export(
         else:
             target.mkdir(exist_ok=True)
             for r in records:
-                name = (
-                    f"{r['metadata']['repository_name'].replace('/', '_')}_{r['commit_info']['new_sha']}.json"
-                )
-                write_atomic(target / name, json.dumps(to_published(r), indent=2))
+                name = f"{r.metadata.repository_name.replace('/', '_')}_{r.commit_info.new_sha}.json"
+                write_atomic(target / name, json.dumps(to_json_dict(to_published(r)), indent=2))
     except OSError as exc:
         raise _fail(f"cannot write {target}: {exc.strerror or exc}") from exc
     out.print(f"exported {len(records)} instance(s) to {target}")
@@ -261,42 +268,38 @@ def dataset_inspect(
         row = swebench_row(r)
         sys.stdout.write(str(row["patch"] if patch else row["problem_statement"] + "\n"))
         return
-    ci, ours = r["commit_info"], r["cppperf"]
+    ci, ours = r.commit_info, r.cppperf
     changed = [row for row in _test_rows(r) if row["improved"] or row["regressed"]]
     if as_json:
         print_json(
             {
                 **_summary(r),
-                "old_sha": ci["old_sha"],
-                "new_sha": ci["new_sha"],
-                "verdict_paper_rule": ours.get("verdict_paper_rule"),
-                "failure_category": ours.get("failure_category"),
-                "failure_detail": ours.get("failure_detail"),
-                "message": "\n".join(ci.get("commit_message") or []),
+                "old_sha": ci.old_sha,
+                "new_sha": ci.new_sha,
+                "verdict_paper_rule": ours.verdict_paper_rule,
+                "failure_category": ours.failure_category,
+                "failure_detail": ours.failure_detail,
+                "message": "\n".join(ci.commit_message or []),
                 "files_changed": [
-                    {k: f.get(k) for k in ("filename", "status", "additions", "deletions")}
-                    for f in ci.get("files_changed") or []
+                    {k: _set_or_none(getattr(f, k)) for k in ("filename", "status", "additions", "deletions")}
+                    for f in ci.files_changed
                 ],
                 "changed_tests": changed,
             }
         )
         return
     out.print(
-        f"[bold]{ours['instance_id']}[/bold]  {r['metadata']['repository_name']} {ci['old_sha'][:12]} → "
-        f"{ci['new_sha'][:12]}  ({str(ci.get('commit_date', ''))[:10]})"
+        f"[bold]{ours.instance_id}[/bold]  {r.metadata.repository_name} {ci.old_sha[:12]} → "
+        f"{ci.new_sha[:12]}  ({(ci.commit_date or '')[:10]})"
     )
     out.print(
-        f"verdict: [bold]{ours.get('verdict')}[/bold] (paper's rule: {ours.get('verdict_paper_rule')})"
-        + (
-            f"; {ours.get('failure_category')}: {escape(str(ours.get('failure_detail', '')))}"
-            if ours.get("failure_category")
-            else ""
-        )
+        f"verdict: [bold]{ours.verdict}[/bold] (paper's rule: {ours.verdict_paper_rule})"
+        + (f"; {ours.failure_category}: {escape(ours.failure_detail)}" if ours.failure_category else "")
     )
-    out.print("message: " + " ".join(ci.get("commit_message") or []), markup=False, highlight=False)
-    for f in ci.get("files_changed") or []:
+    out.print("message: " + " ".join(ci.commit_message or []), markup=False, highlight=False)
+    for f in ci.files_changed:
         out.print(
-            f"  {f.get('status', ''):9} {f['filename']} +{f.get('additions', 0)}/-{f.get('deletions', 0)}",
+            f"  {f.status or '':9} {f.filename} +{f.additions or 0}/-{f.deletions or 0}",
             markup=False,
         )
     t = Table(title="changed tests")
@@ -312,14 +315,12 @@ def dataset_inspect(
             "improved" if row["improved"] else "regressed",
         )
     out.print(t if changed else "changed tests: none (no test improved or regressed significantly)")
-    bi = r.get("build_info") or {}
-    script = " && ".join(bi.get("new_build_script") or [])
-    out.print(f"build: {bi.get('build_system', '')}; {script}", markup=False, highlight=False)
-    env = ours.get("environment") or {}
-    if env:
-        out.print(
-            f"environment: {env.get('cpu_model', '')}, {env.get('build_type', '')}, seed {ours.get('seed')}"
-        )
+    bi = r.build_info or BuildInfo()
+    script = " && ".join(bi.new_build_script or [])
+    out.print(f"build: {bi.build_system or ''}; {script}", markup=False, highlight=False)
+    env = ours.environment
+    if env != Environment():  # an imported record has none
+        out.print(f"environment: {env.cpu_model}, {env.build_type}, seed {ours.seed}")
 
 
 @dataset_app.command("report")
@@ -380,7 +381,7 @@ def _write_page(path: Path, text: str) -> None:
         raise _fail(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
-def _write_instance_pages(records: list[dict[str, Any]], folder: Path) -> int:
+def _write_instance_pages(records: list[InstanceRecord], folder: Path) -> int:
     """Every instance's page into `folder`, with a progress bar; Ctrl-C stops after the page being
     written (every file on disk is whole) and exits 130 with one line."""
     from rich.progress import (
@@ -405,7 +406,7 @@ def _write_instance_pages(records: list[dict[str, Any]], folder: Path) -> int:
         with Progress(*columns, console=console, disable=not console.is_terminal, transient=True) as progress:
             task = progress.add_task("pages", total=len(records))
             for r in records:
-                iid = r["cppperf"]["instance_id"]
+                iid = r.cppperf.instance_id
                 _write_page(folder / f"{iid}.html", page(iid, instance_section(r)))
                 done += 1
                 progress.advance(task)
@@ -441,14 +442,14 @@ def dataset_stats(out_dir: OutDir = None, as_json: AsJson = False, config: Confi
     oracles: Counter[str] = Counter()
     n = significant = single = 0
     for r in iter_records(Path(s.out_dir)):
-        ours = r.get("cppperf") or {}
+        ours = r.cppperf
         n += 1
-        verdicts[str(ours.get("verdict"))] += 1
-        origin["imported" if ours.get("imported_from") else "built here"] += 1
-        repos[r["metadata"]["repository_name"]] += 1
+        verdicts[str(ours.verdict)] += 1
+        origin["imported" if ours.imported_from else "built here"] += 1
+        repos[r.metadata.repository_name] += 1
         significant += is_significant(r)
-        single += len(r["commit_info"].get("files_changed") or []) == 1
-        oracles[str(ours.get("oracle") or "unvalidated")] += 1
+        single += len(r.commit_info.files_changed) == 1
+        oracles[str(ours.oracle or "unvalidated")] += 1
     graders = n - oracles["none"] - oracles["unvalidated"]
     result = {
         "store": str(store),

@@ -155,7 +155,10 @@ async def _mine(
     from cppperf.runtime import CONSUMING_SERVICES, run_services
     from cppperf.services.crawler.handlers import submit
 
-    async with run_services(settings, url, list(CONSUMING_SERVICES)) as running:
+    # `builder.validate_gold`: the evaluator gold-validates what the builder proves
+    # (`validate.requested`); the drain waits for those validations too
+    services = [*CONSUMING_SERVICES, *(["evaluator"] if settings.builder.validate_gold else [])]
+    async with run_services(settings, url, services) as running:
         ctx = running.ctx
         if force:
             from cppperf.redo import redo_instances

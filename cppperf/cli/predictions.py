@@ -19,7 +19,7 @@ def pseudo_predictions(out_dir: Path, kind: str, ids: set[str] | None) -> list[d
     if ids is not None:
         wanted = sorted(ids)
     else:
-        wanted = sorted(str(r["cppperf"]["instance_id"]) for r in iter_records(out_dir) if is_significant(r))
+        wanted = sorted(r.cppperf.instance_id for r in iter_records(out_dir) if is_significant(r))
     rows = []
     for iid in wanted:
         patch = ""

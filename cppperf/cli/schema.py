@@ -1,4 +1,4 @@
-"""`schema`: the JSON schemas of the typed domain (KV values, instance record section, report)."""
+"""`schema`: the JSON schemas of the typed domain (KV values, the instance record, reports)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,13 @@ def schema(
     ] = None,
 ) -> None:
     """Print the JSON schema of a domain type: repo-state, commit-state, instance-state,
-    evaluation-state, instance-meta (the record's `cppperf` section), eval-report, run-report
-    (OUT/runs/<run_id>/<model>.<run_id>.json).
+    evaluation-state, instance-record (OUT/instances/<id>.json, every section), published-entry (a
+    CppPerf-DB file, as `dataset import` reads it), instance-meta (the record's `cppperf` section),
+    eval-report, run-report (OUT/runs/<run_id>/<model>.<run_id>.json).
 
     \b
-    Example:
+    Examples:
+      cppperf schema instance-record > instance-record.schema.json
       cppperf schema eval-report > eval-report.schema.json
     """
     import msgspec

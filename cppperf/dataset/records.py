@@ -1,9 +1,11 @@
 """Instance records on disk (`<out>/instances/<id>.json`): import the published CppPerf-DB files
 unchanged, export them again (round trip), export a SWE-bench-like JSONL, and filter.
 
-A record is the published JSON plus our `cppperf` section. For an imported file that section says
-where it came from (`imported_from`) and derives the verdict from the published fields, so the
-published keys stay byte-for-byte what they were and `export --format cppperf-db` writes them back.
+A record is an `InstanceRecord` (shared/domain.py): the published sections (shared/published.py)
+plus our `cppperf` section. A published file is decoded as a `PublishedEntry`; for it our section
+says where it came from (`imported_from`) and derives the verdict from the published fields, so the
+published keys stay what they were and `export --format cppperf-db` writes them back. Records are
+read and written through the Structs (`decode_record`, `record_text`).
 """
 
 from __future__ import annotations
@@ -16,10 +18,19 @@ from typing import Any
 
 import msgspec
 
-from cppperf.shared.domain import DecisionRule, StatsRecord, Verdict
+from cppperf.shared.domain import (
+    DecisionRule,
+    InstanceMeta,
+    InstanceRecord,
+    StatsRecord,
+    Verdict,
+    decode_record,
+    record_text,
+)
 from cppperf.shared.engine.images import instance_image_name
 from cppperf.shared.files import write_atomic
 from cppperf.shared.messages import instance_id as make_instance_id
+from cppperf.shared.published import PublishedEntry
 
 REQUIRED = (
     ("metadata", "repository_name"),
@@ -42,11 +53,25 @@ def validate_published(data: Any) -> None:
             raise RecordError(f"missing {section}.{key}")
 
 
-def is_significant(record: dict[str, Any]) -> bool:
-    ours = record.get("cppperf") or {}
-    if ours.get("verdict"):
-        return bool(ours["verdict"] == Verdict.IMPROVED)
-    return int((record.get("tests") or {}).get("significant_improvements") or 0) > 0
+def decode_published(data: Any) -> PublishedEntry:
+    """A published file's JSON as its Struct (shared/published.py); RecordError when it is not one."""
+    validate_published(data)
+    try:
+        return msgspec.convert(data, PublishedEntry)
+    except msgspec.ValidationError as exc:
+        raise RecordError(str(exc)) from exc
+
+
+def decode(data: Any, where: str) -> InstanceRecord:
+    """An instance record's JSON (text or parsed) as its Struct; RecordError naming `where`."""
+    try:
+        return decode_record(data)
+    except ValueError as exc:  # not JSON, or not an instance record (msgspec.ValidationError)
+        raise RecordError(f"{where}: not an instance record: {exc}") from exc
+
+
+def is_significant(record: InstanceRecord) -> bool:
+    return record.cppperf.verdict == Verdict.IMPROVED
 
 
 IMPORT_RESAMPLES = 1000  # the 95 % percentile CI of tests whose decision needs it
@@ -54,20 +79,20 @@ IMPORT_SEED = 0
 IMPORT_STATISTICS = f"mwu-bh-hl-bootstrap{IMPORT_RESAMPLES}-seed{IMPORT_SEED}"  # recompute when it changes
 
 
-def recompute_tests(published: dict[str, Any]) -> list[StatsRecord]:
+def recompute_tests(published: PublishedEntry) -> list[StatsRecord]:
     """Our statistics (MWU both ways, BH, Hodges-Lehmann ratio) from the published per-test raw
     times, with the published thresholds. The bootstrap CI is computed for the tests whose
     decision depends on it (adjusted p and median change both qualify); the others keep an
     unknown CI, which never excludes 1."""
     from cppperf.shared.engine.stats import compare_batch, compare_test, decide
 
-    raw = published.get("raw_timing_data") or {}
-    alpha = float(raw.get("min_p_value") or 0.05)
-    threshold = float(raw.get("min_exec_time_improvement") or 0.05)
+    raw = published.raw_timing_data
+    alpha = float((raw.min_p_value if raw else None) or 0.05)
+    threshold = float((raw.min_exec_time_improvement if raw else None) or 0.05)
     by_name = {
-        str(t["test_name"]): (t["old_times"], t["new_times"])
-        for t in (published.get("tests") or {}).get("tests") or []
-        if isinstance(t, dict) and len(t.get("old_times") or []) >= 2 and len(t.get("new_times") or []) >= 2
+        t.test_name: (t.old_times, t.new_times)
+        for t in published.tests.tests
+        if t.old_times and t.new_times and len(t.old_times) >= 2 and len(t.new_times) >= 2
     }
     samples = [(name, *by_name[name]) for name in sorted(by_name)]
     first = decide(compare_batch(by_name), alpha=alpha, min_improvement=threshold)
@@ -81,46 +106,46 @@ def recompute_tests(published: dict[str, Any]) -> list[StatsRecord]:
     return decide(stats, alpha=alpha, min_improvement=threshold)
 
 
-def to_record(published: dict[str, Any], source: str) -> dict[str, Any]:
+def to_record(published: PublishedEntry | dict[str, Any], source: str) -> InstanceRecord:
     """The published file plus our section, whose verdicts are recomputed from the raw timings
     (so `improved` never stands beside significant regressions); the published counts stay as
-    they were in the published fields."""
-    validate_published(published)
-    ci = published["commit_info"]
-    repo = published["metadata"]["repository_name"]
+    they were in the published fields. RecordError when `published` is not a CppPerf-DB entry."""
+    entry = published if isinstance(published, PublishedEntry) else decode_published(published)
     from cppperf.shared.engine.stats import verdict  # scipy: imported when a record is
 
-    tests = recompute_tests(published)  # an empty list: not-improved under every rule
-    return {
-        **published,
-        "cppperf": {
-            "record_version": 1,
-            "instance_id": make_instance_id(repo, ci["new_sha"]),
-            "imported_from": source,
-            "statistics": IMPORT_STATISTICS,
-            "verdict": verdict(tests, rule=DecisionRule.OURS),
-            "verdict_paper_rule": verdict(tests, rule=DecisionRule.PAPER),
-            "improved_tests": [t.name for t in tests if t.improved],
-            "regressed_tests": [t.name for t in tests if t.regressed],
-            "tests": [msgspec.to_builtins(t) for t in tests],
-            "failure_category": None,
-            "builder": "cppperf-db",
-        },
-    }
+    tests = recompute_tests(entry)  # an empty list: not-improved under every rule
+    meta = InstanceMeta(
+        record_version=1,
+        instance_id=make_instance_id(entry.metadata.repository_name, entry.commit_info.new_sha),
+        imported_from=source,
+        statistics=IMPORT_STATISTICS,
+        verdict=verdict(tests, rule=DecisionRule.OURS),
+        decision_rule=DecisionRule.OURS,
+        verdict_paper_rule=verdict(tests, rule=DecisionRule.PAPER),
+        improved_tests=[t.name for t in tests if t.improved],
+        regressed_tests=[t.name for t in tests if t.regressed],
+        tests=tests,
+        failure_category=None,
+        builder="cppperf-db",
+    )
+    return InstanceRecord(**_published_fields(entry), cppperf=meta)
 
 
-def to_published(record: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in record.items() if k != "cppperf"}
+def _published_fields(entry: PublishedEntry) -> dict[str, Any]:
+    return {name: getattr(entry, name) for name in PublishedEntry.__struct_fields__}
+
+
+def to_published(record: InstanceRecord) -> PublishedEntry:
+    """The record without our section: the published entry, key for key."""
+    return PublishedEntry(**_published_fields(record))
 
 
 def instance_path(out_dir: Path, iid: str) -> Path:
     return out_dir / "instances" / f"{iid}.json"
 
 
-def write_record(out_dir: Path, record: dict[str, Any]) -> Path:
-    return write_atomic(
-        instance_path(out_dir, record["cppperf"]["instance_id"]), json.dumps(record, indent=1)
-    )
+def write_record(out_dir: Path, record: InstanceRecord) -> Path:
+    return write_atomic(instance_path(out_dir, record.cppperf.instance_id), record_text(record))
 
 
 @dataclass
@@ -141,12 +166,11 @@ def import_files(
         if on_progress is not None:
             on_progress(i, len(files))
         try:
-            published = json.loads(f.read_text())
-            validate_published(published)
+            published = decode_published(json.loads(f.read_text()))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecordError) as exc:
             rep.errors[str(f)] = f"{type(exc).__name__}: {exc}"
             continue
-        iid = make_instance_id(published["metadata"]["repository_name"], published["commit_info"]["new_sha"])
+        iid = make_instance_id(published.metadata.repository_name, published.commit_info.new_sha)
         if _already_imported(instance_path(out_dir, iid), published, f.name):
             rep.unchanged.append(iid)
             continue
@@ -155,36 +179,36 @@ def import_files(
     return rep
 
 
-def _already_imported(target: Path, published: dict[str, Any], source: str) -> bool:
+def _already_imported(target: Path, published: PublishedEntry, source: str) -> bool:
     """Same published fields, from the same file, decided by the same statistics: nothing to redo."""
     if not target.is_file():
         return False
     try:
-        existing = json.loads(target.read_text())
-    except (OSError, json.JSONDecodeError):
+        existing = decode_record(target.read_text())
+    except (OSError, ValueError):  # unreadable, not JSON, not a record: import it again
         return False
-    ours = existing.get("cppperf") or {}
+    ours = existing.cppperf
     return bool(
-        ours.get("imported_from") == source
-        and ours.get("statistics") == IMPORT_STATISTICS
+        ours.imported_from == source
+        and ours.statistics == IMPORT_STATISTICS
         and to_published(existing) == published
     )
 
 
-def iter_records(out_dir: Path) -> Iterator[dict[str, Any]]:
+def iter_records(out_dir: Path) -> Iterator[InstanceRecord]:
+    """Every record in `out_dir/instances`, by file name; a file that is not one is skipped."""
     for f in sorted((out_dir / "instances").glob("*.json")):
         try:
-            yield json.loads(f.read_text())
-        except json.JSONDecodeError:
+            yield decode_record(f.read_text())
+        except ValueError:  # not JSON, or not an instance record
             continue
 
 
-def load_record(out_dir: Path, iid: str) -> dict[str, Any]:
+def load_record(out_dir: Path, iid: str) -> InstanceRecord:
     path = instance_path(out_dir, iid)
     if not path.is_file():
         raise RecordError(f"unknown instance {iid!r} (no {path})")
-    data: dict[str, Any] = json.loads(path.read_text())
-    return data
+    return decode(path.read_text(), str(path))
 
 
 @dataclass(frozen=True)
@@ -195,12 +219,12 @@ class Filters:
     until: str | None = None
     files: str | None = None  # "single" | "multi"
 
-    def match(self, r: dict[str, Any]) -> bool:
-        ci = r["commit_info"]
-        date = str(ci.get("commit_date") or "")[:10]
-        n_files = len(ci.get("files_changed") or [])
+    def match(self, r: InstanceRecord) -> bool:
+        ci = r.commit_info
+        date = (ci.commit_date or "")[:10]
+        n_files = len(ci.files_changed)
         return (
-            (self.repo is None or r["metadata"]["repository_name"] == self.repo)
+            (self.repo is None or r.metadata.repository_name == self.repo)
             and (not self.significant_only or is_significant(r))
             and (self.since is None or date >= self.since)
             and (self.until is None or date <= self.until)
@@ -208,37 +232,36 @@ class Filters:
         )
 
 
-def git_patch(record: dict[str, Any]) -> str:
+def git_patch(record: InstanceRecord) -> str:
     """The expert patch as a git-style unified diff (the published `patch` lacks `+++` headers)."""
-    ci = record["commit_info"]
-    patch = "".join(ci.get("patch") or [])
+    ci = record.commit_info
+    patch = "".join(ci.patch or [])
     if patch.startswith("diff --git"):
         return patch
     parts = []
-    for f in ci.get("files_changed") or []:
-        name = f["filename"]
-        body = f.get("patch") or ""
-        old = "/dev/null" if f.get("status") == "added" else f"a/{name}"
-        new = "/dev/null" if f.get("status") == "removed" else f"b/{name}"
+    for f in ci.files_changed:
+        name = f.filename
+        body = f.patch or ""
+        old = "/dev/null" if f.status == "added" else f"a/{name}"
+        new = "/dev/null" if f.status == "removed" else f"b/{name}"
         parts.append(f"diff --git a/{name} b/{name}\n--- {old}\n+++ {new}\n{body.rstrip(chr(10))}\n")
     return "".join(parts)
 
 
-def swebench_row(r: dict[str, Any]) -> dict[str, Any]:
-    ci = r["commit_info"]
-    repo = r["metadata"]["repository_name"]
-    linked = [*(r.get("issues") or []), *(r.get("pull_requests") or [])]
-    statement = "\n".join(ci.get("commit_message") or [])
+def swebench_row(r: InstanceRecord) -> dict[str, Any]:
+    ci = r.commit_info
+    repo = r.metadata.repository_name
+    linked = [*(r.issues or []), *(r.pull_requests or [])]
+    statement = "\n".join(ci.commit_message or [])
     for item in linked:
-        statement += f"\n\n#{item.get('number', '')} {item.get('title', '')}\n{item.get('body', '')}".rstrip()
-    iid = r["cppperf"]["instance_id"]
+        statement += f"\n\n#{item.number} {item.title or ''}\n{item.body or ''}".rstrip()
     return {
-        "instance_id": iid,
+        "instance_id": r.cppperf.instance_id,
         "repo": repo,
-        "base_commit": ci["old_sha"],
+        "base_commit": ci.old_sha,
         "patch": git_patch(r),
         "problem_statement": statement.strip(),
-        "created_at": ci.get("commit_date"),
-        "improved_tests": list((r.get("tests") or {}).get("significant_improvements_tests") or []),
-        "image": instance_image_name(repo, ci["new_sha"]),
+        "created_at": ci.commit_date or None,
+        "improved_tests": list(r.tests.significant_improvements_tests or []),
+        "image": instance_image_name(repo, ci.new_sha),
     }

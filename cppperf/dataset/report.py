@@ -24,9 +24,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from msgspec import UNSET
 
-from cppperf.dataset.records import git_patch, is_significant
-from cppperf.shared.domain import Verdict
+from cppperf.dataset.records import git_patch
+from cppperf.shared.domain import InstanceRecord, StatsRecord, Verdict
 
 plt.rcParams.update({"svg.fonttype": "none", "font.size": 9})
 
@@ -53,15 +54,15 @@ def _svg(fig: Any) -> str:
     return text[text.index("<svg") :]
 
 
-def test_samples(record: dict[str, Any]) -> dict[str, tuple[list[float], list[float]]]:
+def test_samples(record: InstanceRecord) -> dict[str, tuple[list[float], list[float]]]:
     """Per-test run times in ms (ours: raw samples in s; imported: the published per-test times, in s)."""
-    ours = (record.get("cppperf") or {}).get("samples") or {}
+    ours = record.cppperf.samples
     if ours:
-        return {n: ([x * 1e3 for x in s["old_s"]], [x * 1e3 for x in s["new_s"]]) for n, s in ours.items()}
+        return {n: ([x * 1e3 for x in s.old_s], [x * 1e3 for x in s.new_s]) for n, s in ours.items()}
     out = {}
-    for t in (record.get("tests") or {}).get("tests") or []:
-        if t.get("old_times") and t.get("new_times"):
-            out[t["test_name"]] = ([x * 1e3 for x in t["old_times"]], [x * 1e3 for x in t["new_times"]])
+    for t in record.tests.tests:
+        if t.old_times and t.new_times:
+            out[t.test_name] = ([x * 1e3 for x in t.old_times], [x * 1e3 for x in t.new_times])
     return out
 
 
@@ -83,22 +84,22 @@ def moses_ratio_ci(old: list[float], new: list[float], level: float = 0.95) -> t
 
 
 def _speedup_ci(
-    samples: dict[str, tuple[list[float], list[float]]], t: dict[str, Any]
+    samples: dict[str, tuple[list[float], list[float]]], t: StatsRecord
 ) -> tuple[tuple[float, float] | None, bool]:
     """The old/new speed-up CI of one test and whether the report computed it: the stored ratio CI
     inverted, or, for imported records (which keep a CI only where the verdict needed one), the
     distribution-free interval from the raw times."""
-    if t["ci_low"] > 0 and t["ci_high"] < float("inf"):
-        return (1 / t["ci_high"], 1 / t["ci_low"]), False
-    old, new = samples.get(t["name"], ([], []))
+    if t.ci_low > 0 and t.ci_high < float("inf"):
+        return (1 / t.ci_high, 1 / t.ci_low), False
+    old, new = samples.get(t.name, ([], []))
     if len(old) < 2 or len(new) < 2 or min(*old, *new) <= 0:
         return None, False
     low, high = moses_ratio_ci(old, new)
     return (1 / high, 1 / low), True
 
 
-def _test_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
-    ours = (record.get("cppperf") or {}).get("tests") or []
+def _test_rows(record: InstanceRecord) -> list[dict[str, Any]]:
+    ours = record.cppperf.tests
     if ours:
         samples = test_samples(record)
         rows = []
@@ -106,32 +107,30 @@ def _test_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
             ci, computed = _speedup_ci(samples, t)
             rows.append(
                 {
-                    "name": t["name"],
-                    "change": t["median_change"],
+                    "name": t.name,
+                    "change": t.median_change,
                     "ci": ci,
                     "ci_computed": computed,
                     # the p of the side that was decided: a regression shows its own (small) p
-                    "p": t["p_regress_adj"]
-                    if t["regressed"] or t["median_change"] < 0
-                    else t["p_improve_adj"],
-                    "improved": t["improved"],
-                    "regressed": t["regressed"],
+                    "p": t.p_regress_adj if t.regressed or t.median_change < 0 else t.p_improve_adj,
+                    "improved": t.improved,
+                    "regressed": t.regressed,
                 }
             )
         return rows
-    improved = set((record.get("tests") or {}).get("significant_improvements_tests") or [])
-    regressed = set((record.get("tests") or {}).get("significant_regressions_tests") or [])
+    improved = set(record.tests.significant_improvements_tests or [])
+    regressed = set(record.tests.significant_regressions_tests or [])
     return [
         {
-            "name": t["test_name"],
-            "change": t.get("relative_improvement", 0.0),
+            "name": t.test_name,
+            "change": 0.0 if t.relative_improvement is UNSET else t.relative_improvement,
             "ci": None,
             "ci_computed": False,
-            "p": t.get("p_value"),
-            "improved": t["test_name"] in improved,
-            "regressed": t["test_name"] in regressed,
+            "p": None if t.p_value is UNSET else t.p_value,
+            "improved": t.test_name in improved,
+            "regressed": t.test_name in regressed,
         }
-        for t in (record.get("tests") or {}).get("tests") or []
+        for t in record.tests.tests
     ]
 
 
@@ -222,9 +221,9 @@ def _diff_html(patch: str) -> str:
     return '<pre class="diff">' + "\n".join(lines) + "</pre>"
 
 
-def instance_section(record: dict[str, Any]) -> str:
-    ours = record.get("cppperf") or {}
-    ci = record["commit_info"]
+def instance_section(record: InstanceRecord) -> str:
+    ours = record.cppperf
+    ci = record.commit_info
     rows = _test_rows(record)
     rows.sort(key=lambda r: (not r["improved"], not r["regressed"], -abs(r["change"] or 0)))
     samples = test_samples(record)
@@ -243,13 +242,13 @@ def instance_section(record: dict[str, Any]) -> str:
             "<p>† not stored in the record (imported records keep a CI only where the verdict needed "
             "one): the distribution-free (Moses) interval of the Hodges-Lehmann ratio, from the raw times.</p>"
         )
-    msg = html.escape("\n".join(ci.get("commit_message") or []))
+    msg = html.escape("\n".join(ci.commit_message or []))
     return f"""
-<h1>{html.escape(ours.get("instance_id", ""))}</h1>
-<p><span class="verdict">{html.escape(str(ours.get("verdict", "")))}</span>
- paper's rule: {html.escape(str(ours.get("verdict_paper_rule", "")))} ·
- {html.escape(record["metadata"]["repository_name"])} @ {ci["new_sha"][:12]} (parent {ci["old_sha"][:12]}) ·
- {len(ci.get("files_changed") or [])} file(s), +{ci.get("lines_added", 0)} −{ci.get("lines_removed", 0)}</p>
+<h1>{html.escape(ours.instance_id)}</h1>
+<p><span class="verdict">{html.escape(str(ours.verdict))}</span>
+ paper's rule: {html.escape(str(ours.verdict_paper_rule or ""))} ·
+ {html.escape(record.metadata.repository_name)} @ {ci.new_sha[:12]} (parent {ci.old_sha[:12]}) ·
+ {len(ci.files_changed)} file(s), +{ci.lines_added or 0} −{ci.lines_removed or 0}</p>
 <pre>{msg}</pre>
 <h2>Run times, old vs new</h2>
 <figure class="distributions">{distribution_plot(samples, [r["name"] for r in rows])}</figure>
@@ -260,16 +259,16 @@ def instance_section(record: dict[str, Any]) -> str:
 """
 
 
-def best_speedup(record: dict[str, Any]) -> float | None:
+def best_speedup(record: InstanceRecord) -> float | None:
     """The largest speed-up (old/new) among the instance's improved tests, None when none improved."""
-    ours = (record.get("cppperf") or {}).get("tests") or []
-    ups = [1.0 / t["ratio"] for t in ours if t.get("improved") and t.get("ratio")]
+    ours = record.cppperf.tests
+    ups = [1.0 / t.ratio for t in ours if t.improved and t.ratio]
     if not ours:
-        improved = set((record.get("tests") or {}).get("significant_improvements_tests") or [])
+        improved = set(record.tests.significant_improvements_tests or [])
         ups = [
-            1.0 / (1.0 - t["relative_improvement"])
-            for t in (record.get("tests") or {}).get("tests") or []
-            if t.get("test_name") in improved and 0 < (t.get("relative_improvement") or 0) < 1
+            1.0 / (1.0 - t.relative_improvement)
+            for t in record.tests.tests
+            if t.test_name in improved and t.relative_improvement and 0 < t.relative_improvement < 1
         ]
     return max(ups) if ups else None
 
@@ -294,22 +293,20 @@ class Summary:
         return self.files == 1
 
 
-def summarize(records: list[dict[str, Any]]) -> list[Summary]:
+def summarize(records: list[InstanceRecord]) -> list[Summary]:
     """The overview's one pass over the records, sorted by instance id."""
     out = []
     for r in records:
-        ours = r.get("cppperf") or {}
-        ci = r["commit_info"]
-        improved = is_significant(r)
-        verdict = str(ours.get("verdict") or (Verdict.IMPROVED if improved else "unknown"))
+        ci = r.commit_info
+        verdict = str(r.cppperf.verdict)
         out.append(
             Summary(
-                instance_id=str(ours.get("instance_id")),
-                repo=r["metadata"]["repository_name"],
+                instance_id=r.cppperf.instance_id,
+                repo=r.metadata.repository_name,
                 verdict=verdict,
                 speedup=best_speedup(r) if verdict == Verdict.IMPROVED else None,
-                files=len(ci.get("files_changed") or []),
-                lines=int(ci.get("lines_added") or 0) + int(ci.get("lines_removed") or 0),
+                files=len(ci.files_changed),
+                lines=(ci.lines_added or 0) + (ci.lines_removed or 0),
             )
         )
     return sorted(out, key=lambda x: x.instance_id)
@@ -427,7 +424,7 @@ def _instance_table(rows: list[Summary], link: Callable[[str], str] | None) -> s
     return form + head + "".join(body) + f"</tbody></table><script>{SCRIPT}</script>"
 
 
-def overview_section(records: list[dict[str, Any]], link: Callable[[str], str] | None = None) -> str:
+def overview_section(records: list[InstanceRecord], link: Callable[[str], str] | None = None) -> str:
     """The dataset page; `link(instance_id)` gives the href of each instance's page."""
     rows = summarize(records)
     n = len(rows)

@@ -3,15 +3,13 @@
 when nothing was measured), `benchmarks` (per-benchmark statistics, beside the tests' `tests`),
 `benchmark_workloads` (what was timed and how), `benchmarks_skipped` (found, not timed, why),
 `improved_benchmarks`, `regressed_benchmarks`. A benchmark's raw samples are under `samples`
-with the tests', by its workload name (`bench:<target>/<benchmark>`): per-iteration seconds."""
+with the tests', by its workload name (`bench:<target>/<benchmark>`): per-iteration seconds.
+`proven_by` is decided here; record.py `_meta` fills the other keys from the `InstanceResult`."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from cppperf.services.builder.instance import InstanceResult
 from cppperf.shared.domain import Oracle, Verdict
-from cppperf.shared.engine.benchmarks import is_benchmark
 
 
 def proven_by(res: InstanceResult) -> Oracle | None:
@@ -21,15 +19,3 @@ def proven_by(res: InstanceResult) -> Oracle | None:
     if res.verdict != Verdict.IMPROVED:
         return Oracle.NONE
     return Oracle.of(ctest=bool(res.improved_tests), benchmark=bool(res.improved_benchmarks))
-
-
-def benchmark_fields(res: InstanceResult) -> dict[str, Any]:
-    """`InstanceMeta`'s benchmark fields (keyword arguments) for `res`."""
-    return {
-        "proven_by": proven_by(res),
-        "benchmarks": [t for t in res.tests if is_benchmark(t.name)],
-        "benchmark_workloads": list(res.benchmark_workloads),
-        "benchmarks_skipped": list(res.benchmarks_skipped),
-        "improved_benchmarks": list(res.improved_benchmarks),
-        "regressed_benchmarks": list(res.regressed_benchmarks),
-    }

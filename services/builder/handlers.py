@@ -10,13 +10,14 @@ idempotent: the store is checked
 first, and a built instance is recorded before `patch.built` is published from it (a crash or a
 second request re-publishes from the record; the stable id drops the duplicate). State: the instance record goes into the `instances` bucket
 (inline, or by `record_ref` in the object store when large); the file under `out/instances/` is
-an export.
+an export. With `builder.validate_gold` an improved instance, once stored, is handed to the
+evaluator for gold validation (`validate.requested`, `request_validation`): the builder never runs
+an evaluation itself.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -27,12 +28,17 @@ from cppperf.services.builder.service import (
     head_sha,
     llm_dependency_proposer,
     validate_latest,
-    write_instance,
 )
 from cppperf.shared import buckets
 from cppperf.shared import messages as m
 from cppperf.shared.buckets import COMMITS, INSTANCES, REPOS
-from cppperf.shared.domain import InstanceState, RepoState, Stage, Verdict, to_struct
+from cppperf.shared.domain import (
+    InstanceState,
+    RepoState,
+    Stage,
+    Verdict,
+    record_text,
+)
 from cppperf.shared.errors import RepoRejected
 from cppperf.shared.logging import get_logger
 from cppperf.shared.mirror import ensure_local
@@ -76,7 +82,7 @@ class EngineOps:
 
     def prove(self, commit: m.CommitSelected, path: Path, diff: str) -> BuiltPatch:
         s = self.settings
-        built = build_patch(
+        return build_patch(
             commit,
             path,
             s.builder,
@@ -85,19 +91,22 @@ class EngineOps:
             diff=diff,
             llm_propose=llm_dependency_proposer(s),
         )
-        return with_oracle(built, s)
 
 
-def with_oracle(built: BuiltPatch, settings: Settings) -> BuiltPatch:
-    """`builder.validate_gold`: an improved instance is gold-validated before it is recorded (its
-    record then carries `oracle`), so what the bus stores and announces says whether it grades."""
-    if not settings.builder.validate_gold or built.message.verdict != Verdict.IMPROVED:
-        return built
-    from cppperf.services.evaluator.gold import validate_record
-
-    validate_record(built.record, settings)
-    write_instance(Path(settings.out_dir), built.record)
-    return built
+async def request_validation(ctx: StageContext, iid: str) -> bool:
+    """`builder.validate_gold`: ask the evaluator to gold-validate a stored improved instance not
+    validated yet (`validate.requested`; the evaluator records its `oracle`). True when asked
+    (a duplicate of an earlier request is dropped by its id)."""
+    if not ctx.settings.builder.validate_gold:
+        return False
+    state = await buckets.get(ctx.store, INSTANCES, iid)
+    if state is None or state.verdict != Verdict.IMPROVED or state.oracle is not None:
+        return False
+    text = await ctx.store.resolve_text(state.record, state.record_ref)
+    # one request per stored record: a forced rebuild (a new record) is validated again
+    request = m.ValidateRequested(instance_id=iid, request_id=built_msg_id(iid, text).rsplit("@", 1)[1])
+    await ctx.bus.publish(m.VALIDATE_REQUESTED, request)
+    return True
 
 
 async def startup(ctx: StageContext, claims: Claims) -> list[str]:
@@ -120,6 +129,7 @@ async def on_classified_claimed(
         return await on_classified(ctx, ops, item)  # records nothing, returns at once
     iid = m.instance_id(item.commit.repo, item.commit.sha)
     if await republish_finished(ctx, iid):
+        await request_validation(ctx, iid)  # `builder.validate_gold`, if not validated yet
         return "already-built"  # a redelivery or a second request gets that result
 
     async def busy(holder: str) -> None:
@@ -177,36 +187,36 @@ async def on_classified(ctx: StageContext, ops: BuilderOps, item: m.CommitClassi
     done = await buckets.get(ctx.store, INSTANCES, iid) or InstanceState()
     if done.verdict is not None:  # finished earlier: a redelivery must not redo 30 minutes of work
         await republish_finished(ctx, iid)  # but a second request gets the result (dedup by id)
+        await request_validation(ctx, iid)  # e.g. a crash before it was asked
         return "already-built"
     path = await asyncio.to_thread(ops.checkout, commit.url, commit.repo)
     diff = await ctx.store.resolve_text(commit.diff, commit.diff_ref)
     built = await asyncio.to_thread(ops.prove, commit, path, diff)
     msg = built.message
-    record_text = json.dumps(built.record)
-    record, record_ref = await ctx.store.inline_or_ref(f"record/{iid}", record_text)
-    state = to_struct(
-        {
-            "stage": Stage.BUILT,
-            "verdict": msg.verdict,
-            "repo": msg.repo,
-            "sha": msg.sha,
-            "parent": msg.parent,
-            "improved_tests": msg.improved_tests,
-            "regressed_tests": msg.regressed_tests,
-            "improved_benchmarks": msg.improved_benchmarks,
-            "regressed_benchmarks": msg.regressed_benchmarks,
-            "failure_category": msg.failure_category,
-            "record": record,
-            "record_ref": record_ref,
-            "record_path": str(built.path),
-        },
-        InstanceState,
+    text = record_text(built.record, indent=None)
+    record, record_ref = await ctx.store.inline_or_ref(f"record/{iid}", text)
+    state = InstanceState(
+        stage=Stage.BUILT,
+        verdict=built.record.cppperf.verdict,
+        repo=msg.repo,
+        sha=msg.sha,
+        parent=msg.parent,
+        improved_tests=msg.improved_tests,
+        regressed_tests=msg.regressed_tests,
+        improved_benchmarks=msg.improved_benchmarks,
+        regressed_benchmarks=msg.regressed_benchmarks,
+        failure_category=built.record.cppperf.failure_category,
+        record=record,
+        record_ref=record_ref,
+        record_path=str(built.path),
     )
     # Store before publish: the record is the truth and patch.built is derived from it; if another
     # attempt recorded first, its result is the one announced (record, KV and message agree).
     if not await buckets.create(ctx.store, INSTANCES, iid, state):
         await republish_finished(ctx, iid)
+        await request_validation(ctx, iid)
         return "already-built"
-    await ctx.bus.publish(m.PATCH_BUILT, msg, msg_id=built_msg_id(iid, record_text))
+    await ctx.bus.publish(m.PATCH_BUILT, msg, msg_id=built_msg_id(iid, text))
+    await request_validation(ctx, iid)  # after the record: the evaluator reads it from the bucket
     await ctx.store.update(COMMITS.name, commit.id, stage=Stage.BUILT, verdict=msg.verdict)
     return "built"

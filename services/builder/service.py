@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+
+import msgspec
 
 from cppperf.services.builder.instance import PhaseCallback, prove
 from cppperf.services.builder.record import build_record
-from cppperf.shared.domain import Verdict
+from cppperf.shared.domain import InstanceRecord, Verdict, record_text, to_json_dict
 from cppperf.shared.engine.backend import Backend
 from cppperf.shared.engine.backends import make_backend
 from cppperf.shared.engine.deps import propose_with_llm
@@ -26,28 +26,26 @@ from cppperf.shared.mirror import commit_date, rev_parse
 from cppperf.shared.settings import BuilderSettings, Settings
 
 
-def write_instance(out_dir: Path, record: dict[str, Any]) -> Path:
-    path = out_dir / "instances" / f"{record['cppperf']['instance_id']}.json"
-    return write_atomic(path, json.dumps(record, indent=1))
+def write_instance(out_dir: Path, record: InstanceRecord) -> Path:
+    path = out_dir / "instances" / f"{record.cppperf.instance_id}.json"
+    return write_atomic(path, record_text(record))
 
 
-def _commit_image(backend: Backend, settings: BuilderSettings, record: dict[str, Any]) -> str | None:
-    """With the docker backend: commit the container as the instance image (and push it)."""
+def _commit_image(backend: Backend, settings: BuilderSettings, record: InstanceRecord) -> InstanceRecord:
+    """With the docker backend: commit the container as the instance image (and push it); the
+    record with its `image`, `installed_packages` and `image_pushed`."""
     from cppperf.shared.engine.images import instance_image_name
 
-    if (
-        backend.name != "docker"
-        or not settings.commit_images
-        or record["cppperf"]["verdict"] == Verdict.REJECTED
-    ):
-        return None
-    image = instance_image_name(record["metadata"]["repository_name"], record["commit_info"]["new_sha"])
-    record["cppperf"]["image"] = image
-    record["cppperf"]["installed_packages"] = list(backend.installed)
-    backend.commit(image, record)
+    if backend.name != "docker" or not settings.commit_images or record.cppperf.verdict == Verdict.REJECTED:
+        return record
+    image = instance_image_name(record.metadata.repository_name, record.commit_info.new_sha)
+    meta = msgspec.structs.replace(record.cppperf, image=image, installed_packages=list(backend.installed))
+    record = msgspec.structs.replace(record, cppperf=meta)
+    backend.commit(image, to_json_dict(record))  # the engine writes it as a record file
     if settings.registry:
-        record["cppperf"]["image_pushed"] = backend.push(image, settings.registry)
-    return image
+        meta = msgspec.structs.replace(meta, image_pushed=backend.push(image, settings.registry))
+        record = msgspec.structs.replace(record, cppperf=meta)
+    return record
 
 
 def keep_logs(src: Path, dest: Path) -> None:
@@ -59,7 +57,7 @@ def keep_logs(src: Path, dest: Path) -> None:
 
 @dataclass
 class BuiltPatch:
-    record: dict[str, Any]
+    record: InstanceRecord
     message: PatchBuilt
     path: Path
 
@@ -96,7 +94,7 @@ def build_patch(
                 rel = log.relative_to(work_logs) if work_logs in log.parents else Path(log.name)
                 step.log = str(logs_dir / rel)
         record = build_record(commit, res, diff=commit.diff if diff is None else diff, settings=settings)
-        _commit_image(backend, settings, record)
+        record = _commit_image(backend, settings, record)
     finally:
         keep_logs(work_dir / iid / "logs", logs_dir)
         if not settings.keep:

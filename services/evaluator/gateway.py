@@ -19,8 +19,9 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from typing import Any
 
+import msgspec
+from msgspec import UNSET, UnsetType
 from nats.js.errors import APIError, NotFoundError
 
 from cppperf.services.evaluator.pipeline import patch_sha256
@@ -28,14 +29,13 @@ from cppperf.shared import buckets
 from cppperf.shared import messages as m
 from cppperf.shared.buckets import EVALUATIONS
 from cppperf.shared.bus import WORK_QUEUES
-from cppperf.shared.domain import EvaluationState
+from cppperf.shared.domain import EvalReport, EvaluationState, EvalVerdict, to_json_dict
 from cppperf.shared.errors import CppPerfError
 from cppperf.shared.logging import get_logger
 from cppperf.shared.service import ServiceContext
 
 log = get_logger(__name__)
 VERBS = ("submit", "result", "results")
-SUMMARY_FIELDS = ("gm_speedup_agent", "gm_speedup_expert", "reason")
 MAX_REPORT_REPLY = 512 * 1024  # a larger report is answered as its summary (`truncated: true`)
 
 
@@ -128,12 +128,44 @@ def owns(agent: str, evaluation_id: str) -> bool:
     return evaluation_id.split("/", 1)[0].startswith(agent + ".")
 
 
-async def _report(ctx: ServiceContext, evaluation_id: str) -> dict[str, Any] | None:
+class ResultSummary(msgspec.Struct, kw_only=True):
+    """One finished evaluation in brief: a `results` row, or a `result` too large to send whole."""
+
+    id: str
+    instance_id: str | UnsetType = UNSET
+    model: str | UnsetType = UNSET
+    verdict: EvalVerdict
+    opt: bool
+    gm_speedup_agent: float | UnsetType = UNSET
+    gm_speedup_expert: float | UnsetType = UNSET
+    reason: str = ""
+    truncated: bool | UnsetType = UNSET
+
+
+async def _report(ctx: ServiceContext, evaluation_id: str) -> EvalReport | None:
+    """The finished report of an evaluation (verdict and `opt` as the bucket records them)."""
     state = await buckets.get(ctx.store, EVALUATIONS, evaluation_id) or EvaluationState()
     if state.verdict is None:
         return None
-    report: dict[str, Any] = json.loads(await ctx.store.resolve_text(state.report, state.report_ref))
-    return {**report, "id": evaluation_id, "verdict": state.verdict, "opt": state.opt}
+    text = await ctx.store.resolve_text(state.report, state.report_ref)
+    try:
+        report = msgspec.convert(json.loads(text), EvalReport)
+    except ValueError:  # not JSON or not a report (msgspec.ValidationError): say so, do not fail
+        report = EvalReport(verdict=state.verdict, reason="the stored report is unreadable")
+    return msgspec.structs.replace(report, verdict=state.verdict, opt=state.opt)
+
+
+def _summary(evaluation_id: str, report: EvalReport) -> ResultSummary:
+    return ResultSummary(
+        id=evaluation_id,
+        instance_id=report.instance_id,
+        model=report.model,
+        verdict=report.verdict,
+        opt=report.opt,
+        gm_speedup_agent=report.gm_speedup_agent,
+        gm_speedup_expert=report.gm_speedup_expert,
+        reason=report.reason,
+    )
 
 
 async def result(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:
@@ -146,10 +178,11 @@ async def result(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:
     report = await _report(ctx, q.id)
     if report is None:
         return m.AgentAnswer(ok=True, id=q.id, status="pending")
-    if len(json.dumps(report)) > MAX_REPORT_REPLY:  # a reply must fit NATS's max payload
-        keep = ("id", "instance_id", "model", "verdict", "opt", *SUMMARY_FIELDS)
-        report = {**{k: report[k] for k in keep if k in report}, "truncated": True}
-    return m.AgentAnswer(ok=True, id=q.id, status="done", result=report)
+    whole = {**to_json_dict(report), "id": q.id}
+    if len(json.dumps(whole)) > MAX_REPORT_REPLY:  # a reply must fit NATS's max payload
+        brief = msgspec.structs.replace(_summary(q.id, report), truncated=True)
+        return m.AgentAnswer(ok=True, id=q.id, status="done", result=to_json_dict(brief))
+    return m.AgentAnswer(ok=True, id=q.id, status="done", result=whole)
 
 
 async def results(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:
@@ -161,15 +194,14 @@ async def results(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer
     if error := _check_token("run_id", q.run_id):
         return refused(error)
     prefix = m.evaluation_id(m.agent_run(agent, q.run_id), "x", "x").rsplit("/", 2)[0] + "/"
-    rows: list[dict[str, Any]] = []
+    rows: list[ResultSummary] = []
     for eid in sorted(await ctx.store.ids(EVALUATIONS.name, under=agent)):  # only this agent's keys
         if not eid.startswith(prefix):
             continue
         report = await _report(ctx, eid)
         if report is not None:
-            keep = ("id", "instance_id", "model", "verdict", "opt", *SUMMARY_FIELDS)
-            rows.append({k: report[k] for k in keep if k in report})
-    return m.AgentAnswer(ok=True, results=rows)
+            rows.append(_summary(eid, report))
+    return m.AgentAnswer(ok=True, results=[to_json_dict(r) for r in rows])
 
 
 async def answer(

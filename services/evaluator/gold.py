@@ -5,8 +5,11 @@ null patch — one comment line appended to the first C++ file the expert change
 builds and runs every test exactly like the original — must not. Both hold: the instance has an
 oracle (`oracle` = the kind of workload the expert's patch is `opt` on: `ctest`, `benchmark` (the
 project's own benchmarks, engine/benchmarks.py) or `both`; `none` when either check fails).
-The result goes into the record (`cppperf.validation`, `cppperf.oracle`); the evaluator's reports
-stay under `evaluator.runs_dir/validate/{gold,null}/<id>/`.
+The result goes into the record (`cppperf.validation`, a `Validation`, and `cppperf.oracle`); the
+evaluator's reports stay under `evaluator.runs_dir/validate/{gold,null}/<id>/`. Locally
+(`cppperf validate` without a bus) `validate_stored` reads and writes OUT/instances/<id>.json; on a
+bus the evaluator's `validate.requested` handler (handlers.py `on_validate`) writes the record in
+the `instances` bucket.
 """
 
 from __future__ import annotations
@@ -17,16 +20,17 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from cppperf.services.evaluator.instances import from_record
 from cppperf.services.evaluator.pipeline import EvalRequest, Phase, evaluate
-from cppperf.shared.domain import EvalVerdict, Oracle
+from cppperf.shared.domain import EvalVerdict, Oracle, Validation, ValidationRun, to_json_dict, to_struct
 from cppperf.shared.engine.benchmarks import is_benchmark
 from cppperf.shared.files import write_atomic
 from cppperf.shared.mirror import ensure_local
 from cppperf.shared.settings import Settings
 
 RUN_ID = "validate"
-ORACLES = tuple(Oracle)
 NULL_COMMENT = "// cppperf validate: a comment-only (null) patch\n"
 
 
@@ -65,7 +69,7 @@ def null_patch_for(record: dict[str, Any], settings: Settings) -> str:
     return ""
 
 
-def oracle_of(gold: dict[str, Any], null: dict[str, Any]) -> str:
+def oracle_of(gold: dict[str, Any], null: dict[str, Any]) -> Oracle:
     """Which workload lets the instance grade agents: the gold patch is `opt`, the null patch not;
     then `ctest`, `benchmark` or `both` by the kinds of workload the gold patch significantly
     improved (a report without per-workload scores: `ctest`, the only kind before benchmarks)."""
@@ -79,38 +83,53 @@ def oracle_of(gold: dict[str, Any], null: dict[str, Any]) -> str:
     return Oracle.of(ctest=len(benches) < len(improved), benchmark=bool(benches))
 
 
-def _brief(report: dict[str, Any]) -> dict[str, Any]:
+def brief(report: dict[str, Any]) -> ValidationRun:
+    """An evaluation's report as the record keeps it (empty for one that did not run)."""
     keys = ("verdict", "opt", "reason", "gm_speedup_agent", "timed_tests", "timed_benchmarks", "wall_seconds")
-    return {k: report.get(k) for k in keys if k in report}
+    return to_struct({k: report[k] for k in (*keys, "metric") if report.get(k) is not None}, ValidationRun)
+
+
+def stored_validation(record: dict[str, Any]) -> Validation | None:
+    """The record's validation, when it has one (and it reads as a `Validation`)."""
+    raw = (record.get("cppperf") or {}).get("validation")
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return to_struct(raw, Validation)
+    except msgspec.ValidationError:
+        return None
 
 
 def validate_record(
     record: dict[str, Any], settings: Settings, *, force: bool = False, on_phase: Phase | None = None
-) -> dict[str, Any]:
-    """Gold-validate one instance record; the validation block (also written into `record`)."""
+) -> Validation:
+    """Gold-validate one instance record; the validation (also written into `record`)."""
     inst = from_record(record)
 
     def run(model: str, patch: str) -> dict[str, Any]:
         req = EvalRequest(run_id=RUN_ID, model=model, instance_id=inst.instance_id, patch=patch)
-        return evaluate(req, settings, force=force, on_phase=on_phase, instance=inst)
+        return evaluate(req, settings, force=force, on_phase=on_phase, instance=inst, validating=True)
 
     gold = run("gold", inst.expert_patch)
     null = run("null", null_patch_for(record, settings)) if gold.get("verdict") == EvalVerdict.OPT else {}
     oracle = oracle_of(gold, null)
-    block = {"gold": _brief(gold), "null": _brief(null), "oracle": oracle, "can_grade": oracle != Oracle.NONE}
+    why = ""
     if gold.get("verdict") != EvalVerdict.OPT:
-        block["why"] = f"the expert's patch scores {gold.get('verdict')}: {gold.get('reason', '')}"[:500]
+        why = f"the expert's patch scores {gold.get('verdict')}: {gold.get('reason', '')}"[:500]
     elif null.get("opt"):
-        block["why"] = "a comment-only patch scores opt: the measurement cannot tell a change from none"
+        why = "a comment-only patch scores opt: the measurement cannot tell a change from none"
+    block = Validation(
+        gold=brief(gold), null=brief(null), oracle=oracle, can_grade=oracle != Oracle.NONE, why=why
+    )
     ours = record.setdefault("cppperf", {})
-    ours["validation"] = block
-    ours["oracle"] = oracle
+    ours["validation"] = to_json_dict(block)
+    ours["oracle"] = str(oracle)
     return block
 
 
 def validate_stored(
     instance_id: str, settings: Settings, *, force: bool = False, on_phase: Phase | None = None
-) -> dict[str, Any]:
+) -> Validation:
     """Validate OUT/instances/<id>.json and write the record back with its `oracle`."""
     from cppperf.services.evaluator.instances import load_instance
 

@@ -6,6 +6,12 @@ report (a redelivery or a re-sent request never re-runs the work but still gets 
 when that report is for the very same patch (its `patch_sha256`); another patch is evaluated. The
 patch comes inline or by `patch_ref` from the object store; the instance from the `instances`
 bucket (its file under OUT/instances when the bucket has none, e.g. an imported dataset).
+
+`validate.requested` → `on_validate`: gold validation (gold.py) of an instance in the `instances`
+bucket. Its result is the instance's state, not an announcement: the record (inline or in the
+object store) gets `cppperf.validation`/`cppperf.oracle` and the KV value `oracle`, in one
+compare-and-set update; whoever waits watches that key. A record already validated is not
+validated again (a redelivery, a second request) unless the request says `force`.
 """
 
 from __future__ import annotations
@@ -15,35 +21,55 @@ import json
 import os
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final, Literal, Protocol
 
+from cppperf.services.evaluator import gold
 from cppperf.services.evaluator.instances import EvalInstance, from_record
 from cppperf.services.evaluator.pipeline import EvalRequest, evaluate, patch_sha256
 from cppperf.shared import buckets
 from cppperf.shared import messages as m
-from cppperf.shared.buckets import EVALUATIONS
-from cppperf.shared.domain import EvaluationState, to_struct
+from cppperf.shared.buckets import EVALUATIONS, INSTANCES
+from cppperf.shared.domain import (
+    EvaluationState,
+    InstanceState,
+    Validation,
+    Verdict,
+    decode_record,
+    record_text,
+    to_struct,
+)
 from cppperf.shared.errors import BadInput
+from cppperf.shared.files import write_atomic
 from cppperf.shared.ports import StageContext
 from cppperf.shared.settings import Settings
 from cppperf.shared.store import instance_record
 
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
 Outcome = Literal["answered-from-store", "evaluated"]
+ValidateOutcome = Literal["already-validated", "validated"]
 
 
 class EvaluatorOps(Protocol):
     def evaluate(self, req: EvalRequest, instance: EvalInstance | None) -> dict[str, Any]: ...
 
 
+class ValidatorOps(Protocol):
+    def validate(self, record: dict[str, Any], *, force: bool) -> Validation: ...
+
+
 @dataclass
 class PipelineOps:
-    """The real `EvaluatorOps`: `pipeline.evaluate` (checks, three trees, builds, timing, scores)."""
+    """The real `EvaluatorOps` and `ValidatorOps`: `pipeline.evaluate` (checks, three trees,
+    builds, timing, scores), and gold validation (two of those) on an instance record."""
 
     settings: Settings
 
     def evaluate(self, req: EvalRequest, instance: EvalInstance | None) -> dict[str, Any]:
         return evaluate(req, self.settings, instance=instance)
+
+    def validate(self, record: dict[str, Any], *, force: bool) -> Validation:
+        return gold.validate_record(record, self.settings, force=force)
 
 
 async def _patch(ctx: StageContext, msg: m.EvalRequested) -> str:
@@ -60,17 +86,17 @@ async def _patch(ctx: StageContext, msg: m.EvalRequested) -> str:
 
 
 async def _instance(ctx: StageContext, iid: str) -> EvalInstance | None:
-    record = await instance_record(ctx.store, iid)
-    if record is None:
-        return None
     try:
-        return from_record(record)
-    except (KeyError, TypeError, ValueError) as exc:
+        record = await instance_record(ctx.store, iid)
+        return None if record is None else from_record(record)
+    except ValueError as exc:  # not JSON, or not an instance record (msgspec.ValidationError)
         raise BadInput(f"instance record {iid} in the store is unreadable: {exc}") from exc
 
 
 # Per-run samples stay in the report on disk; the bus and the `evaluations` bucket carry the rest.
-SAMPLE_KEYS: Final = frozenset({"samples", "samples_wall", "samples_cpu"})
+SAMPLE_KEYS: Final = frozenset(
+    {"samples", "samples_wall", "samples_cpu", "samples_est_cycles", "samples_confirm"}
+)
 
 
 def without_samples(report: dict[str, Any]) -> dict[str, Any]:
@@ -133,3 +159,30 @@ async def on_request(ctx: StageContext, ops: EvaluatorOps, msg: m.EvalRequested)
     if msg.reply_to:
         await ctx.bus.reply(msg.reply_to, done)
     return "evaluated"
+
+
+async def on_validate(ctx: StageContext, ops: ValidatorOps, msg: m.ValidateRequested) -> ValidateOutcome:
+    """Gold-validate the stored instance `msg.instance_id` and store the result in its record.
+    Bad input (no such instance, not proven improved, an unreadable record) is `BadInput`: the
+    worker dead-letters it with this reason."""
+    iid = msg.instance_id
+    state = await buckets.get(ctx.store, INSTANCES, iid) or InstanceState()
+    if not state.record and not state.record_ref:
+        raise BadInput(f"unknown instance {iid!r}: the instances bucket has no record for it")
+    if state.verdict != Verdict.IMPROVED:
+        raise BadInput(f"instance {iid} is {state.verdict or 'not built'}, not improved: nothing to validate")
+    try:
+        record: dict[str, Any] = json.loads(await ctx.store.resolve_text(state.record, state.record_ref))
+        from_record(record)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BadInput(f"instance record {iid} in the store is unreadable: {exc}") from exc
+    if state.oracle is not None and gold.stored_validation(record) is not None and not msg.force:
+        return "already-validated"  # a redelivery or a second request: the stored result stands
+    block = await asyncio.to_thread(ops.validate, record, force=msg.force)
+    validated = decode_record(record)  # the record as every writer writes it (its Struct)
+    text, ref = await ctx.store.inline_or_ref(f"record/{iid}", record_text(validated, indent=None))
+    await ctx.store.update(INSTANCES.name, iid, record=text, record_ref=ref, oracle=str(block.oracle))
+    # this node's export, as the builder writes it (OUT/instances/<id>.json)
+    path = Path(ctx.settings.out_dir) / "instances" / f"{iid}.json"
+    await asyncio.to_thread(write_atomic, path, record_text(validated))
+    return "validated"

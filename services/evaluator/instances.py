@@ -1,12 +1,14 @@
-"""What the evaluator needs from an instance record (ours or an imported CppPerf-DB file)."""
+"""What the evaluator needs from an instance record (ours, or an imported CppPerf-DB file)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from msgspec import UNSET
+
+from cppperf.shared.domain import InstanceRecord, decode_record
 from cppperf.shared.errors import BadInput
 from cppperf.shared.messages import instance_id
 
@@ -25,37 +27,38 @@ class EvalInstance:
     improved_benchmarks: list[str] = field(default_factory=list)  # `bench:` workloads that proved it
     files: list[str] = field(default_factory=list)
     date: str = ""
+    metric: str = ""  # the metric the builder proved it on (`cppperf.metric`; "" for an imported record)
+    # gold validation's verdict on it (`cppperf.oracle`): "" until validated, `none` when it cannot
+    # grade (the expert's patch is not opt, or a comment-only patch is)
+    oracle: str = ""
 
     @property
     def multi_file(self) -> bool:
         return len(self.files) > 1
 
 
-def from_record(record: dict[str, Any]) -> EvalInstance:
-    ci = record["commit_info"]
-    meta = record["metadata"]
-    ours = record.get("cppperf") or {}
-    repo = meta.get("repository_name") or ""
-    iid = ours.get("instance_id") or instance_id(repo, ci["new_sha"])
+def from_record(record: InstanceRecord | dict[str, Any]) -> EvalInstance:
+    """The evaluator's view of a record (a record's JSON is decoded first: ValueError when it is
+    not an instance record)."""
+    rec = record if isinstance(record, InstanceRecord) else decode_record(record)
+    ci, meta, ours = rec.commit_info, rec.metadata, rec.cppperf
+    repo = meta.repository_name
+    cov = ours.coverage
     return EvalInstance(
-        instance_id=iid,
+        instance_id=ours.instance_id or instance_id(repo, ci.new_sha),
         repo=repo,
-        url=meta.get("repository") or f"https://github.com/{repo}.git",
-        base_sha=ci["old_sha"],
-        expert_sha=ci["new_sha"],
-        expert_patch="".join(ci.get("patch") or []),
-        improved_tests=list((record.get("tests") or {}).get("significant_improvements_tests") or []),
-        deciding_tests=_deciding(ours.get("coverage")),
-        improved_benchmarks=[str(n) for n in ours.get("improved_benchmarks") or []],
-        files=[f.get("filename", "") for f in ci.get("files_changed") or []],
-        date=str(ci.get("commit_date") or ""),
+        url=meta.repository or f"https://github.com/{repo}.git",
+        base_sha=ci.old_sha,
+        expert_sha=ci.new_sha,
+        expert_patch="".join(ci.patch or []),
+        improved_tests=list(rec.tests.significant_improvements_tests or []),
+        deciding_tests=list(cov.deciding) if cov is not UNSET and cov.used else [],
+        improved_benchmarks=list(ours.improved_benchmarks),
+        files=[f.filename for f in ci.files_changed],
+        date=ci.commit_date or "",
+        metric=ours.metric or "",
+        oracle="" if ours.oracle is UNSET or ours.oracle is None else str(ours.oracle),
     )
-
-
-def _deciding(coverage: object) -> list[str]:
-    if not isinstance(coverage, dict) or not coverage.get("used"):
-        return []
-    return [str(n) for n in coverage.get("deciding") or []]
 
 
 def load_instance(instance_id: str, out_dir: Path) -> EvalInstance:
@@ -63,6 +66,6 @@ def load_instance(instance_id: str, out_dir: Path) -> EvalInstance:
     if not path.is_file():
         raise BadInput(f"unknown instance {instance_id!r} (no {path})")
     try:
-        return from_record(json.loads(path.read_text()))
-    except (KeyError, ValueError) as exc:
+        return from_record(decode_record(path.read_text()))
+    except ValueError as exc:  # not JSON, or not an instance record (msgspec.ValidationError)
         raise BadInput(f"instance record {path} is unreadable: {exc}") from exc

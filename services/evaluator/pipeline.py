@@ -33,9 +33,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import msgspec
+from msgspec import UNSET
 
 from cppperf.services.evaluator.apply import apply_patch
 from cppperf.services.evaluator.checks import check_patch, check_tree, snapshot
@@ -52,13 +53,21 @@ from cppperf.services.evaluator.verdict import (
     tests_defined_verdict,
     timing_verdict,
 )
-from cppperf.shared.domain import BenchmarkSkip, EvalReport, EvalVerdict, FailedTest
+from cppperf.shared.domain import (
+    BenchmarkSkip,
+    EvalReport,
+    EvalVerdict,
+    FailedTest,
+    NativeConfirmation,
+    Oracle,
+    SkippedBenchmark,
+)
 from cppperf.shared.engine.backend import Backend, SideName, build_sides, export_tree
 from cppperf.shared.engine.backends import make_backend
 from cppperf.shared.engine.benchmarks import Discovered, broken_on, is_benchmark, timed_edits, timed_run
 from cppperf.shared.engine.benchmarks import find as find_benchmarks
 from cppperf.shared.engine.cmake import StepResult, TestCase, test_description
-from cppperf.shared.engine.leases import exact_metric, on_build_cores, timing_core
+from cppperf.shared.engine.leases import EXACT_METRICS, exact_metric, on_build_cores, timing_core
 from cppperf.shared.engine.limits import limits_for
 from cppperf.shared.engine.protocol import check_metric, measure
 from cppperf.shared.engine.sandbox import Limits, RunResult, jail_problem
@@ -123,35 +132,60 @@ def evaluate(
     force: bool = False,
     on_phase: Phase | None = None,
     instance: EvalInstance | None = None,
+    validating: bool = False,
 ) -> dict[str, Any]:
+    """`evaluate_report` as the JSON report.json holds (gold validation, the API, the bus)."""
+    return as_json(
+        evaluate_report(
+            req, settings, force=force, on_phase=on_phase, instance=instance, validating=validating
+        )
+    )
+
+
+def read_report(path: Path) -> EvalReport | None:
+    """A finished `report.json` as its Struct; None when there is none, or it is not a report of
+    this version (then it is evaluated again). Python's JSON: a report may hold `Infinity`."""
+    try:
+        return msgspec.convert(json.loads(path.read_text()), EvalReport)
+    except (OSError, ValueError):  # absent, not JSON, or another shape (msgspec.ValidationError)
+        return None
+
+
+def evaluate_report(
+    req: EvalRequest,
+    settings: Settings,
+    *,
+    force: bool = False,
+    on_phase: Phase | None = None,
+    instance: EvalInstance | None = None,
+    validating: bool = False,
+) -> EvalReport:
     """The report for one request (from disk when already finished for this very patch).
     `instance` is the instance (from the `instances` bucket); without it, its record is read from
-    OUT/instances."""
+    OUT/instances. An instance whose gold validation says it cannot grade (`oracle: none`) grades
+    nobody (`instance-broken`), except its own validation (`validating`, gold.py)."""
     digest = patch_sha256(req.patch)
     unknown = instance_id_verdict(req.instance_id)  # before any path is built from it
     if unknown is not None:
-        return as_json(
-            _verdict(
-                unknown,
-                f"invalid instance id {req.instance_id[:200]!r} (owner__name-<sha12>)",
-                instance_id=req.instance_id[:200],
-                run_id=req.run_id,
-                model=req.model,
-                patch_sha256=digest,
-            )
+        return _verdict(
+            unknown,
+            f"invalid instance id {req.instance_id[:200]!r} (owner__name-<sha12>)",
+            instance_id=req.instance_id[:200],
+            run_id=req.run_id,
+            model=req.model,
+            patch_sha256=digest,
         )
     out = run_dir(settings, req)
     report_path = out / "report.json"
-    if report_path.is_file() and not force:
-        cached: dict[str, Any] = json.loads(report_path.read_text())
-        if cached.get("patch_sha256") == digest:
-            return cached
+    cached = None if force else read_report(report_path)
+    if cached is not None and cached.patch_sha256 == digest:
+        return cached
     report_path.unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     _write(out / "patch.diff", req.patch)
     t0 = time.perf_counter()
     report = msgspec.structs.replace(
-        _evaluate(req, settings, out, on_phase or (lambda _p, _d, _t: None), instance),
+        _evaluate(req, settings, out, on_phase or (lambda _p, _d, _t: None), instance, validating),
         instance_id=req.instance_id,
         run_id=req.run_id,
         model=req.model,
@@ -159,9 +193,8 @@ def evaluate(
         patch_sha256=digest,
         wall_seconds=round(time.perf_counter() - t0, 2),
     )
-    written = as_json(report)
-    _write(report_path, json.dumps(written, indent=1))
-    return written
+    _write(report_path, json.dumps(as_json(report), indent=1))
+    return report
 
 
 def as_json(report: EvalReport) -> dict[str, Any]:
@@ -170,18 +203,60 @@ def as_json(report: EvalReport) -> dict[str, Any]:
     return out
 
 
+class _Built(TypedDict, total=False):
+    """The report's fields once the three trees are built (every later verdict carries them)."""
+
+    applied: bool
+    applied_with: str
+    builds: bool
+    tests: list[str]
+    benchmarks_skipped: list[SkippedBenchmark]
+
+
 def _verdict(verdict: EvalVerdict, reason: str, **fields: Any) -> EvalReport:
     return EvalReport(verdict=verdict, opt=False, reason=reason, **fields)
 
 
+def evaluation_metric(s: Settings, inst: EvalInstance) -> str:
+    """The metric original, agent and expert are compared on: `evaluator.metric` when set, else
+    the exact metric the instance was proven on (an instance proven on Cachegrind's counts is
+    graded on them too), else `builder.metric`."""
+    if s.evaluator.metric:
+        return s.evaluator.metric
+    if inst.metric in EXACT_METRICS:
+        return inst.metric
+    return s.builder.metric
+
+
+def on_metric(s: Settings, inst: EvalInstance) -> Settings:
+    """`s` with `builder.metric` the evaluation's metric (`evaluation_metric`): checks, limits,
+    leases, measurement and report all follow it."""
+    metric = evaluation_metric(s, inst)
+    if metric == s.builder.metric:
+        return s
+    return msgspec.structs.replace(s, builder=msgspec.structs.replace(s.builder, metric=metric))
+
+
 def _evaluate(
-    req: EvalRequest, s: Settings, out: Path, phase: Phase, instance: EvalInstance | None
+    req: EvalRequest,
+    s: Settings,
+    out: Path,
+    phase: Phase,
+    instance: EvalInstance | None,
+    validating: bool = False,
 ) -> EvalReport:
     ev = s.evaluator
     try:
         inst = instance or load_instance(req.instance_id, Path(s.out_dir))
     except Exception as exc:
         return _verdict(EvalVerdict.UNKNOWN_INSTANCE, str(exc))
+    if inst.oracle == Oracle.NONE and not validating:  # an agent would pick exactly these
+        return _verdict(
+            EvalVerdict.INSTANCE_BROKEN,
+            f"instance {inst.instance_id} cannot grade: its gold validation found no workload on which "
+            "the expert's patch is opt and a comment-only patch is not (oracle none)",
+        )
+    s = on_metric(s, inst)
     base = {"multi_file": inst.multi_file, "files": inst.files}
     rules = Rules.from_settings(s.mining)
     check = check_patch(
@@ -388,7 +463,7 @@ def _correctness(
     return failures
 
 
-def _run(
+def _run(  # noqa: PLR0911 - one verdict per stage that can stop an evaluation
     req: EvalRequest,
     inst: EvalInstance,
     s: Settings,
@@ -429,7 +504,7 @@ def _run(
     def limits(t: TestCase, cpu: int | None = None, instructions: bool = False) -> Limits:
         return limits_for(t, s.builder, timeout=ev.test_timeout, cpu=cpu, instructions=instructions)
 
-    info: dict[str, Any] = {"applied": True, "applied_with": applied_with, "builds": True, "tests": common}
+    info = _Built(applied=True, applied_with=applied_with, builds=True, tests=common)
     if benches.skipped:
         info["benchmarks_skipped"] = list(benches.skipped)
     # the expert's improved tests and benchmarks, else the tests that run its change (coverage),
@@ -463,8 +538,9 @@ def _run(
         meas = measure(
             timed,
             run_one,
-            rounds=ev.runs,
-            warmup=s.builder.warmup,
+            # an exact count needs no warm-up: a few identical runs (as the builder counts)
+            rounds=s.builder.exact_runs if exact else ev.runs,
+            warmup=0 if exact else s.builder.warmup,
             seed=s.builder.seed,
             sides=SIDES,
             progress=lambda d, t: phase("measure", d, t),
@@ -488,16 +564,30 @@ def _run(
         opt_fraction=ev.opt_fraction,
         resamples=s.builder.bootstrap_resamples,
         seed=s.builder.seed,
+        exact=[n for n in timed if meas.metric_of(n) == "cachegrind"],
+        tolerance=s.builder.exact_tolerance,
     )
+    opt, reason = sc.opt, ""
+    confirmation: NativeConfirmation | None = None
+    confirm_samples: dict[str, dict[str, list[float]]] = {}
+    # counts can be made to disagree with the work, time cannot: an opt on counts is timed too
+    # every counted test (one the count leaves alone may be slower natively), when one improved
+    counted = [n for n in timed if not is_benchmark(n)]
+    if opt and exact and any(sc.per_test[n].agent_improved for n in counted):
+        step = _confirm(s, counted, workloads, backend, limits, phase)
+        if isinstance(step, EvalReport):  # a run failed natively that passed counted
+            return msgspec.structs.replace(step, **info)
+        confirmation, confirm_samples = step
+        opt, reason = confirmation.confirmed, _unconfirmed(confirmation)
     return EvalReport(
-        verdict=score_verdict(sc.opt),
-        opt=sc.opt,
-        reason="",
+        verdict=score_verdict(opt),
+        opt=opt,
+        reason=reason,
         **info,
         tests_pass=True,
         timed_tests=timed,
         timed_benchmarks=benches.common,
-        rounds=ev.runs,
+        rounds=s.builder.exact_runs if exact else ev.runs,
         seed=s.builder.seed,
         per_test=sc.per_test,
         gm_speedup_agent=sc.gm_speedup_agent,
@@ -508,39 +598,146 @@ def _run(
         samples={n: meas.samples[n].by_metric(meas.metric_of(n)) for n in timed},
         samples_wall={n: meas.samples[n].wall for n in timed},
         samples_cpu={n: meas.samples[n].cpu for n in timed},
+        samples_est_cycles={n: c for n in timed if (c := meas.samples[n].est_cycles)} or UNSET,
         metric=s.builder.metric,
         decided_on=dict(meas.decided_on),
         repeats=dict(meas.repeats),
         leased_core=pin,
+        native_confirmation=confirmation or UNSET,
+        samples_confirm=confirm_samples or UNSET,
     )
 
 
-def summarize(settings: Settings, run_id: str, model: str) -> dict[str, Any]:
-    """Counts and `opt` rate over a model's reports, overall and single- vs multi-file (Table 2)."""
+def _unconfirmed(c: NativeConfirmation) -> str:
+    """The reason of an `opt` on counts that native time did not confirm ("" when it did)."""
+    if c.confirmed:
+        return ""
+    speedups = ", ".join(
+        f"{n} {x:.2f}x (expert {c.expert_speedup.get(n, 0):.2f}x)" for n, x in sorted(c.speedup.items())
+    )
+    return (
+        f"opt on Cachegrind's counts but not in native CPU time (speed-up {speedups}): "
+        "a patch must run faster, not only count fewer instructions under Valgrind"
+    )
+
+
+def _confirm(
+    s: Settings,
+    tests: list[str],
+    workloads: dict[str, dict[str, TestCase]],
+    backend: Backend,
+    limits: Callable[[TestCase, int | None, bool], Limits],
+    phase: Phase,
+) -> tuple[NativeConfirmation, dict[str, dict[str, list[float]]]] | EvalReport:
+    """Confirm an `opt` decided on exact counts by native CPU time: the three trees,
+    `evaluator.confirm_runs` interleaved rounds (the first a warm-up) on a leased timing core,
+    without Valgrind, scored as a timed evaluation is (`score`): confirmed when that is `opt`
+    too — the agent significantly faster than the original on one of `tests` (every counted
+    test), slower on none, and not clearly slower than the expert on any. A patch that detects
+    Valgrind (its client request, its preload library, its mappings, …) and does less work
+    there counts like a faster one but runs like the original (or like a lesser patch); whatever
+    the means, the time shows it. A test failing natively: its verdict."""
+    ev = s.evaluator
+    native = msgspec.structs.replace(s.builder, metric="cpu")
+
+    with timing_core(native, phase, priority=ev.lease_priority) as pin:
+
+        def run_one(side: str, name: str) -> RunResult:
+            t = workloads[side][name]
+            return timed_run(backend, side, t, limits(t, pin, False))
+
+        meas = measure(
+            tests,
+            run_one,
+            rounds=ev.confirm_runs,
+            warmup=1,
+            seed=s.builder.seed + 1,
+            sides=SIDES,
+            progress=lambda d, t: phase("confirm", d, t),
+            metric="cpu",
+            multithread_ratio=s.builder.multithread_ratio,
+            floor=s.builder.sample_floor,
+            max_repeats=s.builder.max_repeats,
+        )
+    if meas.failure is not None:
+        f = meas.failure
+        why = f"test {f.test} failed natively during the confirmation of its counts (round {f.round})"
+        return _verdict(timing_verdict(f.side, timed_out=f.timed_out), why, tests_pass=False)
+    kept = {n: dict(meas.samples[n].by_metric(meas.metric_of(n))) for n in tests}  # warm-up dropped
+    timed = score(
+        kept,
+        alpha=s.builder.alpha,
+        min_improvement=s.builder.min_improvement,
+        opt_fraction=ev.opt_fraction,
+        resamples=s.builder.bootstrap_resamples,
+        seed=s.builder.seed,
+    )
+    per = timed.per_test
+    confirmation = NativeConfirmation(
+        rounds=ev.confirm_runs,
+        confirmed=timed.opt,
+        speedup={n: round(v.agent_speedup, 4) for n, v in per.items()},
+        expert_speedup={n: round(v.expert_speedup, 4) for n, v in per.items()},
+        improved=[n for n, v in per.items() if v.agent_improved],
+        regressed=[n for n, v in per.items() if v.agent_regressed],
+        short_of_expert=[n for n, v in per.items() if not v.within_opt_fraction],
+        leased_core=pin,
+    )
+    return confirmation, kept
+
+
+class SummaryBlock(msgspec.Struct, kw_only=True):
+    """Counts over some of a model's reports."""
+
+    instances: int
+    verdicts: dict[str, int]
+    applied: int
+    builds: int
+    tests_pass: int
+    opt: int
+    opt_rate: float
+
+
+class RunSummary(msgspec.Struct, kw_only=True):
+    """`OUT/runs/<run_id>/<model>.summary.json`: Table 2 of the paper for one model."""
+
+    run_id: str
+    model: str
+    overall: SummaryBlock
+    single_file: SummaryBlock
+    multi_file: SummaryBlock
+
+
+def _block(rs: list[EvalReport]) -> SummaryBlock:
+    verdicts: dict[str, int] = {}
+    for r in rs:
+        verdicts[r.verdict] = verdicts.get(r.verdict, 0) + 1
+    n = len(rs)
+    opt = sum(r.opt for r in rs)
+    return SummaryBlock(
+        instances=n,
+        verdicts=verdicts,
+        applied=sum(r.applied is True for r in rs),
+        builds=sum(r.builds is True for r in rs),
+        tests_pass=sum(r.tests_pass is True for r in rs),
+        opt=opt,
+        opt_rate=round(opt / n, 4) if n else 0.0,
+    )
+
+
+def summarize(settings: Settings, run_id: str, model: str) -> RunSummary:
+    """Counts and `opt` rate over a model's reports, overall and single- vs multi-file (Table 2);
+    a report.json that is not a report is left out."""
     root = settings.runs_path() / safe_name(run_id) / safe_name(model)
-    reports = [json.loads(p.read_text()) for p in sorted(root.glob("*/report.json"))]
-
-    def block(rs: list[dict[str, Any]]) -> dict[str, Any]:
-        verdicts: dict[str, int] = {}
-        for r in rs:
-            verdicts[r["verdict"]] = verdicts.get(r["verdict"], 0) + 1
-        n = len(rs)
-        return {
-            "instances": n,
-            "verdicts": verdicts,
-            "applied": sum(bool(r.get("applied")) for r in rs),
-            "builds": sum(bool(r.get("builds")) for r in rs),
-            "tests_pass": sum(bool(r.get("tests_pass")) for r in rs),
-            "opt": sum(bool(r.get("opt")) for r in rs),
-            "opt_rate": round(sum(bool(r.get("opt")) for r in rs) / n, 4) if n else 0.0,
-        }
-
-    summary = {
-        "run_id": run_id,
-        "model": model,
-        "overall": block(reports),
-        "single_file": block([r for r in reports if not r.get("multi_file")]),
-        "multi_file": block([r for r in reports if r.get("multi_file")]),
-    }
-    _write(root.parent / f"{safe_name(model)}.summary.json", json.dumps(summary, indent=1))
+    reports = [r for p in sorted(root.glob("*/report.json")) if (r := read_report(p)) is not None]
+    summary = RunSummary(
+        run_id=run_id,
+        model=model,
+        overall=_block(reports),
+        single_file=_block([r for r in reports if r.multi_file is not True]),
+        multi_file=_block([r for r in reports if r.multi_file is True]),
+    )
+    _write(
+        root.parent / f"{safe_name(model)}.summary.json", json.dumps(msgspec.to_builtins(summary), indent=1)
+    )
     return summary

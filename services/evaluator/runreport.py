@@ -14,18 +14,19 @@ the predictions that is not in OUT/instances counts as submitted and error (unkn
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Final, TypeVar
 
 import msgspec
+from msgspec import UnsetType
 
-from cppperf.shared.domain import EvalVerdict
+from cppperf.shared.domain import EvalReport, EvalVerdict
 from cppperf.shared.files import write_atomic
 from cppperf.shared.settings import Settings
 
+T = TypeVar("T")
 SCHEMA_VERSION: Final = 1
 ERROR_VERDICTS: Final = frozenset(
     {EvalVerdict.INSTANCE_BROKEN, EvalVerdict.UNTRUSTED_REFUSED, EvalVerdict.UNKNOWN_INSTANCE}
@@ -94,19 +95,24 @@ def _gm(values: list[float]) -> float | None:
     return round(math.exp(sum(math.log(v) for v in vals) / len(vals)), 4) if vals else None
 
 
-def _opt(rs: list[dict[str, Any]]) -> OptBlock:
-    n, k = len(rs), sum(bool(r.get("opt")) for r in rs)
+def _opt(rs: list[EvalReport]) -> OptBlock:
+    n, k = len(rs), sum(r.opt for r in rs)
     return OptBlock(instances=n, opt=k, rate=round(k / n, 4) if n else 0.0)
 
 
-def _result(r: dict[str, Any]) -> InstanceResult:
+def _given(value: T | UnsetType) -> T | None:
+    """A report field, None when the report has none (`UNSET`)."""
+    return None if isinstance(value, UnsetType) else value
+
+
+def _result(r: EvalReport) -> InstanceResult:
     return InstanceResult(
-        verdict=str(r.get("verdict")),
-        opt=bool(r.get("opt")),
-        multi_file=r.get("multi_file"),
-        speedup_agent=r.get("gm_speedup_agent"),
-        speedup_expert=r.get("gm_speedup_expert"),
-        reason=str(r.get("reason") or "")[:300],
+        verdict=str(r.verdict),
+        opt=r.opt,
+        multi_file=_given(r.multi_file),
+        speedup_agent=_given(r.gm_speedup_agent),
+        speedup_expert=_given(r.gm_speedup_expert),
+        reason=r.reason[:300],
     )
 
 
@@ -115,24 +121,26 @@ def build_run_report(
 ) -> RunReport:
     """The report over `submitted` instance ids (`unknown`: those not in OUT/instances), read
     from the per-instance reports on disk; written to `report_path` and returned."""
-    from cppperf.services.evaluator.pipeline import run_dir_of
+    from cppperf.services.evaluator.pipeline import read_report, run_dir_of
 
-    reports: dict[str, dict[str, Any]] = {}
+    reports: dict[str, EvalReport] = {}
     for iid in submitted:
-        path = run_dir_of(settings, run_id, model, iid) / "report.json"
-        if path.is_file():
-            reports[iid] = json.loads(path.read_text())
+        found = read_report(run_dir_of(settings, run_id, model, iid) / "report.json")
+        if found is not None:
+            reports[iid] = found
     for iid in unknown:
-        reports.setdefault(iid, {"verdict": EvalVerdict.UNKNOWN_INSTANCE, "reason": "not in OUT/instances"})
+        reports.setdefault(
+            iid, EvalReport(verdict=EvalVerdict.UNKNOWN_INSTANCE, reason="not in OUT/instances")
+        )
     ids = sorted(set(submitted) | set(unknown))
     got = [i for i in ids if i in reports]
-    verdict = {i: str(reports[i].get("verdict")) for i in got}
+    verdict = {i: str(reports[i].verdict) for i in got}
     error = [i for i in got if verdict[i] in ERROR_VERDICTS]
     empty = [i for i in got if verdict[i] == EvalVerdict.EMPTY_PATCH]
-    resolved = [i for i in got if bool(reports[i].get("opt"))]
+    resolved = [i for i in got if reports[i].opt]
     unresolved = [i for i in got if i not in set(error) | set(empty) | set(resolved)]
     judged = [reports[i] for i in got if i not in set(error) | set(empty)]
-    passing = [r for r in judged if r.get("verdict") in (EvalVerdict.OPT, EvalVerdict.CORRECT)]
+    passing = [r for r in judged if r.verdict in (EvalVerdict.OPT, EvalVerdict.CORRECT)]
     counts: dict[str, int] = {}
     for v in verdict.values():
         counts[v] = counts.get(v, 0) + 1
@@ -156,16 +164,12 @@ def build_run_report(
         empty_patch_ids=empty,
         error_ids=error,
         opt=_opt(judged),
-        opt_single_file=_opt([r for r in judged if not r.get("multi_file")]),
-        opt_multi_file=_opt([r for r in judged if r.get("multi_file")]),
+        opt_single_file=_opt([r for r in judged if r.multi_file is not True]),
+        opt_multi_file=_opt([r for r in judged if r.multi_file is True]),
         speedups=SpeedUps(
             instances=len(passing),
-            gm_speedup_agent=_gm(
-                [float(r["gm_speedup_agent"]) for r in passing if r.get("gm_speedup_agent")]
-            ),
-            gm_speedup_expert=_gm(
-                [float(r["gm_speedup_expert"]) for r in passing if r.get("gm_speedup_expert")]
-            ),
+            gm_speedup_agent=_gm([r.gm_speedup_agent for r in passing if r.gm_speedup_agent]),
+            gm_speedup_expert=_gm([r.gm_speedup_expert for r in passing if r.gm_speedup_expert]),
         ),
         verdicts=counts,
         instances={i: _result(reports[i]) for i in got},

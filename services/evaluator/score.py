@@ -7,12 +7,12 @@ patch equals the expert's about half the time, from noise alone.)"""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import msgspec
 
 from cppperf.shared.domain import PerTestScore, StatsRecord
-from cppperf.shared.engine.stats import compare_all, compare_test
+from cppperf.shared.engine.stats import compare_all, compare_exact, compare_test
 
 
 class Score(msgspec.Struct, kw_only=True, frozen=True):
@@ -39,8 +39,12 @@ def score(
     opt_fraction: float,
     resamples: int,
     seed: int,
+    exact: Collection[str] = (),
+    tolerance: float = 0.001,
 ) -> Score:
-    """`samples[test][side]` with sides old, agent, expert → the score block of a report."""
+    """`samples[test][side]` with sides old, agent, expert → the score block of a report. Tests in
+    `exact` are counted (Cachegrind), not timed: decided on the counts' change when each side's
+    counts agree within `tolerance` (`stats.compare_exact`), as the builder decides them."""
 
     def against_old(side: str) -> dict[str, StatsRecord]:
         decided = compare_all(
@@ -49,6 +53,8 @@ def score(
             min_improvement=min_improvement,
             resamples=resamples,
             seed=seed,
+            exact=exact,
+            tolerance=tolerance,
         )
         return {t.name: t for t in decided}
 
@@ -57,7 +63,10 @@ def score(
     within = True
     for i, name in enumerate(sorted(samples)):
         a, e = agent[name], expert[name]
-        vs = compare_test(
+        counted = name in exact and (
+            compare_exact(name, samples[name]["expert"], samples[name]["agent"], tolerance=tolerance)
+        )
+        vs = counted or compare_test(
             name, samples[name]["expert"], samples[name]["agent"], resamples=resamples, seed=seed + i
         )
         close_enough = vs.ci_low <= 1 / opt_fraction  # t_agent / t_expert

@@ -197,8 +197,14 @@ class LocalBackend:
         if not self.jailed:
             return None
         tree = ((self.side_dir(side), self.current),)
+        if not building and self.readonly_tests:
+            # `include(CTest)` makes `ctest`, even `--show-only`, write Testing/Temporary/LastTest.log
+            # in the build tree: a fresh tmpfs there per run, or a read-only tree lists no tests
+            testing = Path("build") / "Testing"
+            scratch = (self.current / testing,) if (self.side_dir(side) / testing).is_dir() else ()
+            return Jail(ro=tree, scratch=scratch)
         if not building:
-            return Jail(rw=() if self.readonly_tests else tree, ro=tree if self.readonly_tests else ())
+            return Jail(rw=tree)
         cache = ((self.ccache, self.ccache),)
         if side in self.readonly_ccache:
             return Jail(rw=tree, ro=cache)

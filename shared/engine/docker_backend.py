@@ -271,6 +271,7 @@ class DockerBackend:
         uid: int = UID,
         reap: bool = False,
         valgrind: bool = False,
+        cache_sim: bool = False,
     ) -> RunResult:
         req = {
             "op": "run",
@@ -286,6 +287,7 @@ class DockerBackend:
             "fresh_tmp": self.hardened,
             "reap": reap,  # the runner as subreaper: what the test left is killed, orphans' CPU counted
             "valgrind": valgrind,
+            "cache_sim": cache_sim,
         }
         code, out = self._exec(
             ["python3", RUNNER, json.dumps(req)], user="0", deadline_s=timeout + RUN_MARGIN_S
@@ -305,6 +307,7 @@ class DockerBackend:
             instructions=None if ans.get("instructions") is None else int(ans["instructions"]),
             ir=None if ans.get("ir") is None else int(ans["ir"]),
             memory_exceeded=oom_killed(ans),
+            est_cycles=None if ans.get("est_cycles") is None else int(ans["est_cycles"]),
         )
 
     @property
@@ -462,6 +465,7 @@ class DockerBackend:
             cpus=limits.cpus,
             instructions=limits.instructions,
             valgrind=limits.valgrind,
+            cache_sim=limits.cache_sim,
             uid=self.uid(side),
             reap=True,
         )

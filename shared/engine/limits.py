@@ -39,4 +39,5 @@ def limits_for(
         cpus=(plan.all if counted else plan.build) if cpu is None and settings.pin_cpu else (),
         instructions=instructions,
         valgrind=counted,
+        cache_sim=counted and settings.cachegrind_cache_sim,
     )

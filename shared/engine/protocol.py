@@ -66,6 +66,9 @@ class Samples:
     cpu: dict[str, list[float]] = field(default_factory=dict)
     instructions: dict[str, list[float]] = field(default_factory=dict)
     ir: dict[str, list[float]] = field(default_factory=dict)  # Cachegrind's counts (`cachegrind`)
+    # estimated cycles from Cachegrind's simulated cache misses (`builder.cachegrind_cache_sim`):
+    # a figure beside `ir`, never the deciding metric
+    est_cycles: dict[str, list[float]] = field(default_factory=dict)
 
     def add(self, side: SideName, res: RunResult) -> None:
         self.wall.setdefault(side, []).append(res.wall_s)
@@ -74,6 +77,8 @@ class Samples:
             self.instructions.setdefault(side, []).append(float(res.instructions))
         if res.ir is not None:
             self.ir.setdefault(side, []).append(float(res.ir))
+        if res.est_cycles is not None:
+            self.est_cycles.setdefault(side, []).append(float(res.est_cycles))
 
     def by_metric(self, metric: str) -> dict[str, list[float]]:
         return {"wall": self.wall, "cpu": self.cpu, "instructions": self.instructions, "cachegrind": self.ir}[
@@ -176,12 +181,14 @@ def repeated(run_one: RunOne, side: SideName, name: str, times: int) -> RunResul
         results.append(res)
     counts = [r.instructions for r in results]
     irs = [r.ir for r in results]
+    cycles = [r.est_cycles for r in results]
     return replace(
         results[-1],
         wall_s=sum(r.wall_s for r in results) / times,
         cpu_s=sum(r.cpu_s for r in results) / times,
         instructions=None if None in counts else sum(c or 0 for c in counts) // times,
         ir=None if None in irs else sum(c or 0 for c in irs) // times,
+        est_cycles=None if None in cycles else sum(c or 0 for c in cycles) // times,
     )
 
 

@@ -14,7 +14,9 @@ Takes one JSON request as its argument, writes one JSON answer on stdout:
      pid 1 of the jail's pid namespace or, in a container, as their subreaper — is in `cpu_s` too)
     (`valgrind`: run the command under Valgrind's Cachegrind, `--cache-sim=no`, children traced,
      its output files in a private temporary directory; `"ir"` in the answer is the instructions
-     it counted, summed over every process — exact, whatever else runs on the machine)
+     it counted, summed over every process — exact, whatever else runs on the machine;
+     `cache_sim`: `--cache-sim=yes` instead, and `"est_cycles"` in the answer is the estimated
+     cycles from its cache misses, `estimated_cycles`)
     {"op": "probe"} → {"instructions_unsupported": null | "why", "valgrind_unsupported": null | "why"}
     {"op": "hash", "root": "/work/old/build", "replace": ["/work/old", "/work/new"]}
         → {"files": {"test_x": "<sha256>", "lib/libcore.so": "..."}}   (executables and .so files;
@@ -34,7 +36,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TextIO
 
 
 class OutputKeeper:
@@ -111,14 +113,15 @@ def valgrind_unsupported() -> str | None:
     return None
 
 
-def valgrind_argv(argv: list[str], out_dir: str) -> list[str]:
+def valgrind_argv(argv: list[str], out_dir: str, *, cache_sim: bool = False) -> list[str]:
     """`argv` under Cachegrind counting instructions only (`--cache-sim=no`, the cheapest tool
-    that counts), every exec'd child traced, its output and messages into `out_dir` (never the
-    test's own output, which CTest's pass/fail expressions read)."""
+    that counts; `cache_sim`: also simulating the I1/D1/LL caches, about twice as slow), every
+    exec'd child traced, its output and messages into `out_dir` (never the test's own output,
+    which CTest's pass/fail expressions read)."""
     return [
         "valgrind",
         "--tool=cachegrind",
-        "--cache-sim=no",
+        f"--cache-sim={'yes' if cache_sim else 'no'}",
         "--trace-children=yes",
         f"--cachegrind-out-file={out_dir}/cachegrind.out.%p",
         f"--log-file={out_dir}/valgrind.%p.log",
@@ -126,24 +129,69 @@ def valgrind_argv(argv: list[str], out_dir: str) -> list[str]:
     ]
 
 
-def cachegrind_ir(out_dir: str) -> int | None:
-    """The `Ir` of every `cachegrind.out.<pid>` in `out_dir` (its `events:` names the columns of
-    its `summary:` line), summed; None when no process wrote one."""
-    total, found = 0, False
+def _open_regular(path: str) -> TextIO | None:
+    """`path` opened for reading when it is a regular file itself; None for a symlink, a FIFO, a
+    device or a directory. The count directory is writable by the counted test: what it leaves
+    there must neither block the runner (a FIFO) nor count a file elsewhere (a symlink)."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return os.fdopen(fd, errors="replace")
+
+
+def cachegrind_counts(out_dir: str) -> dict[str, int] | None:
+    """Every event of every `cachegrind.out.<pid>` in `out_dir` (its `events:` names the columns
+    of its `summary:` line), summed per event over the processes that counted `Ir`; None when no
+    process wrote one. Without `--cache-sim=yes` the only event is `Ir`. Regular files
+    only (`_open_regular`)."""
+    totals: dict[str, int] = {}
+    found = False
     for name in sorted(os.listdir(out_dir)):
         if not name.startswith("cachegrind.out."):
             continue
+        fh = _open_regular(os.path.join(out_dir, name))
+        if fh is None:
+            continue
         events = ["Ir"]
-        with open(os.path.join(out_dir, name), errors="replace") as fh:
+        with fh:
             for line in fh:
                 if line.startswith("events:"):
                     events = line.split()[1:]
                 elif line.startswith("summary:"):
                     counts = dict(zip(events, line.split()[1:], strict=False))
-                    if counts.get("Ir", "").isdigit():
-                        total += int(counts["Ir"])
-                        found = True
-    return total if found else None
+                    if not counts.get("Ir", "").isdigit():
+                        continue
+                    found = True
+                    for event, value in counts.items():
+                        if value.isdigit():
+                            totals[event] = totals.get(event, 0) + int(value)
+    return totals if found else None
+
+
+def cachegrind_ir(out_dir: str) -> int | None:
+    """The `Ir` of every `cachegrind.out.<pid>` in `out_dir`, summed; None when none was written."""
+    counts = cachegrind_counts(out_dir)
+    return None if counts is None else counts["Ir"]
+
+
+# Cachegrind's event names (`--cache-sim=yes`): first-level misses and last-level misses
+L1_MISSES = ("I1mr", "D1mr", "D1mw")
+LL_MISSES = ("ILmr", "DLmr", "DLmw")
+
+
+def estimated_cycles(counts: dict[str, int] | None) -> int | None:
+    """The standard estimate (as cg_annotate/KCachegrind users compute it): Ir + 10·(I1mr + D1mr
+    + D1mw) + 100·(ILmr + DLmr + DLmw) — an estimate from a simulated cache, not a measurement.
+    None unless the cache was simulated (every miss event present)."""
+    if counts is None or any(e not in counts for e in (*L1_MISSES, *LL_MISSES)):
+        return None
+    return counts["Ir"] + 10 * sum(counts[e] for e in L1_MISSES) + 100 * sum(counts[e] for e in LL_MISSES)
 
 
 def valgrind_dir(uid: int | None) -> str:
@@ -375,7 +423,8 @@ def _run(req: dict[str, Any]) -> dict[str, Any]:
     counter = InstructionCounter() if req.get("instructions") else None
     reap = bool(req.get("reap")) and (os.getpid() == 1 or _become_subreaper())
     cg_dir = valgrind_dir(uid) if req.get("valgrind") else None
-    argv = valgrind_argv(list(req["argv"]), cg_dir) if cg_dir else req["argv"]
+    cache_sim = bool(req.get("cache_sim"))
+    argv = valgrind_argv(list(req["argv"]), cg_dir, cache_sim=cache_sim) if cg_dir else req["argv"]
     ooms = oom_kills()
     start = time.perf_counter_ns()
     try:
@@ -414,14 +463,15 @@ def _run(req: dict[str, Any]) -> dict[str, Any]:
     assert proc.stdout is not None
     proc.stdout.close()
     ooms_after = None if ooms is None else oom_kills()
-    ir = None
+    counts = None
     if cg_dir is not None:
         import shutil
 
-        ir = cachegrind_ir(cg_dir)
+        counts = cachegrind_counts(cg_dir)
         shutil.rmtree(cg_dir, ignore_errors=True)
     return {
-        "ir": ir,
+        "ir": None if counts is None else counts["Ir"],
+        "est_cycles": estimated_cycles(counts),
         "instructions": counter.read() if counter is not None else None,
         "returncode": os.waitstatus_to_exitcode(status),
         "wall_s": wall,

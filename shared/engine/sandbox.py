@@ -53,7 +53,8 @@ from cppperf.shared.engine.cgroups import RunCgroup
 from cppperf.shared.engine.runner_script import (
     InstructionCounter,
     OutputKeeper,
-    cachegrind_ir,
+    cachegrind_counts,
+    estimated_cycles,
     set_affinity,
     supervise,
     valgrind_argv,
@@ -75,6 +76,7 @@ class Limits:
     cpus: tuple[int, ...] = ()  # else run on these CPUs (builds: the build cores)
     instructions: bool = False  # count user-space instructions (perf_event_open)
     valgrind: bool = False  # run under Cachegrind and count its instructions (`RunResult.ir`)
+    cache_sim: bool = False  # with `valgrind`: simulate the caches too (`RunResult.est_cycles`)
 
 
 # SIGKILL as a signal (our own runs) or as an exit code (bubblewrap's and a shell's 128 + 9)
@@ -93,6 +95,7 @@ class RunResult:
     instructions: int | None = None  # user-space instructions when counted and allowed
     memory_exceeded: bool = False  # the kernel killed a process of the run at its memory cgroup cap
     ir: int | None = None  # instructions Cachegrind counted (`Limits.valgrind`), every process
+    est_cycles: int | None = None  # estimated cycles from its simulated cache misses (`Limits.cache_sim`)
 
     @property
     def ok(self) -> bool:
@@ -138,6 +141,9 @@ JAIL_TMP = "/tmp"  # noqa: S108 - inside the jail: a private tmpfs, fresh for ea
 JAIL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+SCRATCH_MB = 64  # each `Jail.scratch` tmpfs (CTest's own logs of one run)
+
+
 @dataclass(frozen=True)
 class Jail:
     """What one jailed run sees besides the read-only system: (host path, path inside) binds."""
@@ -147,6 +153,9 @@ class Jail:
     uid: int = SANDBOX_UID
     tmp_mb: int = 1024  # size of the private /tmp
     system: tuple[str, ...] = field(default=SYSTEM_RO)
+    # directories inside a read-only bind that get a fresh tmpfs of their own (SCRATCH_MB) for the
+    # run: writable while it runs, gone after it (each must exist: it is the mount point)
+    scratch: tuple[Path, ...] = ()
 
 
 def _allowed() -> dict[str, str]:
@@ -234,6 +243,8 @@ def bwrap_argv(
     binds = [("--ro-bind", *b) for b in jail.ro] + [("--bind", *b) for b in jail.rw]
     for i, (flag, host, inside) in enumerate(binds):
         argv += [flag, f"{stage}/{i}" if stage else str(host), str(inside)]
+    for inside in jail.scratch:  # over the binds: a fresh, capped tmpfs per run
+        argv += ["--size", str(SCRATCH_MB * 1024 * 1024), "--tmpfs", str(inside)]
     # bwrap's own tmpfs for / and /dev have no size (half the RAM): once every mount point is
     # made they become read-only, so only the size-capped /tmp and /dev/shm and the binds take writes
     argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
@@ -426,7 +437,7 @@ def run(
         req.update(env=dict(env or {}), timeout=limits.timeout, output_limit=output_limit)
         req.update(instructions=limits.instructions)  # counted inside: bwrap's never enter it
         req.update(reap=True)  # it is pid 1 (bwrap --as-pid-1): orphans' CPU time is counted too
-        req.update(valgrind=limits.valgrind)  # Cachegrind's files stay in the jail's own /tmp
+        req.update(valgrind=limits.valgrind, cache_sim=limits.cache_sim)  # files stay in the jail's /tmp
         jail = Jail(
             rw=jail.rw,
             ro=(*jail.ro, (RUNNER_PATH, Path(INNER_RUNNER))),
@@ -437,7 +448,13 @@ def run(
         argv = [INNER_PYTHON, "-I", "-S", INNER_RUNNER, json.dumps(req)]
         # the outer timeout is a backstop: the runner kills its command at `timeout` itself
         limits = Limits(
-            **{**limits.__dict__, "timeout": limits.timeout + 30, "instructions": False, "valgrind": False}
+            **{
+                **limits.__dict__,
+                "timeout": limits.timeout + 30,
+                "instructions": False,
+                "valgrind": False,
+                "cache_sim": False,
+            }
         )
         output_limit = 8 * output_limit + 65536  # the JSON answer, escapes included
     if jail is not None:
@@ -473,12 +490,15 @@ def run(
     if limits.valgrind and jail is None:  # no jail's runner: on this host, in a directory of our own
         cg_dir = valgrind_dir(None)
         at = full.index(argv[0], len(full) - len(argv))
-        full = [*full[:at], *valgrind_argv(list(argv), cg_dir)]
+        full = [*full[:at], *valgrind_argv(list(argv), cg_dir, cache_sim=limits.cache_sim)]
     try:
         fds = (seccomp_fd,) if seccomp_fd is not None else ()
         res = _start_and_supervise(full, argv, cwd, env, limits, output_limit, log_file, jail, stage, fds)
         if cg_dir is not None:
-            return replace(res, ir=cachegrind_ir(cg_dir))
+            counts = cachegrind_counts(cg_dir)
+            return replace(
+                res, ir=None if counts is None else counts["Ir"], est_cycles=estimated_cycles(counts)
+            )
         return _inner_result(res, limits.memory_mb) if inner else res
     finally:
         if cg_dir is not None:
@@ -513,6 +533,7 @@ def _inner_result(outer: RunResult, memory_mb: int | None) -> RunResult:
             instructions=None if ans.get("instructions") is None else int(ans["instructions"]),
             memory_exceeded=oom,
             ir=None if ans.get("ir") is None else int(ans["ir"]),
+            est_cycles=None if ans.get("est_cycles") is None else int(ans["est_cycles"]),
         )
     except (ValueError, KeyError, TypeError):
         return outer

@@ -27,6 +27,7 @@ from cppperf.shared.claims import KvClaims
 from cppperf.shared.service import ServiceContext
 from cppperf.shared.settings import Settings
 from tests.conftest import Proven, make_settings
+from tests.fakes import stand_in_record
 from tests.integration.test_bus_auth import FakeOps
 from tests.secured_bus import SecuredBus, fresh_bus, running_secured_bus
 
@@ -36,7 +37,7 @@ class StandInOps(EngineOps):
 
     def prove(self, commit: m.CommitSelected, path: Path, diff: str) -> BuiltPatch:
         iid = m.instance_id(commit.repo, commit.sha)
-        record = {"cppperf": {"instance_id": iid, "verdict": "not-improved"}}
+        record = stand_in_record(commit, "not-improved")
         out = write_instance(Path(self.settings.out_dir), record)
         msg = m.PatchBuilt(
             instance_id=iid, repo=commit.repo, sha=commit.sha, parent=commit.parent, verdict="not-improved"

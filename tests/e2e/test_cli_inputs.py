@@ -394,10 +394,10 @@ def test_import_recomputes_verdicts_from_raw_timings(tmp_path: Path) -> None:
     rec = to_record(
         published("o/n", [timed("fast", 0.010, 0.005), timed("slow", 0.010, 0.020)], improved=1), "x.json"
     )
-    assert rec["cppperf"]["verdict"] == "regressed"  # not `improved` beside a significant regression
-    assert rec["cppperf"]["regressed_tests"] == ["slow"]
-    assert rec["cppperf"]["improved_tests"] == ["fast"]
-    assert rec["tests"]["significant_improvements"] == 1  # the published fields stay as they were
+    assert rec.cppperf.verdict == "regressed"  # not `improved` beside a significant regression
+    assert rec.cppperf.regressed_tests == ["slow"]
+    assert rec.cppperf.improved_tests == ["fast"]
+    assert rec.tests.significant_improvements == 1  # the published fields stay as they were
 
 
 def test_published_regression_record_is_not_improved() -> None:
@@ -408,8 +408,8 @@ def test_published_regression_record_is_not_improved() -> None:
     if not files:
         pytest.skip("CppPerf-DB data not available")
     rec = to_record(json.loads(files[0].read_text()), files[0].name)
-    assert rec["cppperf"]["verdict"] != "improved"
-    assert rec["cppperf"]["regressed_tests"]
+    assert rec.cppperf.verdict != "improved"
+    assert rec.cppperf.regressed_tests
 
 
 def test_instance_page_shows_regressions_with_their_p(tmp_path: Path) -> None:
@@ -431,8 +431,8 @@ def test_imported_instance_page_shows_a_ci_for_every_timed_test() -> None:
     rec = to_record(
         published("o/n", [timed("same", 0.010, 0.010), timed("slow", 0.010, 0.020)], improved=0), "x.json"
     )
-    same = next(t for t in rec["cppperf"]["tests"] if t["name"] == "same")
-    assert same["ci_high"] == float("inf")  # undecided at import: no CI stored
+    same = next(t for t in rec.cppperf.tests if t.name == "same")
+    assert same.ci_high == float("inf")  # undecided at import: no CI stored
     rows = {r["name"]: r for r in _test_rows(rec)}
     low, high = rows["same"]["ci"]
     assert 0.98 < low <= high < 1.02  # (nearly) equal times: a narrow CI at 1
@@ -791,7 +791,7 @@ def test_evaluate_json_leaves_out_every_sample_key(tmp_path: Path) -> None:
     patch.write_text("diff --git a/x.cpp b/x.cpp\n")
     cached = out_dir / "runs" / "r" / "m" / iid / "report.json"
     cached.parent.mkdir(parents=True)
-    samples = {k: {"t": [1.0, 2.0]} for k in SAMPLE_KEYS}
+    samples = {k: {"t": {"agent": [1.0, 2.0]}} for k in SAMPLE_KEYS}  # per test, per side
     cached.write_text(
         json.dumps({"verdict": "correct", "patch_sha256": patch_sha256(patch.read_text())} | samples)
     )

@@ -21,6 +21,7 @@ from nats.aio.msg import Msg
 
 from cppperf.agents import add_agent, agent_entry, list_agents, new_key, remove_agent, render
 from cppperf.client import AgentClient, Refused
+from cppperf.runtime import connect
 from cppperf.services.evaluator.gateway import dedup_id
 from cppperf.services.evaluator.instances import EvalInstance
 from cppperf.services.evaluator.pipeline import EvalRequest
@@ -36,6 +37,7 @@ from tests.secured_bus import (
     running_secured_bus,
     start_secured_bus,
 )
+from tests.secured_bus import as_user as settings_as
 
 pytestmark = pytest.mark.nats
 CAP = 3  # agent_max_pending in these tests
@@ -169,6 +171,11 @@ PUBLISH_ATTACKS = [
     "$SYS.REQ.ACCOUNT.SERVICES.CONNZ",
     "_R_.abc",
     "dlq.eval.requested",
+    "validate.requested",  # ask for a gold validation
+    "$KV.instances.local__demo-0123456789ab",  # write an oracle: forge a finished validation
+    "$JS.ACK.VALIDATE_REQUESTED.evaluator-validate.1.1.1.1.1",
+    "$JS.API.CONSUMER.MSG.NEXT.VALIDATE_REQUESTED.evaluator-validate",
+    "$JS.API.DIRECT.GET.KV_instances.$KV.instances.local__demo-0123456789ab",
 ]
 
 
@@ -200,7 +207,58 @@ SUBSCRIBE_ATTACKS = [
     "$O.blobs.>",
     "$SYS.>",
     "dlq.>",
+    "validate.>",
+    "$KV.instances.>",
 ]
+
+
+async def test_agent_can_neither_request_a_validation_nor_write_an_oracle(
+    secured: SecuredBus, evaluator: Any, tmp_path: Path
+) -> None:
+    """`validate.requested` and the `instances` bucket are the builder's and the evaluator's: an
+    agent's request, forged oracle or completion is refused by the server and leaves no trace;
+    the same request from the builder's user is validated, and only the evaluator's user writes
+    the oracle."""
+    ctx, ops = evaluator
+    iid = "local__demo-0123456789ab"
+    state = {"stage": "built", "verdict": "improved", "oracle": "both", "record": "{}"}
+    forged = [
+        ("validate.requested", m.encode(m.ValidateRequested(instance_id=iid))),
+        ("validate.requested", m.encode(m.ValidateRequested(instance_id=iid, force=True, request_id="f"))),
+        (f"$KV.instances.{iid}", json.dumps(state).encode()),  # a finished validation, forged
+    ]
+    for subject, body in forged:
+        nc = await as_user(secured, "bob")
+        try:
+            await nc.publish(subject, body)
+            with contextlib.suppress(Exception):
+                await nc.flush(timeout=1)
+            await asyncio.sleep(0.05)
+            assert "for publish" in str(nc.last_error).lower(), subject
+        finally:
+            with contextlib.suppress(Exception):
+                await nc.close()
+    assert (await ctx.bus.js.stream_info("VALIDATE_REQUESTED")).state.last_seq == 0
+    assert await ctx.store.ids("instances") == []
+    assert ops.validated == []
+    # the builder's user stores the instance and asks; the evaluator's user writes the oracle
+    record = {
+        "metadata": {"repository_name": "local/demo", "repository": "/nowhere"},
+        "commit_info": {"old_sha": "b" * 40, "new_sha": "a" * 40, "patch": ["d"], "files_changed": []},
+        "tests": {"tests": []},
+        "cppperf": {"instance_id": iid, "verdict": "improved"},
+    }
+    builder = settings_as(secured, tmp_path / "builder", "builder")
+    async with connect(builder, secured.url) as bctx:
+        good = {"stage": "built", "verdict": "improved", "record": json.dumps(record)}
+        await bctx.store.put("instances", iid, good)
+        await bctx.bus.publish(m.VALIDATE_REQUESTED, m.ValidateRequested(instance_id=iid))
+        for _ in range(300):
+            if (await bctx.store.get("instances", iid) or {}).get("oracle"):
+                break
+            await asyncio.sleep(0.1)
+        assert (await bctx.store.get("instances", iid) or {}).get("oracle") == "ctest"
+    assert ops.validated == [iid]
 
 
 async def test_agent_may_subscribe_only_to_its_inbox_and_announcements(secured: SecuredBus) -> None:
@@ -260,6 +318,79 @@ async def test_unknown_keys_and_renamed_creds_get_nothing(secured: SecuredBus, t
 
 
 # ------------------------------------------------------------------------- the gateway's refusals
+async def test_no_agent_request_makes_the_evaluator_write_the_instances_bucket(
+    secured: SecuredBus, evaluator: Any, tmp_path: Path
+) -> None:
+    """The evaluator may now write `$KV.instances.>` (gold validation); nothing an agent sends
+    makes it write there: submits for a stored instance (graded), for ids made of dots or
+    wildcards or naming the bucket's subjects, a `validate` verb, results and result lookups with
+    such ids. The bucket's stream has not moved and the stored oracle is the builder's."""
+    ctx, ops = evaluator
+    builder = settings_as(secured, tmp_path / "builder", "builder")
+    record = {
+        "metadata": {"repository_name": "local/demo", "repository": "/nowhere"},
+        "commit_info": {"old_sha": "b" * 40, "new_sha": "a" * 40, "patch": ["d"], "files_changed": []},
+        "tests": {"tests": []},
+        "cppperf": {"instance_id": INSTANCE, "verdict": "improved", "oracle": "ctest"},
+    }
+    async with connect(builder, secured.url) as bctx:
+        state = {"stage": "built", "verdict": "improved", "oracle": "ctest", "record": json.dumps(record)}
+        await bctx.store.put("instances", INSTANCE, state)
+    before = (await ctx.bus.js.stream_info("KV_instances")).state.last_seq
+    ids = (
+        ".",
+        "..",
+        "a..b",
+        f"{INSTANCE}.x",
+        f"$KV.instances.{INSTANCE}",
+        f"{INSTANCE}>",
+        "\u2024",
+        INSTANCE,
+    )
+    verdicts: dict[str, str] = {}
+    async with await AgentClient.connect(secured.url, secured.creds("bob")) as client:
+        for iid in ids:  # one at a time: under the pending cap
+            try:
+                eid = await client.submit(iid, "fast", run_id="r", model="m")
+            except Refused:
+                continue
+            verdicts[iid] = (await client.wait(eid, poll=0.1, max_wait=90))["verdict"]
+    # the refused ones never reached the queue; each other one was evaluated on its own (".."
+    # once shared "."'s bucket key, and was answered from its record)
+    assert sorted(verdicts) == sorted([".", "..", "a..b", f"{INSTANCE}.x", INSTANCE]), verdicts
+    assert sorted(r.instance_id for r in ops.ran) == sorted(verdicts)
+    assert verdicts[INSTANCE] == "opt"
+    bob = await as_user(secured, "bob")
+    try:
+        for verb in ("validate", "validate_requested"):
+            body = m.encode(m.ValidateRequested(instance_id=INSTANCE))
+            assert not (await ask(bob, f"eval.api.bob.{verb}", body)).ok
+    finally:
+        await bob.close()
+    assert (await ctx.bus.js.stream_info("KV_instances")).state.last_seq == before
+    stored = await ctx.store.get("instances", INSTANCE) or {}
+    assert stored.get("oracle") == "ctest" and json.loads(stored["record"]) == record
+    assert ops.validated == []
+
+
+def test_bucket_keys_are_one_per_id() -> None:
+    """Ids reach bucket keys from agents' requests (`run_id`, `model`, `instance_id`: dots
+    allowed anywhere). Keys once dropped leading and trailing dots, so `bob.r/m/.` and
+    `bob.r/m/..` (and `x`, `x.`) shared one evaluation record. Every id now has its own key, a
+    valid one, and decodes back."""
+    import re
+
+    from cppperf.shared.store import decode_key, encode_key
+
+    ids = ["", ".", "..", "...", "x", "x.", ".x", "a..b", "a...b", "a.=2Eb", "=00", "\x00", "?"]
+    ids += ["\u2024", "\u2025", "bob.r/m/.", "bob.r/m/..", "bob.r./m/x", "bob.r/m./x", "o/n@" + "a" * 40]
+    keys = [encode_key(i) for i in ids]
+    assert len(set(keys)) == len(ids), list(zip(ids, keys, strict=True))
+    assert [decode_key(k) for k in keys] == ids
+    token = r"[-/_=a-zA-Z0-9]+"
+    assert all(re.fullmatch(rf"{token}(\.{token})*", k) for k in keys), keys
+
+
 def deep(n: int) -> str:
     return "[" * n + "]" * n
 
@@ -553,6 +684,71 @@ def test_hostile_patch_is_refused_before_it_is_applied(name: str) -> None:
     assert not result.ok and result.verdict == verdict, (name, result)
 
 
+UNGRADABLE = "local__demo-0badc0ffee00"
+COMMENT_ONLY = _diff(
+    "diff --git a/src/core.cpp b/src/core.cpp",
+    "--- a/src/core.cpp",
+    "+++ b/src/core.cpp",
+    "@@ -1 +1,2 @@",
+    ' #include "core.h"',
+    "+// faster now",
+)
+
+
+def ungradable_record(iid: str = UNGRADABLE) -> dict[str, Any]:
+    """An instance whose gold validation found that it cannot grade: a comment-only patch scored
+    `opt` on it (the measurement cannot tell a change from none), so its oracle is `none`."""
+    null = {"verdict": "opt", "opt": True}
+    validation = {"gold": {"verdict": "opt", "opt": True}, "null": null, "oracle": "none", "can_grade": False}
+    return {
+        "metadata": {"repository_name": "local/demo", "repository": "/nowhere"},
+        "commit_info": {"old_sha": "b" * 40, "new_sha": "a" * 40, "patch": ["d"], "files_changed": []},
+        "tests": {"tests": []},
+        "cppperf": {"instance_id": iid, "verdict": "improved", "oracle": "none", "validation": validation},
+    }
+
+
+def test_an_instance_that_cannot_grade_scores_no_patch(tmp_path: Path) -> None:
+    """Gold validation writes `oracle: none` into the record of an instance on which a
+    comment-only patch scores `opt`; an agent that picks exactly those instances must not farm
+    `opt` with a comment. The evaluation refuses before anything is built (`instance-broken`)."""
+    from cppperf.services.evaluator.instances import from_record
+    from cppperf.services.evaluator.pipeline import evaluate
+    from tests.conftest import make_settings
+
+    settings = make_settings(tmp_path, evaluator={"runs_dir": str(tmp_path / "runs")})
+    inst = from_record(ungradable_record())
+    req = EvalRequest(run_id="bob.r", model="m", instance_id=UNGRADABLE, patch=COMMENT_ONLY)
+    report = evaluate(req, settings, instance=inst)
+    assert report["verdict"] == "instance-broken" and not report["opt"], report
+    assert "cannot grade" in report["reason"] and "oracle none" in report["reason"]
+    assert not (tmp_path / "work").exists()  # nothing was exported or built
+
+
+async def test_an_agent_gets_no_score_on_an_instance_that_cannot_grade(
+    secured: SecuredBus, tmp_path: Path
+) -> None:
+    """The same over the shipped bus, the evaluator service running the real pipeline: bob submits
+    a comment to the instance the builder stored with `oracle: none`; the answer is
+    `instance-broken`, at once (nothing built, no repository fetched)."""
+    from cppperf.services.evaluator.handlers import PipelineOps
+    from tests.conftest import make_settings
+
+    ops = PipelineOps(make_settings(tmp_path / "eval", evaluator={"runs_dir": str(tmp_path / "runs")}))
+    async with evaluator_service(secured, tmp_path, ops):
+        builder = settings_as(secured, tmp_path / "builder", "builder")
+        async with connect(builder, secured.url) as bctx:
+            state = {"stage": "built", "verdict": "improved", "oracle": "none"}
+            await bctx.store.put(
+                "instances", UNGRADABLE, {**state, "record": json.dumps(ungradable_record())}
+            )
+        async with await AgentClient.connect(secured.url, secured.creds("bob")) as bob:
+            eid = await bob.submit(UNGRADABLE, COMMENT_ONLY, run_id="r", model="m")
+            report = await bob.wait(eid, poll=0.1, max_wait=60)
+    assert report["verdict"] == "instance-broken" and not report["opt"], report
+    assert "cannot grade" in report["reason"]
+
+
 @pytest.mark.parametrize("instance_id", [".", "..", "...", "-", "evaluations"])
 def test_instance_id_that_is_no_instance_builds_no_path(tmp_path: Path, instance_id: str) -> None:
     """The gateway's alphabet lets `.` and `..` through; the evaluation refuses them before a run
@@ -611,7 +807,7 @@ def test_compose_publishes_no_nats_or_monitor_port() -> None:
     the shipped compose file publishes any port."""
     import yaml
 
-    compose = yaml.safe_load((Path(__file__).resolve().parents[2] / "docker-compose.yml").read_text())
+    compose = yaml.safe_load((Path(__file__).resolve().parents[1] / "docker-compose.yml").read_text())
     nodes = {k: v for k, v in compose["services"].items() if k.startswith("nats")}
     assert len(nodes) == 3
     for name, node in nodes.items():

@@ -26,6 +26,7 @@ from cppperf.shared.engine.benchmarks import (
     BenchTarget,
     as_sample,
     benchmark_targets,
+    broken_on,
     discover,
     edited_sources,
     executables_identical,
@@ -37,7 +38,7 @@ from cppperf.shared.engine.fileapi import write_query
 from cppperf.shared.engine.gbench import BenchOutputError, BenchSettings, ere_escape, listed, parse_run
 from cppperf.shared.engine.sandbox import RunResult
 from cppperf.shared.settings import BuilderSettings, Settings
-from tests.conftest import commit_for, make_settings
+from tests.conftest import as_file, commit_for, make_settings
 from tests.gitrepo import commit_files
 
 
@@ -346,7 +347,7 @@ def _prove(repo: Path, sha: str, settings: Settings, tmp_path: Path) -> dict[str
         work_dir=tmp_path / "work",
         out_dir=tmp_path / "out",
     )
-    return built.record
+    return as_file(built.record)
 
 
 @needs_gbench
@@ -388,10 +389,10 @@ def test_a_speed_up_only_a_benchmark_shows_is_proven_by_the_benchmark(tmp_path: 
         evaluator=msgspec.structs.replace(settings.evaluator, runs=8, runs_dir=str(tmp_path / "runs")),
     )
     block = validate_stored(ours["instance_id"], settings)
-    assert block["gold"]["verdict"] == "opt", block
-    assert block["gold"]["timed_benchmarks"] == ["bench:bench_work/BM_spin"]
-    assert block["null"]["verdict"] == "correct", block
-    assert block["oracle"] == Oracle.BENCHMARK and block["can_grade"]
+    assert block.gold.verdict == "opt", block
+    assert block.gold.timed_benchmarks == ["bench:bench_work/BM_spin"]
+    assert block.null.verdict == "correct", block
+    assert block.oracle == Oracle.BENCHMARK and block.can_grade
     # an agent may not change the benchmark itself (its own sources, from the file API)
     from cppperf.services.evaluator.gold import null_patch
     from cppperf.services.evaluator.pipeline import EvalRequest, evaluate
@@ -510,3 +511,51 @@ def test_the_oracle_names_the_kinds_of_workload_the_gold_patch_improved() -> Non
     assert oracle_of({"verdict": "opt"}, null) == Oracle.CTEST  # a report from before benchmarks
     assert oracle_of(gold("bench:b/BM_a"), {"verdict": "opt", "opt": True}) == Oracle.NONE
     assert Oracle.of(ctest=False, benchmark=False) == Oracle.NONE
+
+
+def test_a_benchmark_broken_on_every_side_is_not_the_agents_tree() -> None:
+    """The evaluator times only the expert's improved benchmarks: a target holding none of them
+    is not listed; a target whose listing fails on every side (spdlog's `formatter-bench`, whose
+    own `main` lists nothing) is the project's, so it does not fail the agent's tree — it did
+    (`tests-failed: benchmark bench:formatter-bench/* on the agent's tree: list-failed`), while
+    one that lists on the others and not on the agent's still does."""
+    ran: list[str] = []
+
+    def run_for(side: str, broken: set[str]) -> Any:
+        def run(t: Case) -> RunResult:
+            ran.append(f"{side}:{t.name}")
+            if t.name in broken:
+                return RunResult(0, 0.1, 0.1, "--benchmark_list_tests=true\n", False, False)  # its own main
+            if "--benchmark_list_tests=true" in t.command:
+                return RunResult(0, 0.1, 0.1, "BM_a\n", False, False)
+            return RunResult(0, 0.1, 0.1, _gb_json(_it("BM_a", 10.0, 10.0)), False, False)
+
+        return run
+
+    sides = {"old": "/b/old", "expert": "/b/expert", "agent": "/b/agent"}
+    targets = [BenchTarget(n, n, "google-benchmark") for n in ("lat", "fmt", "other")]
+    s = BenchSettings(repetitions=3, min_time=0.01, timeout=10)
+    everywhere = discover(
+        targets,
+        sides,
+        {side: run_for(side, {"fmt"}) for side in sides},
+        s,
+        limit=5,
+        only=["bench:lat/BM_a", "bench:fmt/BM_a"],
+    )
+    assert not any(r.endswith(":other") for r in ran)  # not wanted: never listed
+    assert everywhere.common == ["bench:lat/BM_a"]
+    assert {x.side for x in everywhere.skipped if x.reason == BenchmarkSkip.LIST_FAILED} == set(sides)
+    assert broken_on(everywhere, "agent") == []
+    agent_only = discover(
+        targets,
+        sides,
+        {side: run_for(side, {"fmt"} if side == "agent" else set()) for side in sides},
+        s,
+        limit=5,
+        only=["bench:lat/BM_a", "bench:fmt/BM_a"],
+    )
+    assert [(x.name, x.reason) for x in broken_on(agent_only, "agent")] == [
+        ("bench:fmt/*", BenchmarkSkip.LIST_FAILED),
+        ("bench:fmt/BM_a", BenchmarkSkip.ONE_SIDE_ONLY),
+    ]

@@ -16,11 +16,11 @@ import pytest
 from cppperf.demo import DemoRepo
 from cppperf.services.builder.service import build_patch, validate_latest
 from cppperf.shared import messages as m
-from cppperf.shared.domain import InstanceMeta
+from cppperf.shared.domain import InstanceRecord
 from cppperf.shared.errors import RepoRejected
 from cppperf.shared.rules import Rules
 from cppperf.shared.settings import Settings
-from tests.conftest import Proven, commit_for, make_settings, strict
+from tests.conftest import Proven, as_file, commit_for, make_settings, strict
 from tests.gitrepo import commit_files
 
 pytestmark = pytest.mark.build
@@ -42,9 +42,10 @@ def prove(demo: DemoRepo, kind: str, settings: Settings, tmp_path: Path) -> dict
         out_dir=tmp_path / "out",
     )
     assert built.path.exists()
-    assert json.loads(built.path.read_text()) == built.record
-    strict(built.record["cppperf"], InstanceMeta)
-    return built.record
+    record = as_file(built.record)
+    assert json.loads(built.path.read_text()) == record
+    strict(record, InstanceRecord)
+    return record
 
 
 def shared(proven: Callable[[str], Proven], kind: str, settings: Settings) -> dict:  # type: ignore[type-arg]
@@ -177,7 +178,7 @@ def test_missing_dependency_is_named(tmp_path: Path, settings: Settings) -> None
         work_dir=tmp_path / "work",
         out_dir=tmp_path / "out",
     )
-    c = built.record["cppperf"]
+    c = as_file(built.record)["cppperf"]
     assert (c["verdict"], c["failure_category"]) == ("rejected", "dependency")
     assert "GSL" in c["failure_detail"]
     assert c["missing_packages"] == ["libgsl-dev"]
@@ -260,7 +261,7 @@ def test_unknown_dependency_asks_the_model(tmp_path: Path) -> None:
             llm_propose=llm_dependency_proposer(settings),
         )
         assert len(srv.requests) == 1
-    c = built.record["cppperf"]
+    c = as_file(built.record)["cppperf"]
     assert c["failure_category"] == "dependency"
     assert c["llm_proposed_packages"] == ["libzorblax-dev", "libfoo-dev"]
     assert "Zorblax" in c["failure_detail"]
@@ -358,11 +359,11 @@ def test_split_cases_times_each_gtest_case(tmp_path: Path) -> None:
         work_dir=tmp_path / "work",
         out_dir=tmp_path / "out",
     )
-    c = built.record["cppperf"]
+    c = as_file(built.record)["cppperf"]
     assert {t["name"] for t in c["tests"]} == {"unit::Fast.one", "unit::Slow.two"}
-    assert c["verdict"] == "improved" and built.record["tests"]["significant_improvements_tests"] == [
-        "unit::Slow.two"
-    ]
+    assert c["verdict"] == "improved" and as_file(built.record)["tests"][
+        "significant_improvements_tests"
+    ] == ["unit::Slow.two"]
 
 
 def test_parse_gtest_listing() -> None:
@@ -391,7 +392,7 @@ def test_same_path_trees_share_compiled_objects(demo_repo: DemoRepo, tmp_path: P
         work_dir=tmp_path / "work",
         out_dir=tmp_path / "out",
     )
-    ws = tmp_path / "work" / built.record["cppperf"]["instance_id"]
+    ws = tmp_path / "work" / as_file(built.record)["cppperf"]["instance_id"]
     stats = subprocess.run(
         ["ccache", "--print-stats"],
         env={**os.environ, "CCACHE_DIR": str(ws / "ccache")},

@@ -23,6 +23,7 @@ from cppperf.services.evaluator.instances import EvalInstance
 from cppperf.services.evaluator.pipeline import EvalRequest
 from cppperf.shared import messages as m
 from cppperf.shared.bus import credential_options
+from cppperf.shared.domain import Oracle, Validation
 from cppperf.shared.service import ServiceContext
 from tests.secured_bus import SecuredBus, evaluator_service, running_secured_bus
 
@@ -34,6 +35,14 @@ class FakeOps:
 
     def __init__(self) -> None:
         self.ran: list[EvalRequest] = []
+        self.validated: list[str] = []
+
+    def validate(self, record: dict[str, Any], *, force: bool) -> Validation:
+        """Gold validation stand-in: every instance grades on its tests."""
+        self.validated.append(record["cppperf"]["instance_id"])
+        record["cppperf"]["oracle"] = "ctest"
+        record["cppperf"]["validation"] = {"oracle": "ctest", "can_grade": True}
+        return Validation(oracle=Oracle.CTEST, can_grade=True)
 
     def evaluate(self, req: EvalRequest, instance: EvalInstance | None) -> dict[str, Any]:
         self.ran.append(req)
@@ -227,7 +236,10 @@ async def test_dedup_ids_are_the_evaluators_and_ids_cannot_collide(
 async def test_services_work_only_within_their_permissions(secured: SecuredBus) -> None:
     """The evaluator test above runs as the `evaluator` user; here what it and others may not do."""
     for who, subject in (
-        ("evaluator", "$KV.instances.x"),  # only the builder writes instances
+        ("evaluator", "validate.requested"),  # it consumes validation requests, never makes one
+        ("evaluator", "$KV.repos.x"),
+        ("classifier", "validate.requested"),
+        ("classifier", "$KV.instances.x"),  # the builder and the evaluator (gold validation) only
         ("evaluator", "$JS.API.STREAM.DELETE.EVAL_REQUESTED"),
         ("evaluator", "$JS.API.STREAM.PURGE.EVAL_REQUESTED"),
         ("builder", "$KV.evaluations.x"),
@@ -237,6 +249,8 @@ async def test_services_work_only_within_their_permissions(secured: SecuredBus) 
     ):
         assert "for publish" in await server_refuses(secured, who, publish=subject), (who, subject)
     assert await server_refuses(secured, "builder", publish="$KV.instances.x") == ""
+    assert await server_refuses(secured, "builder", publish="validate.requested") == ""
+    assert await server_refuses(secured, "evaluator", publish="$KV.instances.x") == ""  # the oracle
     assert await server_refuses(secured, "evaluator", publish="$KV.evaluations.x") == ""
 
 

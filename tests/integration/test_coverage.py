@@ -29,7 +29,7 @@ from cppperf.shared.engine.coverage import (
     split_family,
 )
 from cppperf.shared.engine.stats import benjamini_hochberg
-from tests.conftest import Proven, commit_for, make_settings, strict
+from tests.conftest import Proven, as_file, commit_for, make_settings, strict
 from tests.e2e.test_cli import run_cli
 from tests.gitrepo import commit_files
 
@@ -112,15 +112,17 @@ def test_the_covering_test_decides_and_the_other_is_a_control(demo_repo: DemoRep
         work_dir=tmp_path / "work",
         out_dir=tmp_path / "out",
     )
-    meta = to_struct(built.record["cppperf"], InstanceMeta)  # typed: the record's schema holds
-    assert strict(built.record["cppperf"], InstanceMeta) == meta  # every key declared (domain.py)
+    meta = to_struct(as_file(built.record)["cppperf"], InstanceMeta)  # typed: the record's schema holds
+    assert strict(as_file(built.record)["cppperf"], InstanceMeta) == meta  # every key declared (domain.py)
     cov = meta.coverage
     assert cov is not None and cov.used, cov
     assert cov.tests["spin"].runs_change and cov.tests["spin"].lines_hit >= 1
     assert not cov.tests["other"].runs_change and cov.tests["other"].lines_hit == 0
     assert cov.deciding == ["spin"] and cov.controls == ["other"]
     assert not cov.suspect and cov.moved_controls == {}  # the A/A control did not move
-    assert meta.verdict == "improved" and built.record["tests"]["significant_improvements_tests"] == ["spin"]
+    assert meta.verdict == "improved" and as_file(built.record)["tests"][
+        "significant_improvements_tests"
+    ] == ["spin"]
     spin = next(t for t in meta.tests if t.name == "spin")
     # the correction ran over the deciding family only: spin's two one-sided hypotheses
     assert spin.p_improve_adj == pytest.approx(benjamini_hochberg([spin.p_improve, spin.p_regress])[0])

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from cppperf.cli import app
 from cppperf.dataset.records import Filters, import_files, iter_records, swebench_row, to_published
 from cppperf.funnel import compute_funnel
+from cppperf.shared.domain import decode_record, to_json_dict
 from cppperf.shared.service import ServiceContext
 from tests.conftest import SHARED_DATA
 
@@ -42,8 +43,8 @@ def test_import_all_published_entries(tmp_path: Path) -> None:
     records = list(iter_records(tmp_path / "out"))
     assert len(records) == 347
     original = json.loads(sorted(ENTRIES.glob("*.json"))[0].read_text())
-    first = next(r for r in records if r["commit_info"]["new_sha"] == original["commit_info"]["new_sha"])
-    assert to_published(first) == original  # the published fields are kept unchanged
+    first = next(r for r in records if r.commit_info.new_sha == original["commit_info"]["new_sha"])
+    assert to_json_dict(to_published(first)) == original  # the published fields are kept unchanged
     again = import_files([ENTRIES], tmp_path / "out")
     assert len(again.unchanged) == 347 and not again.imported  # idempotent
     # 34 published records count a significant improvement; recomputed from their raw timings with
@@ -81,8 +82,8 @@ def test_round_trip_and_jsonl_export(tmp_path: Path) -> None:
         ).exit_code
         == 0
     )
-    recs_a = {r["cppperf"]["instance_id"]: to_published(r) for r in iter_records(tmp_path / "a")}
-    recs_b = {r["cppperf"]["instance_id"]: to_published(r) for r in iter_records(tmp_path / "b")}
+    recs_a = {r.cppperf.instance_id: to_published(r) for r in iter_records(tmp_path / "a")}
+    recs_b = {r.cppperf.instance_id: to_published(r) for r in iter_records(tmp_path / "b")}
     assert recs_a == recs_b and len(recs_a) >= 6
     jl = tmp_path / "tasks.jsonl"
     res = runner.invoke(
@@ -127,10 +128,10 @@ def test_git_patch_from_published_file_shape() -> None:
             "files_changed": [{"filename": "s.cpp", "status": "modified", "patch": "@@ -1 +1 @@\n-a\n+b"}],
         },
         "issues": [{"number": 3, "title": "slow", "body": "very"}],
-        "tests": {},
-        "cppperf": {"instance_id": "o__r-bbbbbbbbbbbb"},
+        "tests": {"tests": []},
+        "cppperf": {"instance_id": "o__r-bbbbbbbbbbbb", "verdict": "improved"},
     }
-    row = swebench_row(rec)
+    row = swebench_row(decode_record(rec))
     assert row["patch"] == "diff --git a/s.cpp b/s.cpp\n--- a/s.cpp\n+++ b/s.cpp\n@@ -1 +1 @@\n-a\n+b\n"
     assert "#3 slow" in row["problem_statement"] and row["problem_statement"].startswith("Faster")
 
@@ -146,9 +147,7 @@ def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     runner = CliRunner()
     runner.invoke(app, ["dataset", "import", str(src), "--out", str(tmp_path / "o")])
     iid = next(
-        r["cppperf"]["instance_id"]
-        for r in iter_records(tmp_path / "o")
-        if "bkcrack" in r["cppperf"]["instance_id"]
+        r.cppperf.instance_id for r in iter_records(tmp_path / "o") if "bkcrack" in r.cppperf.instance_id
     )
     assert (
         runner.invoke(

@@ -28,7 +28,7 @@ from cppperf.shared.engine.docker_exec import exec_answer
 from cppperf.shared.engine.images import base_name, bootstrap_base, ensure_env_image
 from cppperf.shared.engine.sandbox import Limits
 from cppperf.shared.settings import Settings
-from tests.conftest import make_settings
+from tests.conftest import as_file, make_settings
 from tests.gitrepo import commit_files
 from tests.integration.test_builder import _two_commit_repo, commit_for
 
@@ -80,7 +80,7 @@ def docker_perf(
         work_dir=tmp / "work",
         out_dir=Path(s.out_dir),
     )
-    return s, built.record
+    return s, as_file(built.record)
 
 
 # the module's engine fixture debootstraps the base image on a fresh machine (~80 s alone, over
@@ -114,7 +114,7 @@ def test_instance_image_reproduces_the_verdict(
     assert image == f"cppperf/local__demo:{demo_repo.shas['perf'][:12]}"
     assert engine.images.get(image)
     again = reproduce_image(image, s.builder, work_dir=tmp_path / "work2")
-    assert again["same_verdict"] and again["improved_tests"] == ["spin"]
+    assert again.same_verdict and again.improved_tests == ["spin"]
     assert not engine.containers.list(all=True, filters={"ancestor": image})  # containers removed
 
 
@@ -238,7 +238,7 @@ def test_memory_hog_is_a_resource_limit_not_a_result(engine: Any, tmp_path: Path
         work_dir=tmp_path / "work",
         out_dir=tmp_path / "out",
     )
-    c = built.record["cppperf"]
+    c = as_file(built.record)["cppperf"]
     assert (c["verdict"], c["failure_category"]) == ("rejected", "resource-limit"), c["failure_detail"]
     assert "alloc" in c["failure_detail"]
 
@@ -258,7 +258,7 @@ def test_missing_package_is_installed_into_an_env_image(engine: Any, tmp_path: P
         work_dir=tmp_path / "work",
         out_dir=tmp_path / "out",
     )
-    c = built.record["cppperf"]
+    c = as_file(built.record)["cppperf"]
     assert c["verdict"] == "unchanged-binaries", c.get(
         "failure_detail"
     )  # configured and built after installing
@@ -284,8 +284,8 @@ def test_repositories_share_the_base_layers(
         work_dir=tmp_path / "work",
         out_dir=tmp_path / "out",
     )
-    assert built.record["cppperf"]["verdict"] == "unchanged-binaries"
-    img_b = engine.images.get(built.record["cppperf"]["image"])
+    assert as_file(built.record)["cppperf"]["verdict"] == "unchanged-binaries"
+    img_b = engine.images.get(as_file(built.record)["cppperf"]["image"])
     img_a = engine.images.get(docker_perf[1]["cppperf"]["image"])  # the demo's own (local/demo)
     base_layers = engine.images.get(base_name("bookworm")).attrs["RootFS"]["Layers"]
     layers_b = img_b.attrs["RootFS"]["Layers"]

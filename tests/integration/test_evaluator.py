@@ -333,7 +333,7 @@ def test_summary_splits_single_and_multi_file(tmp_path: Path) -> None:
     for iid, rep in reports.items():
         (root / iid).mkdir(parents=True)
         (root / iid / "report.json").write_text(json.dumps(rep))
-    sm = summarize(settings, "t", "m")
+    sm = msgspec.to_builtins(summarize(settings, "t", "m"))  # as the summary file holds it
     assert sm["overall"] == {
         "instances": 4,
         "verdicts": {"opt": 1, "correct": 1, "build-failed": 1, "empty-patch": 1},
@@ -495,15 +495,41 @@ def test_an_original_that_no_longer_builds_is_instance_broken(tmp_path: Path) ->
         work_dir=tmp_path / "prove-work",
         out_dir=Path(proving.out_dir),
     )
-    assert built.record["cppperf"]["verdict"] != "rejected", built.record["cppperf"]["failure_detail"]
-    iid = built.record["cppperf"]["instance_id"]
+    assert built.record.cppperf.verdict != "rejected", built.record.cppperf.failure_detail
+    iid = built.record.cppperf.instance_id
     here = make_settings(
         tmp_path, builder={"build_timeout": 2.0}, evaluator={"runs_dir": str(tmp_path / "runs")}
     )
     (Path(here.out_dir) / "instances").mkdir(parents=True)
     shutil.copy(built.path, Path(here.out_dir) / "instances" / f"{iid}.json")
-    patch = built.record["commit_info"]["patch"][0]  # the expert's own patch: nothing wrong with it
+    assert built.record.commit_info.patch
+    patch = built.record.commit_info.patch[0]  # the expert's own patch: nothing wrong with it
     rep = evaluate(EvalRequest(run_id="t", model="broken-original", instance_id=iid, patch=patch), here)
     strict(rep, EvalReport)
     assert rep["verdict"] == "instance-broken", rep.get("reason")
     assert rep["reason"].startswith("the old side does not build"), rep["reason"]
+
+
+def test_a_finished_report_is_read_back_as_its_struct_and_reused_for_its_patch(tmp_path: Path) -> None:
+    """The cache goes through `EvalReport`: the same patch gets the stored report back (nothing is
+    built: the instance does not even exist); a report.json that is not a report is evaluated
+    again (here: `unknown-instance`), never returned as it stands."""
+    from cppperf.services.evaluator.pipeline import evaluate_report, patch_sha256, read_report, run_dir
+
+    settings = make_settings(tmp_path)
+    req = EvalRequest(run_id="c", model="m", instance_id="o__r-aaaaaaaaaaaa", patch="p")
+    path = run_dir(settings, req) / "report.json"
+    assert read_report(path) is None  # none yet
+    path.parent.mkdir(parents=True)
+    stored = EvalReport(
+        verdict="opt", opt=True, patch_sha256=patch_sha256("p"), per_test={}, gm_speedup_agent=2.0
+    )
+    path.write_text(json.dumps(msgspec.to_builtins(stored)))
+    assert read_report(path) == stored
+    assert evaluate_report(req, settings) == stored
+    path.write_text(
+        json.dumps({"verdict": "opt", "opt": True, "patch_sha256": patch_sha256("p"), "extra": 1})
+    )
+    assert read_report(path) is None
+    again = evaluate_report(req, settings)
+    assert again.verdict == "unknown-instance" and again.patch_sha256 == patch_sha256("p")

@@ -5,6 +5,7 @@ timing-core lease; the demo's perf commit is proven by it and its no-op commit i
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,95 @@ def test_counted_runs_go_on_every_core_with_a_longer_timeout() -> None:
     assert counted.timeout == 10 * s.valgrind_slowdown
     with timing_core(s) as cpu:  # no lease taken: an exact count needs no quiet core
         assert cpu is None
+
+
+@pytest.mark.build
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_evaluator_grades_an_instance_proven_on_counts_by_counts(tmp_path: Path) -> None:
+    """An instance proven under `builder.metric=cachegrind` is evaluated on Cachegrind's counts too
+    (the evaluator's own `builder.metric` is the default, cpu): original, expert and agent counted,
+    the verdict decided on the counts, no timing-core lease; the expert's patch is `opt`, the
+    comment-only patch is not (gold validation), and each report says `cachegrind`."""
+    from cppperf.services.evaluator.gold import validate_stored
+    from cppperf.services.evaluator.instances import load_instance
+    from cppperf.services.evaluator.pipeline import evaluation_metric
+
+    demo = create_demo_repo(tmp_path / "demo", spin_iters=300_000, other_iters=200_000, extra_kinds=False)
+    leases = str(tmp_path / "leases")
+    proving = make_settings(tmp_path, builder={"metric": "cachegrind", "lease_dir": leases})
+    record = prove(demo, "perf", proving, tmp_path)
+    assert record["cppperf"]["verdict"] == "improved" and record["cppperf"]["metric"] == "cachegrind"
+    iid = record["cppperf"]["instance_id"]
+    grading = make_settings(
+        tmp_path, builder={"lease_dir": leases}, evaluator={"runs_dir": str(tmp_path / "runs")}
+    )
+    assert grading.builder.metric == "cpu"
+    block = validate_stored(iid, grading)
+    assert block.gold.verdict == "opt" and block.gold.metric == "cachegrind", block
+    assert block.null.verdict == "correct" and not block.null.opt and block.null.metric == "cachegrind", block
+    assert block.oracle == "ctest" and block.can_grade
+    for model in ("gold", "null"):
+        report = json.loads((tmp_path / "runs" / "validate" / model / iid / "report.json").read_text())
+        assert report["metric"] == "cachegrind" and report["leased_core"] is None
+        assert report["rounds"] == proving.builder.exact_runs
+        assert report["decided_on"] == dict.fromkeys(report["timed_tests"], "cachegrind")
+        for sides in report["samples"].values():  # counts: whole, exact, far above any time in s
+            for side in ("old", "agent", "expert"):
+                counts = sides[side]
+                assert counts and all(c == int(c) and c > 100_000 for c in counts), (side, counts)
+                assert len(set(counts)) == 1, (side, counts)
+            if model == "null":
+                assert sides["agent"] == sides["old"]  # a comment changes no instruction
+    queue = tmp_path / "leases" / "queue"
+    assert not queue.exists() or not list(queue.iterdir())  # nobody waited for a timing core
+    # `evaluator.metric` decides when set; unset, the instance's exact metric does
+    inst = load_instance(iid, Path(grading.out_dir))
+    assert evaluation_metric(grading, inst) == "cachegrind"
+    told = make_settings(tmp_path, evaluator={"metric": "cpu"})
+    assert evaluation_metric(told, inst) == "cpu"
+    timed = make_settings(tmp_path)
+    assert evaluation_metric(timed, replace(inst, metric="cpu")) == "cpu"
+
+
+def test_estimated_cycles_are_the_standard_formula_over_every_process(tmp_path: Path) -> None:
+    from cppperf.shared.engine.runner_script import cachegrind_counts, estimated_cycles
+
+    events = "events: Ir I1mr ILmr Dr D1mr DLmr Dw D1mw DLmw\n"
+    (tmp_path / "cachegrind.out.1").write_text(events + "summary: 1000 2 1 300 10 3 200 5 2\n")
+    (tmp_path / "cachegrind.out.2").write_text(events + "summary: 500 1 1 100 4 0 50 1 0\n")
+    counts = cachegrind_counts(str(tmp_path))
+    assert counts is not None and counts["Ir"] == 1500 and counts["D1mr"] == 14
+    # Ir + 10·(I1mr + D1mr + D1mw) + 100·(ILmr + DLmr + DLmw)
+    assert estimated_cycles(counts) == 1500 + 10 * (3 + 14 + 6) + 100 * (2 + 3 + 2)
+    assert estimated_cycles({"Ir": 1500}) is None  # --cache-sim=no: no misses, no estimate
+
+
+def test_cache_sim_adds_estimated_cycles_beside_the_count_on_a_real_run(tmp_path: Path) -> None:
+    """`builder.cachegrind_cache_sim`: Cachegrind simulates the caches (`--cache-sim=yes`) and each
+    run has an estimated-cycles figure, at least its instruction count; off, there is none. The
+    same through the runner the jail and the containers use."""
+    import subprocess
+    import sys
+
+    from cppperf.shared.engine.cmake import TestCase
+    from cppperf.shared.engine.limits import limits_for
+    from cppperf.shared.engine.sandbox import RUNNER_PATH, Limits, run
+
+    t = TestCase(name="t", command=["/bin/ls", "/"], cwd="/")
+    on = limits_for(t, BuilderSettings(metric="cachegrind", cachegrind_cache_sim=True), counted=True)
+    assert on.valgrind and on.cache_sim
+    assert not limits_for(t, BuilderSettings(metric="cachegrind"), counted=True).cache_sim  # off by default
+    simulated = run(
+        ["/bin/ls", "/"], limits=Limits(timeout=120, valgrind=True, cache_sim=True), sandbox=False
+    )
+    assert simulated.ok and simulated.ir and simulated.est_cycles, simulated
+    assert simulated.est_cycles >= simulated.ir
+    counted = run(["/bin/ls", "/"], limits=Limits(timeout=120, valgrind=True), sandbox=False)
+    assert counted.ok and counted.ir == simulated.ir and counted.est_cycles is None  # same count, exact
+    req = {"op": "run", "argv": ["/bin/ls", "/"], "timeout": 120, "valgrind": True, "cache_sim": True}
+    out = subprocess.run(
+        [sys.executable, str(RUNNER_PATH), json.dumps(req)], capture_output=True, text=True, check=True
+    ).stdout
+    answer = json.loads(out)
+    assert answer["returncode"] == 0 and answer["est_cycles"] >= answer["ir"] > 0

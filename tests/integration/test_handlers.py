@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from structlog.testing import capture_logs
 
@@ -25,8 +26,17 @@ from cppperf.services.evaluator.pipeline import EvalRequest, patch_sha256
 from cppperf.services.filter.handlers import on_repo_found
 from cppperf.services.filter.links import LinkResolver
 from cppperf.shared import messages as m
-from cppperf.shared.domain import EvalVerdict, InstanceState, Stage, Verdict, to_struct
+from cppperf.shared.domain import (
+    EvalVerdict,
+    InstanceMeta,
+    InstanceRecord,
+    InstanceState,
+    Stage,
+    Verdict,
+    to_struct,
+)
 from cppperf.shared.errors import BadInput, RepoRejected
+from cppperf.shared.published import CommitInfo, Metadata, TestsSummary
 from cppperf.shared.results import finished_message
 from cppperf.shared.service import ServiceContext
 from cppperf.shared.store import instance_record
@@ -79,12 +89,19 @@ class FakeBuilderOps:
     def prove(self, c: m.CommitSelected, path: Path, diff: str) -> BuiltPatch:
         self.calls.append("prove")
         iid = m.instance_id(c.repo, c.sha)
-        record = {
-            "cppperf": {"instance_id": iid, "verdict": "improved"},
-            "diff": diff,
-            "attempt": self.calls.count("prove"),  # a real record differs per build (samples, seed)
-            "pad": "x" * self.record_size,
-        }
+        record = InstanceRecord(
+            metadata=Metadata(repository_name=c.repo),
+            commit_info=CommitInfo(
+                old_sha=c.parent,
+                new_sha=c.sha,
+                files_changed=[],
+                patch=[diff],
+                commit_message=["x" * self.record_size],
+            ),
+            tests=TestsSummary(tests=[]),
+            # a real record differs per build (samples, seed)
+            cppperf=InstanceMeta(instance_id=iid, verdict=Verdict.IMPROVED, seed=self.calls.count("prove")),
+        )
         msg = m.PatchBuilt(
             instance_id=iid,
             repo=c.repo,
@@ -159,13 +176,13 @@ async def test_builder_proves_and_keeps_the_record_in_the_instances_bucket(
     state = to_struct(await fctx.store.get("instances", built.instance_id), InstanceState)
     assert state.verdict == Verdict.IMPROVED and state.record and state.record_ref is None
     record = await instance_record(fctx.store, built.instance_id)
-    assert record is not None and record["diff"] == DIFF
+    assert record is not None and record.commit_info.patch == [DIFF]
     assert (await fctx.store.get("commits", commit().id) or {})["verdict"] == "improved"
     # redelivered: finished earlier, nothing is redone
     assert await on_classified(fctx, ops, item) == "already-built"
     assert ops.calls.count("prove") == 1
     # the re-publish is the first publish again: record_path empty on both (deprecated)
-    again = finished_message(built.instance_id, await fctx.store.get("instances", built.instance_id) or {})
+    again = finished_message(built.instance_id, state)
     assert again == built and again.record_path == ""
 
 
@@ -179,7 +196,7 @@ async def test_builder_large_record_goes_to_the_object_store(tmp_path: Path) -> 
     state = to_struct(await fctx.store.get("instances", "o__r-aaaaaaaaaaaa"), InstanceState)
     assert state.record == "" and state.record_ref is not None
     record = await instance_record(fctx.store, "o__r-aaaaaaaaaaaa")
-    assert record is not None and record["diff"] == big_diff  # the diff came by reference too
+    assert record is not None and record.commit_info.patch == [big_diff]  # the diff came by reference too
 
 
 async def test_builder_bad_commit_raises_bad_input_and_marks_nothing(
@@ -296,7 +313,8 @@ async def test_evaluator_evaluates_replies_and_stores_the_report(fctx: FakeConte
     record = {
         "metadata": {"repository_name": "o/r", "repository": "/src/r"},
         "commit_info": {"old_sha": PARENT, "new_sha": SHA, "patch": [DIFF], "files_changed": []},
-        "cppperf": {"instance_id": "o__r-aaaaaaaaaaaa"},
+        "tests": {"tests": []},
+        "cppperf": {"instance_id": "o__r-aaaaaaaaaaaa", "verdict": "improved"},
     }
     await fctx.store.update("instances", "o__r-aaaaaaaaaaaa", record=json.dumps(record))
     ops = FakeEvaluatorOps()
@@ -467,3 +485,49 @@ async def test_force_requeues_a_finished_instance_and_the_builder_proves_it_agai
     assert (await ctx.bus.js.stream_info(built_stream)).state.messages == 2
     last = await ctx.bus.js.get_last_msg(built_stream, m.PATCH_BUILT)
     assert (last.headers or {}).get("Nats-Msg-Id", "").startswith(iid + "@")
+
+
+async def test_gateway_answers_a_finished_evaluation_whole_or_in_brief(fctx: FakeContext) -> None:
+    """`result` is the stored report (typed on the way: `EvalReport`) with its id; `results` rows
+    are `ResultSummary`s; a report too large for a reply is its summary, `truncated`; a stored
+    report that does not decode is answered as such, never raised."""
+    from cppperf.services.evaluator import gateway
+    from cppperf.shared import buckets
+    from cppperf.shared.buckets import EVALUATIONS
+    from cppperf.shared.domain import EvalReport, EvaluationState, to_json_dict
+
+    eid = m.evaluation_id(m.agent_run("alice", "r1"), "m", "o__r-aaaaaaaaaaaa")
+    report = EvalReport(
+        verdict=EvalVerdict.OPT, opt=True, instance_id="o__r-aaaaaaaaaaaa", model="m", gm_speedup_agent=1.5
+    )
+
+    async def store(text: str) -> None:
+        state = EvaluationState(verdict=EvalVerdict.OPT, opt=True, report=text)
+        await buckets.put(fctx.store, EVALUATIONS, eid, state)
+
+    async def result() -> dict[str, Any]:
+        answer = await gateway.result(fctx, "alice", m.encode(m.AgentQuery(id=eid)))  # type: ignore[arg-type]
+        assert answer.ok and answer.status == "done" and answer.result is not None
+        return answer.result
+
+    await store(json.dumps(to_json_dict(msgspec.structs.replace(report, apply_log="applied"))))
+    assert await result() == {**to_json_dict(report), "apply_log": "applied", "id": eid}
+    rows = (await gateway.results(fctx, "alice", m.encode(m.AgentQuery(run_id="r1")))).results  # type: ignore[arg-type]
+    brief = {
+        "id": eid,
+        "instance_id": "o__r-aaaaaaaaaaaa",
+        "model": "m",
+        "verdict": "opt",
+        "opt": True,
+        "gm_speedup_agent": 1.5,
+        "reason": "",
+    }
+    assert rows == [brief]
+    assert (await gateway.results(fctx, "bob", m.encode(m.AgentQuery(run_id="r1")))).results == []  # type: ignore[arg-type]
+    await store(
+        json.dumps(to_json_dict(msgspec.structs.replace(report, apply_log="x" * gateway.MAX_REPORT_REPLY)))
+    )
+    assert await result() == {**brief, "truncated": True}
+    await store("{not json")
+    unreadable = await result()
+    assert unreadable["verdict"] == "opt" and unreadable["reason"] == "the stored report is unreadable"

@@ -8,7 +8,6 @@ import json
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import pytest
@@ -44,11 +43,13 @@ def test_validate_proven_instance(tmp_path: Path, proven: Callable[[str], Proven
     perf.copy_to(Path(settings.out_dir))
     iid = perf.record["cppperf"]["instance_id"]
     block = validate_stored(iid, settings)
-    assert block["gold"]["verdict"] == "opt", block
-    assert block["null"]["verdict"] == "correct" and not block["null"]["opt"], block
-    assert block["oracle"] == "ctest" and block["can_grade"]
+    assert block.gold.verdict == "opt", block
+    assert block.null.verdict == "correct" and not block.null.opt, block
+    assert block.oracle == "ctest" and block.can_grade
+    assert block.gold.metric == "cpu" and block.gold.timed_tests  # typed, and says what decided
     record = json.loads((Path(settings.out_dir) / "instances" / f"{iid}.json").read_text())
-    assert record["cppperf"]["oracle"] == "ctest" and record["cppperf"]["validation"] == block
+    assert record["cppperf"]["oracle"] == "ctest"
+    assert record["cppperf"]["validation"] == msgspec.to_builtins(block)
     meta = to_struct(record["cppperf"], InstanceMeta)  # the section's published schema holds
     assert meta.validation is not None and meta.validation.can_grade
     res = CliRunner().invoke(app, ["dataset", "stats", "--json", "--out", settings.out_dir])
@@ -61,41 +62,3 @@ def test_validate_unknown_instance_is_one_line(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["validate", "nobody__nothing-0123456789ab", "--out", str(tmp_path)])
     assert res.exit_code != 0
     assert "unknown instance" in res.output and "Traceback" not in res.output
-
-
-def test_builder_validates_improved_instances_when_asked(
-    tmp_path: Path, proven: Callable[[str], Proven], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`builder.validate_gold` (a `mine` step): the proven record is validated and written with its
-    oracle before the builder stores it; off by default, and never for an instance not improved."""
-    from cppperf.services.builder.handlers import with_oracle
-    from cppperf.services.builder.service import BuiltPatch
-    from cppperf.services.evaluator import gold
-    from cppperf.shared import messages as m
-
-    perf = proven("perf")
-    seen: list[str] = []
-
-    def fake(record: dict[str, Any], settings: Any, **_: Any) -> dict[str, Any]:
-        seen.append(record["cppperf"]["instance_id"])
-        record["cppperf"]["oracle"] = "ctest"
-        return {"oracle": "ctest"}
-
-    monkeypatch.setattr(gold, "validate_record", fake)
-    msg = m.PatchBuilt(
-        instance_id=perf.record["cppperf"]["instance_id"],
-        repo="local/demo",
-        sha="a" * 40,
-        parent="b" * 40,
-        verdict="improved",
-    )
-    off = make_settings(tmp_path / "off")
-    assert with_oracle(BuiltPatch(perf.record, msg, perf.path), off).record["cppperf"].get("oracle") is None
-    on = make_settings(tmp_path / "on", builder={"validate_gold": True})
-    not_improved = m.PatchBuilt(**{**msgspec.structs.asdict(msg), "verdict": "not-improved"})
-    with_oracle(BuiltPatch(perf.record, not_improved, perf.path), on)
-    assert seen == []
-    built = with_oracle(BuiltPatch(perf.record, msg, perf.path), on)
-    assert seen == [msg.instance_id] and built.record["cppperf"]["oracle"] == "ctest"
-    written = json.loads((Path(on.out_dir) / "instances" / f"{msg.instance_id}.json").read_text())
-    assert written["cppperf"]["oracle"] == "ctest"

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from cppperf.services.builder.service import build_patch
-from cppperf.shared.domain import InstanceMeta
-from tests.conftest import make_settings, strict
+from cppperf.shared.domain import InstanceRecord
+from tests.conftest import as_file, make_settings, strict
 from tests.gitrepo import commit_files
 from tests.integration.test_builder import commit_for
 
@@ -48,8 +48,9 @@ def prove(tmp_path: Path, repo: Path, sha: str, **builder: Any) -> dict[str, Any
     built = build_patch(
         commit_for(repo, sha), repo, settings.builder, work_dir=tmp_path / "work", out_dir=tmp_path / "out"
     )
-    c: dict[str, Any] = built.record["cppperf"]
-    strict(c, InstanceMeta)  # every rejection's record is what the domain declares
+    record = as_file(built.record)
+    strict(record, InstanceRecord)  # every rejection's record is what the domain declares
+    c: dict[str, Any] = record["cppperf"]
     return c
 
 

@@ -19,9 +19,10 @@ from cppperf.shared import domain as d
 from cppperf.shared import messages as m
 from cppperf.shared.engine.protocol import measure
 from cppperf.shared.engine.sandbox import RunResult
-from cppperf.shared.engine.stats import compare_all, verdict
+from cppperf.shared.engine.stats import compare_all, compare_batch, decide, verdict
+from cppperf.shared.published import PublishedEntry
 from cppperf.shared.settings import load_settings
-from tests.conftest import strict
+from tests.conftest import SHARED_DATA, as_file, strict
 
 
 def test_enums_are_their_strings_on_the_wire() -> None:
@@ -40,6 +41,12 @@ def test_every_schema_exports() -> None:
     assert "verdict" in meta["required"]
     out = CliRunner().invoke(app, ["schema", "eval-report"])
     assert out.exit_code == 0 and "EvalReport" in out.stdout
+    record = json.loads(CliRunner().invoke(app, ["schema", "instance-record"]).stdout)
+    assert set(record["$defs"]["InstanceRecord"]["properties"]) == {  # every section, ours last
+        *PUBLISHED_SECTIONS,
+        "cppperf",
+    }
+    assert {"TestResult", "PerformanceAnalysis", "InstanceMeta", "StatsRecord"} <= set(record["$defs"])
     bad = CliRunner().invoke(app, ["schema", "nope"])
     assert bad.exit_code == 2 and "unknown schema" in bad.output
 
@@ -74,7 +81,9 @@ def test_the_record_section_matches_instance_meta() -> None:
     commit = m.CommitSelected(
         repo="o/r", url="u", sha="a" * 40, parent="b" * 40, date="2024-01-01", message="x"
     )
-    section = build_record(commit, res, diff="", settings=settings)["cppperf"]
+    record = as_file(build_record(commit, res, diff="", settings=settings))
+    assert strict(record, d.InstanceRecord).cppperf.verdict is d.Verdict.IMPROVED  # every section
+    section = record["cppperf"]
     assert set(section) <= set(d.InstanceMeta.__struct_fields__), set(section) - set(
         d.InstanceMeta.__struct_fields__
     )
@@ -114,7 +123,80 @@ def test_imported_records_fit_instance_meta() -> None:
     if not files:
         pytest.skip("no published CppPerf-DB entries on this machine")
     for f in files:
-        section = to_record(json.loads(f.read_text()), f.name)["cppperf"]
+        section = as_file(to_record(json.loads(f.read_text()), f.name))["cppperf"]
         assert set(section) <= set(d.InstanceMeta.__struct_fields__), f.name
         d.to_struct(json.loads(json.dumps(section)), d.InstanceMeta)
         strict(section, d.InstanceMeta)
+
+
+PUBLISHED_SECTIONS = (
+    "metadata",
+    "commit_info",
+    "issues",
+    "pull_requests",
+    "build_info",
+    "performance_analysis",
+    "tests",
+    "logs",
+    "raw_timing_data",
+)
+ENTRIES = SHARED_DATA / "cppperf-db" / "entries"
+
+
+@pytest.mark.skipif(
+    not ENTRIES.is_dir(), reason=f"the published CppPerf-DB entries are not at {ENTRIES} (../shared/data)"
+)
+def test_every_published_entry_decodes_and_round_trips() -> None:
+    """All 347 published files decode strictly as `PublishedEntry` (every key declared, every value
+    its type) and encode back to the same JSON content; as an imported record they decode as an
+    `InstanceRecord` from the file `dataset import` writes."""
+    from cppperf.dataset.records import to_published, to_record
+
+    files = sorted(ENTRIES.glob("*.json"))
+    assert len(files) == 347
+    nan_effect_sizes = 0
+    for f in files:
+        original = json.loads(f.read_text())
+        entry = msgspec.convert(original, PublishedEntry, strict=True)
+        assert json.loads(json.dumps(msgspec.to_builtins(entry))) == original, f.name
+        nan_effect_sizes += sum(t.effect_size_cohens_d == "NaN" for t in entry.tests.tests)
+    assert nan_effect_sizes == 998  # the variant a float field takes in the published files: a string
+    record = to_record(json.loads(files[0].read_text()), files[0].name)
+    again = d.decode_record(d.record_text(record))
+    assert again == record and d.to_json_dict(to_published(again)) == json.loads(files[0].read_text())
+
+
+def test_records_refuse_an_undeclared_key_in_any_section() -> None:
+    record = as_file(_record())
+    d.decode_record(json.dumps(record))
+    for section in ("performance_analysis", "logs", "cppperf"):
+        bad = {**record, section: {**record[section], "surprise": 1}}
+        with pytest.raises(msgspec.ValidationError, match="surprise"):
+            d.decode_record(json.dumps(bad))
+    bad_test = json.loads(json.dumps(record))
+    bad_test["tests"]["tests"][0]["p_value"] = "small"
+    with pytest.raises(msgspec.ValidationError, match="p_value"):
+        d.decode_record(json.dumps(bad_test))
+
+
+def test_an_unknown_ci_is_written_as_infinity_as_before() -> None:
+    record = _record()
+    assert record.cppperf.tests and any(t.ci_high == float("inf") for t in record.cppperf.tests)
+    text = d.record_text(record)
+    assert '"ci_high": Infinity' in text and '"ci_high": null' not in text
+    assert d.decode_record(text) == record
+
+
+def _record() -> d.InstanceRecord:
+    """A built record of a synthetic result whose tests carry unknown CIs (no bootstrap)."""
+    settings = load_settings(env={}).builder
+    rng = random.Random(1)
+    samples = {
+        n: ([rng.uniform(9, 11) for _ in range(9)], [rng.uniform(4, 6) for _ in range(9)]) for n in "ab"
+    }
+    tests = decide(compare_batch(samples), alpha=0.05, min_improvement=0.05)
+    res = InstanceResult(instance_id="o__r-aaaaaaaaaaaa", verdict=verdict(tests), tests=tests)
+    commit = m.CommitSelected(
+        repo="o/r", url="u", sha="a" * 40, parent="b" * 40, date="2024-01-01", message="x"
+    )
+    return build_record(commit, res, diff="", settings=settings)

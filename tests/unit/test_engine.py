@@ -136,3 +136,35 @@ def test_untrusted_backends_are_hardened_or_refused(tmp_path: Path) -> None:
 
     with pytest.raises(InfraFailure, match="cannot harden"):
         harden(Unknown())  # type: ignore[arg-type]
+
+
+def test_a_read_only_tree_lists_the_tests_of_a_project_that_includes_ctest(tmp_path: Path) -> None:
+    """`include(CTest)` (bvh, and many CppPerf-DB projects) makes `ctest --show-only` write
+    `Testing/Temporary/LastTest.log`; in the evaluator's read-only test jail that failed and the
+    tree listed no tests (every gold patch `instance-broken`: "no test exists on all three
+    sides"). A fresh tmpfs over `build/Testing` per run lets it list them, and nothing it writes
+    there stays in the tree."""
+    from cppperf.shared.engine.backends import make_backend
+    from cppperf.shared.engine.sandbox import jail_available
+    from cppperf.shared.settings import BuilderSettings
+
+    if not jail_available():
+        pytest.skip("needs bubblewrap")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.13)\nproject(p NONE)\ninclude(CTest)\n"
+        "add_test(NAME listed COMMAND true)\n"
+    )
+    backend = make_backend(
+        BuilderSettings(backend="local", benchmarks=False), tmp_path / "ws", untrusted=True
+    )
+    assert isinstance(backend, LocalBackend) and backend.readonly_tests and backend.jailed
+    backend.prepare(tmp_path, {"old": src})
+    steps = backend.build("old")
+    assert steps[-1].ok, steps[-1].result.output
+    testing = backend.side_dir("old") / "build" / "Testing"
+    assert testing.is_dir()  # include(CTest) made it at configure: the mount point
+    assert [t.name for t in backend.tests("old")] == ["listed"]
+    assert backend.tests_json("old")
+    assert not list(testing.rglob("LastTest*"))  # written into the run's tmpfs, not the tree

@@ -78,6 +78,7 @@ def test_every_subject_has_a_type() -> None:
         m.PATCH_BUILT,
         m.EVAL_REQUESTED,
         m.EVAL_COMPLETED,
+        m.VALIDATE_REQUESTED,
     }
     assert set(m.SUBJECT_TYPES) == subjects
 

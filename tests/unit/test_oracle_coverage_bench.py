@@ -1,0 +1,110 @@
+"""bench/oracle_coverage.py's table and summary on hand-made rows (the bench itself is not in CI)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def oc() -> ModuleType:
+    path = Path(__file__).resolve().parents[2] / "bench" / "oracle_coverage.py"
+    spec = importlib.util.spec_from_file_location("oracle_coverage_bench", path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _row(i: str, config: str, verdict: str = "not-improved", **kw: Any) -> dict[str, Any]:
+    return {"id": i, "config": config, "verdict": verdict, "prove_s": 10.0, **kw}
+
+
+def _cov(suspect: bool = False) -> dict[str, Any]:
+    return {
+        "used": True,
+        "reason": "",
+        "deciding": 1,
+        "controls": 2,
+        "moved_controls": {},
+        "suspect": suspect,
+    }
+
+
+def test_summary_counts_new_oracles_and_clean_oracles_only(oc: ModuleType) -> None:
+    a, b, c, d = "o/a@1", "o/b@2", "p/c@3", "p/d@4"
+    rows = [
+        # a: proven today and by the new oracles, validated with an oracle today
+        _row(a, "tests", "improved", proven_by="ctest", oracle="ctest"),
+        _row(a, "oracles", "improved", proven_by="ctest", coverage=_cov(), oracle="ctest"),
+        _row(a, "exact", coverage=_cov()),
+        # b: proven by a benchmark only, oracle benchmark
+        _row(b, "tests"),
+        _row(
+            b,
+            "oracles",
+            "improved",
+            proven_by="benchmark",
+            coverage=_cov(),
+            oracle="benchmark",
+            validate_s=5.0,
+        ),
+        _row(b, "exact", coverage=_cov()),
+        # c: proven on counts, but a control moved: no clean oracle
+        _row(c, "tests"),
+        _row(c, "oracles", coverage=_cov()),
+        _row(c, "exact", "improved", proven_by="ctest", coverage=_cov(suspect=True), oracle="ctest"),
+        # d: only one configuration finished: not counted
+        _row(d, "tests", "improved", proven_by="ctest", oracle="none"),
+    ]
+    k = oc.counts(rows, [a, b, c, d])
+    assert k["finished"] == [a, b, c]
+    assert k["today"] == [a] and k["new"] == [a, b, c] and k["new_only"] == [a, b, c]
+    assert k["graded"] == [a, b] and k["graded_today"] == [a] and k["suspect"] == [c]
+    line = oc.summary(rows, [a, b, c, d])
+    assert "finished 3 of 4 instances over 3 repositories" in line
+    assert "proven by tests alone 1, with the new oracles 3" in line and "ratio 3.0×" in line
+    assert "with an oracle 2/3 = 67%" in line and "coverage suspect: 1" in line
+
+
+def test_table_marks_unfinished_configurations_not_run(oc: ModuleType) -> None:
+    a = "o/a@1"
+    rows = [_row(a, "tests", "rejected", category="compile")]
+    lines = oc.table(rows, [a, "o/b@2"], {a: "2021-01-01"})
+    assert lines[2].startswith(
+        f"| `{a}` | 2021-01-01 | rejected: compile (10 s) | not run: time | not run: time |"
+    )
+    assert lines[3].count("not run: time") == 3
+    # no instance finished: the ratio is not a number
+    assert "ratio n/a" in oc.summary(rows, [a])
+
+
+def test_a_claimed_instance_is_left_to_its_live_process(oc: ModuleType, tmp_path: Path) -> None:
+    assert oc.claim(tmp_path, "o/a@1")  # free: taken
+    assert oc.claim(tmp_path, "o/a@1")  # ours already
+    other = tmp_path / "claims" / "o__b@2"
+    other.write_text("1")  # pid 1 is alive: another process has it
+    assert not oc.claim(tmp_path, "o/b@2")
+    other.write_text("999999999")  # no such process: taken over
+    assert oc.claim(tmp_path, "o/b@2")
+
+
+def test_load_done_keeps_the_last_row_per_instance_and_configuration(oc: ModuleType, tmp_path: Path) -> None:
+    results = tmp_path / "results.jsonl"
+    results.write_text(
+        '{"id": "o/a@1", "config": "tests", "verdict": "improved", "oracle": "none"}\n\n'
+        '{"id": "o/a@1", "config": "tests", "verdict": "improved", "oracle": "ctest", "revalidated": true}\n'
+    )
+    done = oc.load_done(results)
+    assert list(done) == [("o/a@1", "tests")] and done[("o/a@1", "tests")]["oracle"] == "ctest"
+    assert oc.load_done(tmp_path / "missing.jsonl") == {}
+
+
+def test_a_skipped_validation_is_no_oracle_and_says_so(oc: ModuleType) -> None:
+    r = _row("o/a@1", "exact", "improved", proven_by="ctest", oracle="skipped")
+    assert not oc.clean_oracle(r)
+    assert "not validated" in oc.cell(r)
