@@ -33,8 +33,7 @@ import msgspec
 from bench.build_yield import DEFAULT_INDEX, select
 from cppperf.cli.build import _commit_from_repo
 from cppperf.services.builder.service import build_patch
-from cppperf.services.evaluator.gold import validate_record
-from cppperf.shared.domain import to_json_dict
+from cppperf.services.evaluator.gold import gold_validation
 from cppperf.shared.settings import load_settings
 
 PAPER_ORACLE_SHARE = 35 / 347
@@ -64,13 +63,13 @@ def one(entry: dict[str, Any], clone: Path, args: argparse.Namespace) -> dict[st
     if row["verdict"] != "improved":
         return {**row, "oracle": "none", "why": meta.failure_category or ""}
     t1 = time.perf_counter()
-    block = validate_record(to_json_dict(built.record), settings)  # gold.py works on the record's JSON
+    block = gold_validation(built.record, settings)
     return {
         **row,
-        "oracle": block["oracle"],
-        "gold": block["gold"].get("verdict"),
-        "null": block["null"].get("verdict"),
-        "why": block.get("why", ""),
+        "oracle": str(block.oracle),
+        "gold": block.gold.verdict,
+        "null": block.null.verdict,
+        "why": block.why,
         "validate_s": round(time.perf_counter() - t1, 1),
     }
 

@@ -27,6 +27,7 @@ from cppperf.services.filter.handlers import on_repo_found
 from cppperf.services.filter.links import LinkResolver
 from cppperf.shared import messages as m
 from cppperf.shared.domain import (
+    EvalReport,
     EvalVerdict,
     InstanceMeta,
     InstanceRecord,
@@ -279,16 +280,16 @@ class FakeEvaluatorOps:
     verdict: str = EvalVerdict.OPT
     seen: list[tuple[EvalRequest, EvalInstance | None]] = field(default_factory=list)
 
-    def evaluate(self, req: EvalRequest, instance: EvalInstance | None) -> dict[str, Any]:
+    def evaluate(self, req: EvalRequest, instance: EvalInstance | None) -> EvalReport:
         self.seen.append((req, instance))
-        return {
-            "verdict": self.verdict,
-            "opt": self.verdict == EvalVerdict.OPT,
-            "patch_sha256": patch_sha256(req.patch),
-            "samples": {"t": {}},
-            "samples_wall": {"t": {}},
-            "samples_cpu": {"t": {}},
-        }
+        return EvalReport(
+            verdict=EvalVerdict(self.verdict),
+            opt=self.verdict == EvalVerdict.OPT,
+            patch_sha256=patch_sha256(req.patch),
+            samples={"t": {}},
+            samples_wall={"t": {}},
+            samples_cpu={"t": {}},
+        )
 
 
 def request(**kw: Any) -> m.EvalRequested:
