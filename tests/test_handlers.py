@@ -349,6 +349,22 @@ async def test_evaluator_reevaluates_the_same_request_with_another_patch(fctx: F
     assert [req.patch for req, _ in ops.seen] == [DIFF, other.patch]
 
 
+async def test_evaluator_reevaluates_when_the_stored_report_is_of_another_shape(fctx: FakeContext) -> None:
+    """A stored report this version cannot read as an `EvalReport` (an unknown key, from another
+    version) is not answered from: the request is evaluated again and its report replaces it."""
+    ops = FakeEvaluatorOps()
+    await on_request(fctx, ops, request())
+    key = "r1/m/o__r-aaaaaaaaaaaa"
+    ev = await fctx.store.get("evaluations", key)
+    assert ev is not None
+    old = {**json.loads(ev["report"]), "from_a_newer_version": 1}
+    await fctx.store.update("evaluations", key, report=json.dumps(old))
+    assert await on_request(fctx, ops, request(reply_to="_INBOX.z")) == "evaluated"
+    assert len(ops.seen) == 2
+    ev = await fctx.store.get("evaluations", key)
+    assert ev is not None and "from_a_newer_version" not in json.loads(ev["report"])
+
+
 async def test_evaluator_reads_a_large_patch_by_reference(fctx: FakeContext) -> None:
     ref = await fctx.store.put_blob("patch/r1/m/x", DIFF.encode())
     ops = FakeEvaluatorOps(verdict=EvalVerdict.CORRECT)
