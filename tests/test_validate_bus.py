@@ -21,13 +21,16 @@ from cppperf.cli.validate import request_validations
 from cppperf.runtime import connect, run_services
 from cppperf.services.builder.handlers import on_classified, request_validation
 from cppperf.services.evaluator import app as evaluator_app
+from cppperf.services.evaluator.gold import with_validation
 from cppperf.services.evaluator.handlers import PipelineOps, on_validate
 from cppperf.services.evaluator.pipeline import EvalRequest
 from cppperf.shared import buckets
 from cppperf.shared import messages as m
 from cppperf.shared.buckets import INSTANCES
 from cppperf.shared.domain import (
+    EvalReport,
     EvalVerdict,
+    InstanceRecord,
     InstanceState,
     Oracle,
     Stage,
@@ -58,19 +61,17 @@ class FakeValidator:
     oracle: Oracle = Oracle.CTEST
     ran: list[tuple[str, bool]] = field(default_factory=list)
 
-    def validate(self, record: dict[str, Any], *, force: bool) -> Validation:
-        self.ran.append((record["cppperf"]["instance_id"], force))
+    def validate(self, record: InstanceRecord, *, force: bool) -> InstanceRecord:
+        self.ran.append((record.cppperf.instance_id, force))
         block = Validation(
             gold=ValidationRun(verdict=EvalVerdict.OPT, opt=True),
             null=ValidationRun(verdict=EvalVerdict.CORRECT),
             oracle=self.oracle,
             can_grade=self.oracle != Oracle.NONE,
         )
-        record["cppperf"]["validation"] = {"oracle": str(self.oracle), "can_grade": block.can_grade}
-        record["cppperf"]["oracle"] = str(self.oracle)
-        return block
+        return with_validation(record, block)
 
-    def evaluate(self, req: EvalRequest, instance: object) -> dict[str, Any]:
+    def evaluate(self, req: EvalRequest, instance: object) -> EvalReport:
         raise AssertionError("no agent evaluation in these tests")
 
 
@@ -147,8 +148,8 @@ class Counting(PipelineOps):
 
     runs: list[str] = field(default_factory=list)
 
-    def validate(self, record: dict[str, Any], *, force: bool) -> Validation:
-        self.runs.append(record["cppperf"]["instance_id"])
+    def validate(self, record: InstanceRecord, *, force: bool) -> InstanceRecord:
+        self.runs.append(record.cppperf.instance_id)
         return super().validate(record, force=force)
 
 
@@ -203,7 +204,7 @@ class SlowValidator(FakeValidator):
 
     seconds: float = 2.0
 
-    def validate(self, record: dict[str, Any], *, force: bool) -> Validation:
+    def validate(self, record: InstanceRecord, *, force: bool) -> InstanceRecord:
         import time
 
         time.sleep(self.seconds)
