@@ -157,6 +157,7 @@ class Counting(PipelineOps):
 @pytest.mark.build
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+@pytest.mark.usefixtures("ctx")  # the session's bus wiped: `drained` counts every queue
 async def test_proven_demo_is_validated_by_the_evaluator_service(
     nats_server: Any, proven: Callable[[str], Proven], tmp_path: Path
 ) -> None:
@@ -212,12 +213,14 @@ class SlowValidator(FakeValidator):
 
 
 @pytest.mark.nats
+@pytest.mark.usefixtures("ctx")
 async def test_builder_and_evaluator_on_one_bus_drain_only_after_the_validation(
     nats_server: Any, tmp_path: Path
 ) -> None:
     """As in `mine` with `builder.validate_gold`: the builder proves (a stand-in), stores and asks;
     the evaluator validates (a stand-in); the pipeline counts as drained only once the instance's
-    oracle is stored, and the evaluator is the one that wrote it."""
+    oracle is stored, and the evaluator is the one that wrote it. (`ctx`: the session's bus wiped
+    first, so no other test's queued commit is proven and validated here too.)"""
     from cppperf.services.builder import app as builder_app
     from cppperf.services.builder.service import BuiltPatch
     from cppperf.shared.bus import wait_drained
