@@ -88,7 +88,7 @@ def prove(
 
     from cppperf.cli.build import _commit_from_repo
     from cppperf.services.builder.service import build_patch
-    from cppperf.services.evaluator.gold import validate_record
+    from cppperf.services.evaluator.gold import gold_validation
     from cppperf.shared.domain import to_json_dict
 
     settings = settings_for(config, args, mirrors)
@@ -112,7 +112,7 @@ def prove(
         return {**row, "oracle": "skipped", "why": "not validated: an earlier configuration has an oracle"}
     t1 = time.perf_counter()
     try:
-        block = to_json_dict(validate_record(record, settings))
+        block = to_json_dict(gold_validation(built.record, settings))
     except Exception as exc:
         (args.out / "tracebacks.log").open("a").write(
             f"== {row['id']} {config} validate\n{traceback.format_exc()}\n"
@@ -131,8 +131,8 @@ def prove(
 
 def revalidate(row: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Gold validation once more from the proof's stored record (after a fix to the evaluator)."""
-    from cppperf.services.evaluator.gold import validate_record
-    from cppperf.shared.domain import to_json_dict
+    from cppperf.services.evaluator.gold import gold_validation
+    from cppperf.shared.domain import decode_record, to_json_dict
 
     settings = settings_for(row["config"], args, args.mirrors)
     repo, _, sha8 = row["id"].partition("@")
@@ -140,7 +140,7 @@ def revalidate(row: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     if not found:
         return row
     t1 = time.perf_counter()
-    block = to_json_dict(validate_record(json.loads(found[0].read_text()), settings, force=True))
+    block = to_json_dict(gold_validation(decode_record(found[0].read_text()), settings, force=True))
     return {
         **row,
         "oracle": block["oracle"],

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, TypeVar
 
+import msgspec
 import nats
 from nats.aio.client import Client as NatsClient
 from nats.errors import NoRespondersError
@@ -33,6 +34,7 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from cppperf.shared import messages as m
 from cppperf.shared.bus import credential_options, read_creds, servers
+from cppperf.shared.domain import EvalReport
 from cppperf.shared.errors import CppPerfError
 from cppperf.shared.files import write_atomic
 from cppperf.shared.logging import get_logger
@@ -178,6 +180,13 @@ def keep_reports(settings: Settings, run_id: str, reports: list[dict[str, Any]])
         write_atomic(run_dir(settings, req) / "report.json", json.dumps(r, indent=1))
 
 
+def report_of(data: Mapping[str, Any]) -> EvalReport:
+    """A report from the bus's JSON as its Struct; keys this version does not declare (an
+    evaluator of a newer version) are left out (the report.json kept here keeps them)."""
+    fields = set(EvalReport.__struct_fields__)
+    return msgspec.convert({k: v for k, v in data.items() if k in fields}, EvalReport, strict=False)
+
+
 def evaluate_rows(
     settings: Settings,
     rows: list[Prediction],
@@ -188,21 +197,20 @@ def evaluate_rows(
     max_workers: int = 1,
     on_done: Callable[[int], None] | None = None,
     run: Callable[[Coroutine[Any, Any, list[dict[str, Any]]]], list[dict[str, Any]]] = asyncio.run,
-) -> list[dict[str, Any]]:
+) -> list[EvalReport]:
     """Every row's report, in order: over the bus when `settings.nats_url` is set (`run` runs the
     coroutine: the CLI's handles Ctrl-C), else here, `max_workers` at a time (finished reports
     are reused unless `force`). `on_done(n)` after each report."""
     if settings.nats_url:
         reports = run(evaluate_over_bus(settings.nats_url, rows, run_id, creds=creds, on_done=on_done))
         keep_reports(settings, run_id, reports)
-        return reports
-    from cppperf.services.evaluator.pipeline import EvalRequest
-    from cppperf.services.evaluator.pipeline import evaluate as evaluate_one
+        return [report_of(r) for r in reports]
+    from cppperf.services.evaluator.pipeline import EvalRequest, evaluate_report
 
     reqs = [EvalRequest(run_id, r["model_name_or_path"], r["instance_id"], r["model_patch"]) for r in rows]
-    done: list[dict[str, Any]] = []
+    done: list[EvalReport] = []
     with ThreadPoolExecutor(max_workers=max(1, max_workers)) as pool:
-        for rep in pool.map(lambda q: evaluate_one(q, settings, force=force), reqs):
+        for rep in pool.map(lambda q: evaluate_report(q, settings, force=force), reqs):
             done.append(rep)
             if on_done is not None:
                 on_done(len(done))

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import msgspec
 import typer
+from msgspec import UnsetType
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -29,6 +30,7 @@ from cppperf.cli.common import (
     run_async,
 )
 from cppperf.cli.predictions import PSEUDO, pseudo_predictions
+from cppperf.shared.domain import EvalVerdict
 from cppperf.shared.errors import CppPerfError
 
 FIELDS = ("instance_id", "model_name_or_path", "model_patch")
@@ -89,6 +91,11 @@ def _load_predictions(path: Path) -> list[dict[str, str]]:
 
 def _split_ids(value: str | None) -> set[str] | None:
     return {x.strip() for x in value.replace(",", " ").split() if x.strip()} if value else None
+
+
+def _shown(value: str | UnsetType) -> str:
+    """A report's field as the table shows it ("None" when the report has none)."""
+    return "None" if isinstance(value, UnsetType) else value
 
 
 @app.command()
@@ -166,7 +173,7 @@ def evaluate(  # noqa: PLR0912, PLR0915 - one verb, its input checks and its two
     """
     from cppperf.client import evaluate_rows
     from cppperf.dataset.records import instance_path
-    from cppperf.services.evaluator.handlers import without_samples
+    from cppperf.services.evaluator.handlers import wire_report
     from cppperf.services.evaluator.pipeline import EvalRequest, run_dir, summarize
     from cppperf.services.evaluator.runreport import build_run_report, describe, report_path
 
@@ -263,7 +270,7 @@ def evaluate(  # noqa: PLR0912, PLR0915 - one verb, its input checks and its two
             )
     except CppPerfError as exc:
         raise _fail(exc) from exc
-    unknown += [str(r.get("instance_id")) for r in reports if r.get("verdict") == "unknown-instance"]
+    unknown += [_shown(r.instance_id) for r in reports if r.verdict == EvalVerdict.UNKNOWN_INSTANCE]
     models = sorted({r["model_name_or_path"] for r in rows} | set(unknown_by_model))
     summaries = [summarize(s, run_id, m) for m in models]
     run_reports = [
@@ -279,7 +286,7 @@ def evaluate(  # noqa: PLR0912, PLR0915 - one verb, its input checks and its two
     if as_json:
         print_json(
             {
-                "reports": [without_samples(r) for r in reports],
+                "reports": [wire_report(r) for r in reports],
                 "summaries": summaries,
                 "run_reports": [msgspec.to_builtins(rr) for rr in run_reports],
                 "unknown_instances": unknown,
@@ -289,14 +296,14 @@ def evaluate(  # noqa: PLR0912, PLR0915 - one verb, its input checks and its two
     t = Table(title=f"run {run_id}")
     for c in ("instance", "model", "verdict", "speed-up (agent)", "speed-up (expert)", "reason"):
         t.add_column(c)
-    for r in reports:
+    for rep in reports:
         t.add_row(
-            str(r.get("instance_id")),
-            str(r.get("model")),
-            str(r["verdict"]),
-            f"{r['gm_speedup_agent']:.2f}×" if "gm_speedup_agent" in r else "-",
-            f"{r['gm_speedup_expert']:.2f}×" if "gm_speedup_expert" in r else "-",
-            str(r.get("reason", ""))[:60],
+            _shown(rep.instance_id),
+            _shown(rep.model),
+            str(rep.verdict),
+            "-" if isinstance(rep.gm_speedup_agent, UnsetType) else f"{rep.gm_speedup_agent:.2f}×",
+            "-" if isinstance(rep.gm_speedup_expert, UnsetType) else f"{rep.gm_speedup_expert:.2f}×",
+            rep.reason[:60],
         )
     out.print(t)
     for rr in run_reports:

@@ -72,7 +72,7 @@ async def _finished(ctx: Any, iid: str, *, since: str | None) -> dict[str, Any] 
     if not raw.get("oracle") or (since is not None and str(raw.get("updated_at") or "") == since):
         return None
     record = await instance_record(ctx.store, iid)
-    block = None if record is None else stored_validation(to_json_dict(record))
+    block = None if record is None else stored_validation(record)
     return None if block is None else to_json_dict(block)
 
 

@@ -9,22 +9,31 @@ The result goes into the record (`cppperf.validation`, a `Validation`, and `cppp
 evaluator's reports stay under `evaluator.runs_dir/validate/{gold,null}/<id>/`. Locally
 (`cppperf validate` without a bus) `validate_stored` reads and writes OUT/instances/<id>.json; on a
 bus the evaluator's `validate.requested` handler (handlers.py `on_validate`) writes the record in
-the `instances` bucket.
+the `instances` bucket. Both work on the typed record (`InstanceRecord`) and reports (`EvalReport`).
 """
 
 from __future__ import annotations
 
 import difflib
-import json
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from cppperf.services.evaluator.instances import from_record
-from cppperf.services.evaluator.pipeline import EvalRequest, Phase, evaluate
-from cppperf.shared.domain import EvalVerdict, Oracle, Validation, ValidationRun, to_json_dict, to_struct
+from cppperf.services.evaluator.pipeline import EvalRequest, Phase, evaluate_report
+from cppperf.shared.domain import (
+    EvalReport,
+    EvalVerdict,
+    InstanceRecord,
+    Oracle,
+    Validation,
+    ValidationRun,
+    decode_record,
+    record_text,
+)
 from cppperf.shared.engine.benchmarks import is_benchmark
 from cppperf.shared.files import write_atomic
 from cppperf.shared.mirror import ensure_local
@@ -32,6 +41,7 @@ from cppperf.shared.settings import Settings
 
 RUN_ID = "validate"
 NULL_COMMENT = "// cppperf validate: a comment-only (null) patch\n"
+T = TypeVar("T")
 
 
 def null_patch(base_text: str, path: str) -> str:
@@ -53,78 +63,97 @@ def _file_at(repo: Path, sha: str, path: str) -> str | None:
     return proc.stdout.decode("utf-8", "surrogateescape") if proc.returncode == 0 else None
 
 
-def null_patch_for(record: dict[str, Any], settings: Settings) -> str:
+def null_patch_for(record: InstanceRecord, settings: Settings) -> str:
     """The null patch for an instance: on the first file the expert changed that exists at the base
     (a C++ source or header: the files an agent may change); empty when there is none."""
     inst = from_record(record)
     repo = ensure_local(inst.url, inst.repo, settings.mirror_dir())
     exts = tuple(settings.mining.source_extensions)
-    for f in record["commit_info"].get("files_changed") or []:
-        name = str(f.get("filename", ""))
-        if f.get("status") == "added" or not name.endswith(exts):
+    for f in record.commit_info.files_changed:
+        if f.status == "added" or not f.filename.endswith(exts):
             continue
-        text = _file_at(repo, inst.base_sha, name)
+        text = _file_at(repo, inst.base_sha, f.filename)
         if text and text.endswith("\n"):
-            return null_patch(text, name)
+            return null_patch(text, f.filename)
     return ""
 
 
-def oracle_of(gold: dict[str, Any], null: dict[str, Any]) -> Oracle:
-    """Which workload lets the instance grade agents: the gold patch is `opt`, the null patch not;
-    then `ctest`, `benchmark` or `both` by the kinds of workload the gold patch significantly
-    improved (a report without per-workload scores: `ctest`, the only kind before benchmarks)."""
-    if gold.get("verdict") != EvalVerdict.OPT or null.get("opt"):
+def oracle_of(gold: EvalReport, null: EvalReport | None) -> Oracle:
+    """Which workload lets the instance grade agents: the gold patch is `opt`, the null patch (None:
+    not run) not; then `ctest`, `benchmark` or `both` by the kinds of workload the gold patch
+    significantly improved (a report without per-workload scores: `ctest`, the only kind before
+    benchmarks)."""
+    if gold.verdict != EvalVerdict.OPT or (null is not None and null.opt):
         return Oracle.NONE
-    per = gold.get("per_test") or {}
-    improved = [n for n, v in per.items() if isinstance(v, dict) and v.get("agent_improved")]
+    per = {} if gold.per_test is UNSET else gold.per_test
+    improved = [n for n, score in per.items() if score.agent_improved]
     if not improved:
         return Oracle.CTEST
     benches = [n for n in improved if is_benchmark(n)]
     return Oracle.of(ctest=len(benches) < len(improved), benchmark=bool(benches))
 
 
-def brief(report: dict[str, Any]) -> ValidationRun:
+def _set(value: T | UnsetType, default: T) -> T:
+    return default if isinstance(value, UnsetType) else value
+
+
+def brief(report: EvalReport | None) -> ValidationRun:
     """An evaluation's report as the record keeps it (empty for one that did not run)."""
-    keys = ("verdict", "opt", "reason", "gm_speedup_agent", "timed_tests", "timed_benchmarks", "wall_seconds")
-    return to_struct({k: report[k] for k in (*keys, "metric") if report.get(k) is not None}, ValidationRun)
+    if report is None:
+        return ValidationRun()
+    return ValidationRun(
+        verdict=report.verdict,
+        opt=report.opt,
+        reason=report.reason,
+        gm_speedup_agent=_set(report.gm_speedup_agent, None),
+        timed_tests=_set(report.timed_tests, []),
+        timed_benchmarks=_set(report.timed_benchmarks, []),
+        wall_seconds=_set(report.wall_seconds, None),
+        metric=_set(report.metric, ""),
+    )
 
 
-def stored_validation(record: dict[str, Any]) -> Validation | None:
-    """The record's validation, when it has one (and it reads as a `Validation`)."""
-    raw = (record.get("cppperf") or {}).get("validation")
-    if not isinstance(raw, dict):
-        return None
-    try:
-        return to_struct(raw, Validation)
-    except msgspec.ValidationError:
-        return None
+def stored_validation(record: InstanceRecord) -> Validation | None:
+    """The record's validation, when it has one."""
+    block = record.cppperf.validation
+    return block if isinstance(block, Validation) else None
+
+
+def with_validation(record: InstanceRecord, block: Validation) -> InstanceRecord:
+    """`record` with `block` as its `cppperf.validation` and `cppperf.oracle`."""
+    ours = msgspec.structs.replace(record.cppperf, validation=block, oracle=str(block.oracle))
+    return msgspec.structs.replace(record, cppperf=ours)
+
+
+def gold_validation(
+    record: InstanceRecord, settings: Settings, *, force: bool = False, on_phase: Phase | None = None
+) -> Validation:
+    """Gold-validate one instance record: the expert's patch, then (when it scored opt) the null
+    patch, through the evaluator."""
+    inst = from_record(record)
+
+    def run(model: str, patch: str) -> EvalReport:
+        req = EvalRequest(run_id=RUN_ID, model=model, instance_id=inst.instance_id, patch=patch)
+        return evaluate_report(req, settings, force=force, on_phase=on_phase, instance=inst, validating=True)
+
+    gold = run("gold", inst.expert_patch)
+    null = run("null", null_patch_for(record, settings)) if gold.verdict == EvalVerdict.OPT else None
+    oracle = oracle_of(gold, null)
+    why = ""
+    if gold.verdict != EvalVerdict.OPT:
+        why = f"the expert's patch scores {gold.verdict}: {gold.reason}"[:500]
+    elif null is not None and null.opt:
+        why = "a comment-only patch scores opt: the measurement cannot tell a change from none"
+    return Validation(
+        gold=brief(gold), null=brief(null), oracle=oracle, can_grade=oracle != Oracle.NONE, why=why
+    )
 
 
 def validate_record(
-    record: dict[str, Any], settings: Settings, *, force: bool = False, on_phase: Phase | None = None
-) -> Validation:
-    """Gold-validate one instance record; the validation (also written into `record`)."""
-    inst = from_record(record)
-
-    def run(model: str, patch: str) -> dict[str, Any]:
-        req = EvalRequest(run_id=RUN_ID, model=model, instance_id=inst.instance_id, patch=patch)
-        return evaluate(req, settings, force=force, on_phase=on_phase, instance=inst, validating=True)
-
-    gold = run("gold", inst.expert_patch)
-    null = run("null", null_patch_for(record, settings)) if gold.get("verdict") == EvalVerdict.OPT else {}
-    oracle = oracle_of(gold, null)
-    why = ""
-    if gold.get("verdict") != EvalVerdict.OPT:
-        why = f"the expert's patch scores {gold.get('verdict')}: {gold.get('reason', '')}"[:500]
-    elif null.get("opt"):
-        why = "a comment-only patch scores opt: the measurement cannot tell a change from none"
-    block = Validation(
-        gold=brief(gold), null=brief(null), oracle=oracle, can_grade=oracle != Oracle.NONE, why=why
-    )
-    ours = record.setdefault("cppperf", {})
-    ours["validation"] = to_json_dict(block)
-    ours["oracle"] = str(oracle)
-    return block
+    record: InstanceRecord, settings: Settings, *, force: bool = False, on_phase: Phase | None = None
+) -> InstanceRecord:
+    """The record gold-validated: with its `cppperf.validation` and `cppperf.oracle`."""
+    return with_validation(record, gold_validation(record, settings, force=force, on_phase=on_phase))
 
 
 def validate_stored(
@@ -135,7 +164,7 @@ def validate_stored(
 
     load_instance(instance_id, Path(settings.out_dir))  # a clear error for an unknown or bad id
     path = Path(settings.out_dir) / "instances" / f"{instance_id}.json"
-    record: dict[str, Any] = json.loads(path.read_text())
-    block = validate_record(record, settings, force=force, on_phase=on_phase)
-    write_atomic(path, json.dumps(record, indent=1))
+    record = decode_record(path.read_text())
+    block = gold_validation(record, settings, force=force, on_phase=on_phase)
+    write_atomic(path, record_text(with_validation(record, block)))
     return block

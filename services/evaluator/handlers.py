@@ -24,16 +24,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol
 
+import msgspec
+from msgspec import UNSET
+
 from cppperf.services.evaluator import gold
 from cppperf.services.evaluator.instances import EvalInstance, from_record
-from cppperf.services.evaluator.pipeline import EvalRequest, evaluate, patch_sha256
+from cppperf.services.evaluator.pipeline import EvalRequest, as_json, evaluate_report, patch_sha256
 from cppperf.shared import buckets
 from cppperf.shared import messages as m
 from cppperf.shared.buckets import EVALUATIONS, INSTANCES
 from cppperf.shared.domain import (
+    EvalReport,
     EvaluationState,
+    InstanceRecord,
     InstanceState,
-    Validation,
     Verdict,
     decode_record,
     record_text,
@@ -51,24 +55,26 @@ ValidateOutcome = Literal["already-validated", "validated"]
 
 
 class EvaluatorOps(Protocol):
-    def evaluate(self, req: EvalRequest, instance: EvalInstance | None) -> dict[str, Any]: ...
+    def evaluate(self, req: EvalRequest, instance: EvalInstance | None) -> EvalReport: ...
 
 
 class ValidatorOps(Protocol):
-    def validate(self, record: dict[str, Any], *, force: bool) -> Validation: ...
+    def validate(self, record: InstanceRecord, *, force: bool) -> InstanceRecord:
+        """The record gold-validated (with its `cppperf.validation` and `cppperf.oracle`)."""
+        ...
 
 
 @dataclass
 class PipelineOps:
-    """The real `EvaluatorOps` and `ValidatorOps`: `pipeline.evaluate` (checks, three trees,
+    """The real `EvaluatorOps` and `ValidatorOps`: `pipeline.evaluate_report` (checks, three trees,
     builds, timing, scores), and gold validation (two of those) on an instance record."""
 
     settings: Settings
 
-    def evaluate(self, req: EvalRequest, instance: EvalInstance | None) -> dict[str, Any]:
-        return evaluate(req, self.settings, instance=instance)
+    def evaluate(self, req: EvalRequest, instance: EvalInstance | None) -> EvalReport:
+        return evaluate_report(req, self.settings, instance=instance)
 
-    def validate(self, record: dict[str, Any], *, force: bool) -> Validation:
+    def validate(self, record: InstanceRecord, *, force: bool) -> InstanceRecord:
         return gold.validate_record(record, self.settings, force=force)
 
 
@@ -99,22 +105,37 @@ SAMPLE_KEYS: Final = frozenset(
 )
 
 
-def without_samples(report: dict[str, Any]) -> dict[str, Any]:
+def without_samples(report: EvalReport) -> EvalReport:
     """The report as the bus, the bucket and `evaluate --json` carry it."""
-    return {k: v for k, v in report.items() if k not in SAMPLE_KEYS}
+    return msgspec.structs.replace(report, **dict.fromkeys(SAMPLE_KEYS, UNSET))
 
 
-def completed(msg: m.EvalRequested, report: dict[str, Any]) -> m.EvalCompleted:
+def wire_report(report: EvalReport) -> dict[str, Any]:
+    """The one place the report becomes the bus's JSON (`EvalCompleted.report`, a wire boundary;
+    the `evaluations` bucket and `evaluate --json` hold the same), without the samples."""
+    return as_json(without_samples(report))
+
+
+def completed(msg: m.EvalRequested, report: EvalReport) -> m.EvalCompleted:
     return m.EvalCompleted(
         request_id=msg.request_id,
         agent=msg.agent,
         run_id=msg.run_id,
         model=msg.model,
         instance_id=msg.instance_id,
-        verdict=str(report["verdict"]),
-        opt=bool(report.get("opt")),
-        report=without_samples(report),
+        verdict=str(report.verdict),
+        opt=report.opt,
+        report=wire_report(report),
     )
+
+
+def stored_report(text: str) -> EvalReport | None:
+    """A report the `evaluations` bucket holds, None when it is not a report of this version (then
+    the request is evaluated again). Python's JSON: a report may hold `Infinity`."""
+    try:
+        return msgspec.convert(json.loads(text), EvalReport)
+    except ValueError:  # not JSON, or another shape (msgspec.ValidationError)
+        return None
 
 
 def completed_subject(msg: m.EvalRequested) -> str:
@@ -126,9 +147,9 @@ async def on_request(ctx: StageContext, ops: EvaluatorOps, msg: m.EvalRequested)
     patch = await _patch(ctx, msg)
     prior = await buckets.get(ctx.store, EVALUATIONS, msg.id) or EvaluationState()
     if prior.verdict is not None and (prior.report or prior.report_ref):
-        report: dict[str, Any] = json.loads(await ctx.store.resolve_text(prior.report, prior.report_ref))
-        if report.get("patch_sha256") == patch_sha256(patch):  # the same patch, not just the same id
-            done = completed(msg, report)
+        stored = stored_report(await ctx.store.resolve_text(prior.report, prior.report_ref))
+        if stored is not None and stored.patch_sha256 == patch_sha256(patch):  # the same patch, not the id
+            done = completed(msg, stored)
             await ctx.bus.publish(completed_subject(msg), done)  # deduplicated by its id if already there
             if msg.reply_to:
                 await ctx.bus.reply(msg.reply_to, done)
@@ -172,14 +193,15 @@ async def on_validate(ctx: StageContext, ops: ValidatorOps, msg: m.ValidateReque
     if state.verdict != Verdict.IMPROVED:
         raise BadInput(f"instance {iid} is {state.verdict or 'not built'}, not improved: nothing to validate")
     try:
-        record: dict[str, Any] = json.loads(await ctx.store.resolve_text(state.record, state.record_ref))
-        from_record(record)
-    except (KeyError, TypeError, ValueError) as exc:
+        record = decode_record(await ctx.store.resolve_text(state.record, state.record_ref))
+    except ValueError as exc:  # not JSON, or not an instance record (msgspec.ValidationError)
         raise BadInput(f"instance record {iid} in the store is unreadable: {exc}") from exc
     if state.oracle is not None and gold.stored_validation(record) is not None and not msg.force:
         return "already-validated"  # a redelivery or a second request: the stored result stands
-    block = await asyncio.to_thread(ops.validate, record, force=msg.force)
-    validated = decode_record(record)  # the record as every writer writes it (its Struct)
+    validated = await asyncio.to_thread(ops.validate, record, force=msg.force)
+    block = gold.stored_validation(validated)
+    if block is None:  # the ops broke their contract: not the request's fault (retried, not dead-lettered)
+        raise RuntimeError(f"gold validation of {iid} returned a record without its validation")
     text, ref = await ctx.store.inline_or_ref(f"record/{iid}", record_text(validated, indent=None))
     await ctx.store.update(INSTANCES.name, iid, record=text, record_ref=ref, oracle=str(block.oracle))
     # this node's export, as the builder writes it (OUT/instances/<id>.json)

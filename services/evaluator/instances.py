@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from msgspec import UNSET
 
@@ -37,10 +36,8 @@ class EvalInstance:
         return len(self.files) > 1
 
 
-def from_record(record: InstanceRecord | dict[str, Any]) -> EvalInstance:
-    """The evaluator's view of a record (a record's JSON is decoded first: ValueError when it is
-    not an instance record)."""
-    rec = record if isinstance(record, InstanceRecord) else decode_record(record)
+def from_record(rec: InstanceRecord) -> EvalInstance:
+    """The evaluator's view of a record."""
     ci, meta, ours = rec.commit_info, rec.metadata, rec.cppperf
     repo = meta.repository_name
     cov = ours.coverage

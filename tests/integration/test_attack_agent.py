@@ -27,6 +27,7 @@ from cppperf.services.evaluator.instances import EvalInstance
 from cppperf.services.evaluator.pipeline import EvalRequest
 from cppperf.shared import messages as m
 from cppperf.shared.bus import credential_options, read_creds
+from cppperf.shared.domain import EvalReport, decode_record
 from cppperf.shared.errors import BadInput
 from cppperf.shared.service import ServiceContext
 from tests.integration.test_bus_auth import INSTANCE, FakeOps, as_user, server_refuses
@@ -535,7 +536,7 @@ async def test_concurrent_flood_stays_within_the_pending_cap_and_alice_is_served
     hold = asyncio.Event()
     real = ops.evaluate
 
-    def slow(req: EvalRequest, inst: EvalInstance | None) -> dict[str, Any]:
+    def slow(req: EvalRequest, inst: EvalInstance | None) -> EvalReport:
         while not hold.is_set():
             __import__("time").sleep(0.02)
         return real(req, inst)
@@ -717,7 +718,7 @@ def test_an_instance_that_cannot_grade_scores_no_patch(tmp_path: Path) -> None:
     from tests.conftest import make_settings
 
     settings = make_settings(tmp_path, evaluator={"runs_dir": str(tmp_path / "runs")})
-    inst = from_record(ungradable_record())
+    inst = from_record(decode_record(ungradable_record()))
     req = EvalRequest(run_id="bob.r", model="m", instance_id=UNGRADABLE, patch=COMMENT_ONLY)
     report = evaluate(req, settings, instance=inst)
     assert report["verdict"] == "instance-broken" and not report["opt"], report

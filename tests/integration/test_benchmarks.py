@@ -21,7 +21,15 @@ import pytest
 
 from cppperf.services.builder.service import build_patch
 from cppperf.services.evaluator.gold import validate_stored
-from cppperf.shared.domain import BenchmarkSkip, InstanceMeta, Oracle, to_struct
+from cppperf.shared.domain import (
+    BenchmarkSkip,
+    EvalReport,
+    EvalVerdict,
+    InstanceMeta,
+    Oracle,
+    PerTestScore,
+    to_struct,
+)
 from cppperf.shared.engine.benchmarks import (
     BenchTarget,
     as_sample,
@@ -500,16 +508,34 @@ def test_benchmarks_that_cannot_build_are_left_off_not_the_instance(tmp_path: Pa
 def test_the_oracle_names_the_kinds_of_workload_the_gold_patch_improved() -> None:
     from cppperf.services.evaluator.gold import oracle_of
 
-    def gold(*improved: str) -> dict[str, Any]:
-        names = ["unit", "bench:b/BM_a", *improved]
-        return {"verdict": "opt", "per_test": {n: {"agent_improved": n in improved} for n in names}}
+    def score(improved: bool) -> PerTestScore:
+        return PerTestScore(
+            agent_speedup=1.5 if improved else 1.0,
+            agent_ci=None,
+            agent_improved=improved,
+            agent_regressed=False,
+            expert_speedup=1.5,
+            expert_ci=None,
+            expert_improved=True,
+            median_ms={},
+            agent_vs_expert_time_ratio=1.0,
+            agent_vs_expert_ci=[1.0, 1.0],
+            within_opt_fraction=True,
+        )
 
-    null = {"verdict": "correct", "opt": False}
+    def gold(*improved: str) -> EvalReport:
+        names = ["unit", "bench:b/BM_a", *improved]
+        return EvalReport(
+            verdict=EvalVerdict.OPT, opt=True, per_test={n: score(n in improved) for n in names}
+        )
+
+    null = EvalReport(verdict=EvalVerdict.CORRECT)
     assert oracle_of(gold("bench:b/BM_a"), null) == Oracle.BENCHMARK
     assert oracle_of(gold("unit"), null) == Oracle.CTEST
     assert oracle_of(gold("unit", "bench:b/BM_a"), null) == Oracle.BOTH
-    assert oracle_of({"verdict": "opt"}, null) == Oracle.CTEST  # a report from before benchmarks
-    assert oracle_of(gold("bench:b/BM_a"), {"verdict": "opt", "opt": True}) == Oracle.NONE
+    opt = EvalReport(verdict=EvalVerdict.OPT, opt=True)
+    assert oracle_of(opt, null) == Oracle.CTEST  # a report from before benchmarks
+    assert oracle_of(gold("bench:b/BM_a"), opt) == Oracle.NONE
     assert Oracle.of(ctest=False, benchmark=False) == Oracle.NONE
 
 

@@ -19,11 +19,12 @@ from nats.aio.client import Client as NatsClient
 from cppperf.agents import list_agents, remove_agent
 from cppperf.client import AgentClient, Refused
 from cppperf.services.evaluator.gateway import dedup_id
+from cppperf.services.evaluator.gold import with_validation
 from cppperf.services.evaluator.instances import EvalInstance
 from cppperf.services.evaluator.pipeline import EvalRequest
 from cppperf.shared import messages as m
 from cppperf.shared.bus import credential_options
-from cppperf.shared.domain import Oracle, Validation
+from cppperf.shared.domain import EvalReport, EvalVerdict, InstanceRecord, Oracle, Validation
 from cppperf.shared.service import ServiceContext
 from tests.secured_bus import SecuredBus, evaluator_service, running_secured_bus
 
@@ -37,23 +38,21 @@ class FakeOps:
         self.ran: list[EvalRequest] = []
         self.validated: list[str] = []
 
-    def validate(self, record: dict[str, Any], *, force: bool) -> Validation:
+    def validate(self, record: InstanceRecord, *, force: bool) -> InstanceRecord:
         """Gold validation stand-in: every instance grades on its tests."""
-        self.validated.append(record["cppperf"]["instance_id"])
-        record["cppperf"]["oracle"] = "ctest"
-        record["cppperf"]["validation"] = {"oracle": "ctest", "can_grade": True}
-        return Validation(oracle=Oracle.CTEST, can_grade=True)
+        self.validated.append(record.cppperf.instance_id)
+        return with_validation(record, Validation(oracle=Oracle.CTEST, can_grade=True))
 
-    def evaluate(self, req: EvalRequest, instance: EvalInstance | None) -> dict[str, Any]:
+    def evaluate(self, req: EvalRequest, instance: EvalInstance | None) -> EvalReport:
         self.ran.append(req)
         opt = "fast" in req.patch
-        return {
-            "instance_id": req.instance_id,
-            "model": req.model,
-            "verdict": "opt" if opt else "correct",
-            "opt": opt,
-            "patch_sha256": __import__("hashlib").sha256(req.patch.encode()).hexdigest(),
-        }
+        return EvalReport(
+            instance_id=req.instance_id,
+            model=req.model,
+            verdict=EvalVerdict.OPT if opt else EvalVerdict.CORRECT,
+            opt=opt,
+            patch_sha256=__import__("hashlib").sha256(req.patch.encode()).hexdigest(),
+        )
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +193,7 @@ async def test_evaluator_refuses_bad_requests_before_any_write(secured: SecuredB
         hold = asyncio.Event()
         real = ops.evaluate
 
-        def slow(req: EvalRequest, inst: EvalInstance | None) -> dict[str, Any]:
+        def slow(req: EvalRequest, inst: EvalInstance | None) -> EvalReport:
             while not hold.is_set():
                 __import__("time").sleep(0.02)
             return real(req, inst)

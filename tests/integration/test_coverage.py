@@ -18,7 +18,7 @@ from cppperf.services.builder.instance import prove
 from cppperf.services.builder.service import build_patch
 from cppperf.services.evaluator.instances import from_record
 from cppperf.services.evaluator.pipeline import EvalRequest, evaluate
-from cppperf.shared.domain import Coverage, InstanceMeta, to_struct
+from cppperf.shared.domain import Coverage, InstanceMeta, decode_record, to_struct
 from cppperf.shared.engine.backends import make_backend
 from cppperf.shared.engine.coverage import (
     Counts,
@@ -166,7 +166,7 @@ def test_a_project_that_does_not_build_with_coverage_falls_back(tmp_path: Path) 
     assert "does not configure with --coverage" in c["coverage"]["reason"]
     assert "refuses coverage builds" in c["coverage"]["reason"]
     assert [t["name"] for t in c["tests"]] == ["t"]  # every test decided, as without coverage
-    assert from_record(record).deciding_tests == []
+    assert from_record(decode_record(record)).deciding_tests == []
 
 
 def test_a_control_that_moves_makes_the_measurement_suspect() -> None:

@@ -414,8 +414,8 @@ def test_a_failing_step_gets_the_local_backends_category(engine: Any, case: str,
                 work_dir=tmp_path / backend / "work",
                 out_dir=tmp_path / backend / "out",
             )
-        c = built.record["cppperf"]
-        got[backend] = (c["verdict"], c["failure_category"], c["failure_step"])
+        c = built.record.cppperf
+        got[backend] = (c.verdict, c.failure_category, c.failure_step)
     expected = {"killed": "infra"}.get(case, case)
     assert (
         got["docker"]

@@ -11,7 +11,6 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,6 +20,7 @@ from cppperf.services.evaluator.instances import EvalInstance
 from cppperf.services.evaluator.pipeline import EvalRequest
 from cppperf.shared import messages as m
 from cppperf.shared.bus import WORK_QUEUES, Bus
+from cppperf.shared.domain import EvalReport
 from cppperf.shared.fair import turn_order
 from cppperf.shared.service import ServiceContext
 from tests.integration.test_bus_auth import INSTANCE, FakeOps
@@ -44,7 +44,7 @@ class GatedOps(FakeOps):
         self.gate = threading.Event()
         self.started = threading.Event()
 
-    def evaluate(self, req: EvalRequest, instance: EvalInstance | None) -> dict[str, Any]:
+    def evaluate(self, req: EvalRequest, instance: EvalInstance | None) -> EvalReport:
         self.started.set()
         assert self.gate.wait(30), "gate never opened"
         if req.patch.startswith("boom"):

@@ -27,6 +27,7 @@ from cppperf.services.filter.handlers import on_repo_found
 from cppperf.services.filter.links import LinkResolver
 from cppperf.shared import messages as m
 from cppperf.shared.domain import (
+    EvalReport,
     EvalVerdict,
     InstanceMeta,
     InstanceRecord,
@@ -279,16 +280,16 @@ class FakeEvaluatorOps:
     verdict: str = EvalVerdict.OPT
     seen: list[tuple[EvalRequest, EvalInstance | None]] = field(default_factory=list)
 
-    def evaluate(self, req: EvalRequest, instance: EvalInstance | None) -> dict[str, Any]:
+    def evaluate(self, req: EvalRequest, instance: EvalInstance | None) -> EvalReport:
         self.seen.append((req, instance))
-        return {
-            "verdict": self.verdict,
-            "opt": self.verdict == EvalVerdict.OPT,
-            "patch_sha256": patch_sha256(req.patch),
-            "samples": {"t": {}},
-            "samples_wall": {"t": {}},
-            "samples_cpu": {"t": {}},
-        }
+        return EvalReport(
+            verdict=EvalVerdict(self.verdict),
+            opt=self.verdict == EvalVerdict.OPT,
+            patch_sha256=patch_sha256(req.patch),
+            samples={"t": {}},
+            samples_wall={"t": {}},
+            samples_cpu={"t": {}},
+        )
 
 
 def request(**kw: Any) -> m.EvalRequested:
@@ -346,6 +347,22 @@ async def test_evaluator_reevaluates_the_same_request_with_another_patch(fctx: F
     other = request(patch=DIFF.replace("reserve(n)", "reserve(2 * n)"))
     assert await on_request(fctx, ops, other) == "evaluated"  # a stored report is for its patch only
     assert [req.patch for req, _ in ops.seen] == [DIFF, other.patch]
+
+
+async def test_evaluator_reevaluates_when_the_stored_report_is_of_another_shape(fctx: FakeContext) -> None:
+    """A stored report this version cannot read as an `EvalReport` (an unknown key, from another
+    version) is not answered from: the request is evaluated again and its report replaces it."""
+    ops = FakeEvaluatorOps()
+    await on_request(fctx, ops, request())
+    key = "r1/m/o__r-aaaaaaaaaaaa"
+    ev = await fctx.store.get("evaluations", key)
+    assert ev is not None
+    old = {**json.loads(ev["report"]), "from_a_newer_version": 1}
+    await fctx.store.update("evaluations", key, report=json.dumps(old))
+    assert await on_request(fctx, ops, request(reply_to="_INBOX.z")) == "evaluated"
+    assert len(ops.seen) == 2
+    ev = await fctx.store.get("evaluations", key)
+    assert ev is not None and "from_a_newer_version" not in json.loads(ev["report"])
 
 
 async def test_evaluator_reads_a_large_patch_by_reference(fctx: FakeContext) -> None:

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from cppperf.cli.common import app
 from cppperf.demo import core
 from cppperf.services.evaluator.gold import NULL_COMMENT, null_patch, oracle_of, validate_stored
-from cppperf.shared.domain import InstanceMeta, to_struct
+from cppperf.shared.domain import EvalReport, EvalVerdict, InstanceMeta, to_struct
 from tests.conftest import Proven, make_settings
 
 pytestmark = pytest.mark.build
@@ -32,9 +32,10 @@ def test_null_patch_applies_and_only_adds_a_comment(tmp_path: Path) -> None:
 
 
 def test_oracle_needs_gold_opt_and_null_not_opt() -> None:
-    assert oracle_of({"verdict": "opt"}, {"verdict": "correct", "opt": False}) == "ctest"
-    assert oracle_of({"verdict": "opt"}, {"verdict": "opt", "opt": True}) == "none"
-    assert oracle_of({"verdict": "correct"}, {}) == "none"
+    opt, correct = EvalReport(verdict=EvalVerdict.OPT, opt=True), EvalReport(verdict=EvalVerdict.CORRECT)
+    assert oracle_of(opt, correct) == "ctest"
+    assert oracle_of(opt, opt) == "none"
+    assert oracle_of(correct, None) == "none"  # the null patch did not run
 
 
 def test_validate_proven_instance(tmp_path: Path, proven: Callable[[str], Proven]) -> None:

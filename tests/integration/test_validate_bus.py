@@ -21,13 +21,16 @@ from cppperf.cli.validate import request_validations
 from cppperf.runtime import connect, run_services
 from cppperf.services.builder.handlers import on_classified, request_validation
 from cppperf.services.evaluator import app as evaluator_app
+from cppperf.services.evaluator.gold import with_validation
 from cppperf.services.evaluator.handlers import PipelineOps, on_validate
 from cppperf.services.evaluator.pipeline import EvalRequest
 from cppperf.shared import buckets
 from cppperf.shared import messages as m
 from cppperf.shared.buckets import INSTANCES
 from cppperf.shared.domain import (
+    EvalReport,
     EvalVerdict,
+    InstanceRecord,
     InstanceState,
     Oracle,
     Stage,
@@ -58,19 +61,17 @@ class FakeValidator:
     oracle: Oracle = Oracle.CTEST
     ran: list[tuple[str, bool]] = field(default_factory=list)
 
-    def validate(self, record: dict[str, Any], *, force: bool) -> Validation:
-        self.ran.append((record["cppperf"]["instance_id"], force))
+    def validate(self, record: InstanceRecord, *, force: bool) -> InstanceRecord:
+        self.ran.append((record.cppperf.instance_id, force))
         block = Validation(
             gold=ValidationRun(verdict=EvalVerdict.OPT, opt=True),
             null=ValidationRun(verdict=EvalVerdict.CORRECT),
             oracle=self.oracle,
             can_grade=self.oracle != Oracle.NONE,
         )
-        record["cppperf"]["validation"] = {"oracle": str(self.oracle), "can_grade": block.can_grade}
-        record["cppperf"]["oracle"] = str(self.oracle)
-        return block
+        return with_validation(record, block)
 
-    def evaluate(self, req: EvalRequest, instance: object) -> dict[str, Any]:
+    def evaluate(self, req: EvalRequest, instance: object) -> EvalReport:
         raise AssertionError("no agent evaluation in these tests")
 
 
@@ -147,8 +148,8 @@ class Counting(PipelineOps):
 
     runs: list[str] = field(default_factory=list)
 
-    def validate(self, record: dict[str, Any], *, force: bool) -> Validation:
-        self.runs.append(record["cppperf"]["instance_id"])
+    def validate(self, record: InstanceRecord, *, force: bool) -> InstanceRecord:
+        self.runs.append(record.cppperf.instance_id)
         return super().validate(record, force=force)
 
 
@@ -156,6 +157,7 @@ class Counting(PipelineOps):
 @pytest.mark.build
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+@pytest.mark.usefixtures("ctx")  # the session's bus wiped: `drained` counts every queue
 async def test_proven_demo_is_validated_by_the_evaluator_service(
     nats_server: Any, proven: Callable[[str], Proven], tmp_path: Path
 ) -> None:
@@ -203,7 +205,7 @@ class SlowValidator(FakeValidator):
 
     seconds: float = 2.0
 
-    def validate(self, record: dict[str, Any], *, force: bool) -> Validation:
+    def validate(self, record: InstanceRecord, *, force: bool) -> InstanceRecord:
         import time
 
         time.sleep(self.seconds)
@@ -211,12 +213,14 @@ class SlowValidator(FakeValidator):
 
 
 @pytest.mark.nats
+@pytest.mark.usefixtures("ctx")
 async def test_builder_and_evaluator_on_one_bus_drain_only_after_the_validation(
     nats_server: Any, tmp_path: Path
 ) -> None:
     """As in `mine` with `builder.validate_gold`: the builder proves (a stand-in), stores and asks;
     the evaluator validates (a stand-in); the pipeline counts as drained only once the instance's
-    oracle is stored, and the evaluator is the one that wrote it."""
+    oracle is stored, and the evaluator is the one that wrote it. (`ctx`: the session's bus wiped
+    first, so no other test's queued commit is proven and validated here too.)"""
     from cppperf.services.builder import app as builder_app
     from cppperf.services.builder.service import BuiltPatch
     from cppperf.shared.bus import wait_drained
