@@ -112,27 +112,30 @@ def prove(
         return {**row, "oracle": "skipped", "why": "not validated: an earlier configuration has an oracle"}
     t1 = time.perf_counter()
     try:
-        block = to_json_dict(gold_validation(built.record, settings))
+        block = gold_validation(built.record, settings)
     except Exception as exc:
         (args.out / "tracebacks.log").open("a").write(
             f"== {row['id']} {config} validate\n{traceback.format_exc()}\n"
         )
         return {**row, "oracle": "error", "why": f"validate: {type(exc).__name__}: {exc}"[:300]}
+    return {**row, **validation_columns(block), "validate_s": round(time.perf_counter() - t1, 1)}
+
+
+def validation_columns(block: Any) -> dict[str, Any]:
+    """The table's columns of one gold validation (a `domain.Validation`)."""
     return {
-        **row,
-        "oracle": block["oracle"],
-        "gold": block["gold"].get("verdict"),
-        "null": block["null"].get("verdict"),
-        "gold_speedup": block["gold"].get("gm_speedup_agent"),
-        "why": block.get("why", ""),
-        "validate_s": round(time.perf_counter() - t1, 1),
+        "oracle": str(block.oracle),
+        "gold": block.gold.verdict,
+        "null": block.null.verdict,
+        "gold_speedup": block.gold.gm_speedup_agent,
+        "why": block.why,
     }
 
 
 def revalidate(row: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Gold validation once more from the proof's stored record (after a fix to the evaluator)."""
     from cppperf.services.evaluator.gold import gold_validation
-    from cppperf.shared.domain import decode_record, to_json_dict
+    from cppperf.shared.domain import decode_record
 
     settings = settings_for(row["config"], args, args.mirrors)
     repo, _, sha8 = row["id"].partition("@")
@@ -140,14 +143,10 @@ def revalidate(row: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     if not found:
         return row
     t1 = time.perf_counter()
-    block = to_json_dict(gold_validation(decode_record(found[0].read_text()), settings, force=True))
+    block = gold_validation(decode_record(found[0].read_text()), settings, force=True)
     return {
         **row,
-        "oracle": block["oracle"],
-        "gold": block["gold"].get("verdict"),
-        "null": block["null"].get("verdict"),
-        "gold_speedup": block["gold"].get("gm_speedup_agent"),
-        "why": block.get("why", ""),
+        **validation_columns(block),
         "validate_s": round(time.perf_counter() - t1, 1),
         "revalidated": True,
     }

@@ -108,3 +108,22 @@ def test_a_skipped_validation_is_no_oracle_and_says_so(oc: ModuleType) -> None:
     r = _row("o/a@1", "exact", "improved", proven_by="ctest", oracle="skipped")
     assert not oc.clean_oracle(r)
     assert "not validated" in oc.cell(r)
+
+
+def test_a_validation_gives_its_columns(oc: ModuleType) -> None:
+    """The row's validation columns come from the `Validation` Struct gold validation returns."""
+    from cppperf.shared.domain import EvalVerdict, Oracle, Validation, ValidationRun
+
+    block = Validation(
+        gold=ValidationRun(verdict=EvalVerdict.OPT, opt=True, gm_speedup_agent=1.9),
+        null=ValidationRun(verdict=EvalVerdict.CORRECT),
+        oracle=Oracle.CTEST,
+        can_grade=True,
+    )
+    assert oc.validation_columns(block) == {
+        "oracle": "ctest",
+        "gold": "opt",
+        "null": "correct",
+        "gold_speedup": 1.9,
+        "why": "",
+    }
