@@ -808,7 +808,7 @@ def test_compose_publishes_no_nats_or_monitor_port() -> None:
     the shipped compose file publishes any port."""
     import yaml
 
-    compose = yaml.safe_load((Path(__file__).resolve().parents[1] / "docker-compose.yml").read_text())
+    compose = yaml.safe_load((Path(__file__).resolve().parents[2] / "docker-compose.yml").read_text())
     nodes = {k: v for k, v in compose["services"].items() if k.startswith("nats")}
     assert len(nodes) == 3
     for name, node in nodes.items():
