@@ -193,7 +193,9 @@ class LocalBackend:
         """Where the side's tree is seen by its builds and tests."""
         return self.current if self.same_path or self.jailed else self.side_dir(side)
 
-    def _jail(self, side: SideName, *, building: bool) -> Jail | None:
+    def _jail(self, side: SideName, *, building: bool, cwd: str | None = None) -> Jail | None:
+        """The jail of one step: `cwd`, a test's working directory, becomes a writable view of
+        itself when the tree is read-only (`sandbox.Jail.views`)."""
         if not self.jailed:
             return None
         tree = ((self.side_dir(side), self.current),)
@@ -202,7 +204,9 @@ class LocalBackend:
             # in the build tree: a fresh tmpfs there per run, or a read-only tree lists no tests
             testing = Path("build") / "Testing"
             scratch = (self.current / testing,) if (self.side_dir(side) / testing).is_dir() else ()
-            return Jail(ro=tree, scratch=scratch)
+            # tests that write next to themselves (spdlog's `test_logs/`): their own files, per run
+            views = (Path(cwd),) if cwd and self.current in Path(cwd).parents else ()
+            return Jail(ro=tree, scratch=scratch, views=views)
         if not building:
             return Jail(rw=tree)
         cache = ((self.ccache, self.ccache),)
@@ -352,7 +356,7 @@ class LocalBackend:
         return old is not None and old == new
 
     def run_test(self, side: SideName, test: TestCase, limits: Limits) -> RunResult:
-        jail = self._jail(side, building=False)
+        jail = self._jail(side, building=False, cwd=test.cwd)
         if jail is not None:
             env = jail_env(self.env_overrides, test.env)
         else:

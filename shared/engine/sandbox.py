@@ -41,6 +41,7 @@ import json
 import os
 import resource
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -142,6 +143,8 @@ JAIL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 SCRATCH_MB = 64  # each `Jail.scratch` tmpfs (CTest's own logs of one run)
+VIEW_MB = 256  # each `Jail.views` tmpfs (what one test run writes into its working directory)
+VIEW_MAX_ENTRIES = 4096  # a directory with more entries stays read-only (bwrap's command line)
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,11 @@ class Jail:
     # directories inside a read-only bind that get a fresh tmpfs of their own (SCRATCH_MB) for the
     # run: writable while it runs, gone after it (each must exist: it is the mount point)
     scratch: tuple[Path, ...] = ()
+    # directories inside a read-only bind made writable for the run (`_view_args`): a fresh,
+    # capped tmpfs (VIEW_MB) holding every entry the tree has there bound back read-only, so a
+    # test may create files in its working directory (logs, outputs) but change nothing the
+    # build made, and nothing it writes outlives the run
+    views: tuple[Path, ...] = ()
 
 
 def _allowed() -> dict[str, str]:
@@ -243,6 +251,7 @@ def bwrap_argv(
     binds = [("--ro-bind", *b) for b in jail.ro] + [("--bind", *b) for b in jail.rw]
     for i, (flag, host, inside) in enumerate(binds):
         argv += [flag, f"{stage}/{i}" if stage else str(host), str(inside)]
+    argv += _view_args(jail, binds, stage)
     for inside in jail.scratch:  # over the binds: a fresh, capped tmpfs per run
         argv += ["--size", str(SCRATCH_MB * 1024 * 1024), "--tmpfs", str(inside)]
     # bwrap's own tmpfs for / and /dev have no size (half the RAM): once every mount point is
@@ -251,6 +260,61 @@ def bwrap_argv(
     if cwd:
         argv += ["--chdir", str(cwd)]
     return [*argv, "--"]
+
+
+def _view_args(jail: Jail, binds: Sequence[tuple[str, Path, Path]], stage: str | None) -> list[str]:
+    """bwrap arguments for `jail.views`: per view, a tmpfs over the directory, then each entry the
+    host holds there bound back read-only (a symlink re-made as the same symlink, resolved inside
+    the jail; other special files left out). A view not inside a read-only bind, reached through a symlink
+    (the tree's own build could plant one pointing anywhere on the host), or too large stays as
+    the bind has it: read-only."""
+    argv: list[str] = []
+    for view in jail.views:
+        found = _bound_source(view, binds, stage)
+        if found is None:
+            continue
+        host_dir, source = found
+        try:
+            entries = sorted(os.scandir(host_dir), key=lambda e: e.name)
+        except OSError:
+            continue
+        if len(entries) > VIEW_MAX_ENTRIES:
+            continue
+        argv += ["--size", str(VIEW_MB * 1024 * 1024), "--tmpfs", str(view)]
+        for entry in entries:
+            inside = str(view / entry.name)
+            if entry.is_symlink():
+                argv += ["--symlink", os.readlink(entry.path), inside]
+            elif entry.is_dir(follow_symlinks=False) or entry.is_file(follow_symlinks=False):
+                argv += ["--ro-bind", f"{source}/{entry.name}", inside]
+    return argv
+
+
+def _bound_source(
+    view: Path, binds: Sequence[tuple[str, Path, Path]], stage: str | None
+) -> tuple[Path, str] | None:
+    """The host directory behind `view` (inside the deepest bind holding it) and the path bwrap
+    reads it from (under the stage when there is one); None when no bind holds it or a component
+    below the bind is a symlink or not a directory."""
+    best: tuple[int, Path, Path] | None = None
+    for i, (flag, host, inside) in enumerate(binds):
+        holds = flag == "--ro-bind" and (view == inside or inside in view.parents)
+        if holds and (best is None or len(inside.parts) > len(best[2].parts)):
+            best = (i, Path(host), inside)
+    if best is None:
+        return None
+    i, host, inside = best
+    rel = view.relative_to(inside)
+    here = Path(host)
+    for part in rel.parts:
+        here = here / part
+        try:
+            if part in (".", "..") or not stat.S_ISDIR(os.lstat(here).st_mode):
+                return None
+        except OSError:
+            return None
+    base = f"{stage}/{i}" if stage else str(host)
+    return here, "/".join([base, *rel.parts])
 
 
 def hand_over(*paths: Path) -> None:
@@ -438,13 +502,7 @@ def run(
         req.update(instructions=limits.instructions)  # counted inside: bwrap's never enter it
         req.update(reap=True)  # it is pid 1 (bwrap --as-pid-1): orphans' CPU time is counted too
         req.update(valgrind=limits.valgrind, cache_sim=limits.cache_sim)  # files stay in the jail's /tmp
-        jail = Jail(
-            rw=jail.rw,
-            ro=(*jail.ro, (RUNNER_PATH, Path(INNER_RUNNER))),
-            uid=jail.uid,
-            tmp_mb=jail.tmp_mb,
-            system=jail.system,
-        )
+        jail = replace(jail, ro=(*jail.ro, (RUNNER_PATH, Path(INNER_RUNNER))))
         argv = [INNER_PYTHON, "-I", "-S", INNER_RUNNER, json.dumps(req)]
         # the outer timeout is a backstop: the runner kills its command at `timeout` itself
         limits = Limits(

@@ -378,3 +378,55 @@ def test_the_runner_reaps_a_daemon_holding_its_output_at_once() -> None:
     left = subprocess.run(["pgrep", "-f", f"sleep {arg}"], capture_output=True, text=True, check=False)
     assert left.stdout.strip() == ""
     assert took < 4.0, took  # the reader's 5 s wait for the pipe's end was not needed
+
+
+@jail_only
+def test_a_view_lets_a_test_write_beside_itself_but_change_nothing_the_build_made(tmp_path: Path) -> None:
+    """`Jail.views`: the test's working directory inside a read-only tree is writable for the run
+    (spdlog's tests create `test_logs/` there), every entry the build made stays read-only — not
+    writable, not removable, not renamable — nothing the run writes reaches the host or the next
+    run, and a symlink the tree holds stays a symlink resolved inside the jail."""
+    tree = tmp_path / "tree"
+    tests = tree / "build" / "tests"
+    (tests / "data").mkdir(parents=True)
+    (tests / "exe").write_text("built\n")
+    (tests / "data" / "input").write_text("in\n")
+    (tests / "passwd-link").symlink_to("/etc/passwd")  # a build could plant one: not the host's file
+    hand_over(tree)
+    inside = tmp_path / "seen"
+    where = inside / "build" / "tests"
+    jail = Jail(ro=((tree, inside),), views=(where,))
+    write = "mkdir test_logs && echo log > test_logs/a && cat test_logs/a && cat exe data/input && echo ok"
+    first = run(["sh", "-c", write], cwd=where, env=jail_env(), jail=jail)
+    assert first.ok, first.output
+    assert "log\nbuilt\nin\nok" in first.output
+    again = run(["sh", "-c", "ls test_logs"], cwd=where, env=jail_env(), jail=jail)
+    assert not again.ok  # fresh per run
+    assert not (tests / "test_logs").exists()  # never on the host
+    for attack in ("echo x >> exe", "rm -f exe", "mv exe moved", "echo x > data/input", "touch data/new"):
+        res = run(["sh", "-c", attack], cwd=where, env=jail_env(), jail=jail)
+        assert not res.ok, attack
+    assert (tests / "exe").read_text() == "built\n" and sorted(
+        p.name for p in (tests / "data").iterdir()
+    ) == ["input"]
+    link = run(["sh", "-c", "readlink passwd-link; cat passwd-link"], cwd=where, env=jail_env(), jail=jail)
+    assert link.output.startswith("/etc/passwd\n") and "root:" not in link.output  # /etc/passwd is not bound
+    timed = run(["sh", "-c", "echo t > made && cat made"], cwd=where, env=jail_env(), jail=jail, timed=True)
+    assert timed.ok and "t" in timed.output, timed.output  # the timing runner's jail keeps the view
+
+
+@jail_only
+def test_a_view_reached_through_a_symlink_stays_read_only(tmp_path: Path) -> None:
+    """A view whose directory the tree's own build replaced by a symlink (to anywhere on the host)
+    is not made: the host directory behind it is never listed or bound, the tree stays read-only."""
+    tree, host_dir = tmp_path / "tree", tmp_path / "elsewhere"
+    (tree / "build").mkdir(parents=True)
+    host_dir.mkdir()
+    (host_dir / "private").write_text("host file\n")
+    (tree / "build" / "tests").symlink_to(host_dir)
+    hand_over(tree)
+    inside = tmp_path / "seen"
+    jail = Jail(ro=((tree, inside),), views=(inside / "build" / "tests",))
+    res = run(["sh", "-c", "cat tests/private"], cwd=inside / "build", env=jail_env(), jail=jail)
+    assert not res.ok and "host file" not in res.output
+    assert sorted(p.name for p in host_dir.iterdir()) == ["private"]

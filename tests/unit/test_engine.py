@@ -168,3 +168,41 @@ def test_a_read_only_tree_lists_the_tests_of_a_project_that_includes_ctest(tmp_p
     assert [t.name for t in backend.tests("old")] == ["listed"]
     assert backend.tests_json("old")
     assert not list(testing.rglob("LastTest*"))  # written into the run's tmpfs, not the tree
+
+
+def test_a_read_only_tree_lets_a_test_write_into_its_own_working_directory(tmp_path: Path) -> None:
+    """spdlog's tests create `test_logs/` in their working directory (the build tree's `tests/`);
+    the evaluator's read-only test jail failed them, so spdlog's gold patch could never score.
+    Each run now gets a writable view of the test's working directory: it may create files
+    there, the build's own files stay read-only, and nothing it writes stays in the tree."""
+    from cppperf.shared.engine.backends import make_backend
+    from cppperf.shared.engine.sandbox import Limits, jail_available
+    from cppperf.shared.settings import BuilderSettings
+
+    if not jail_available():
+        pytest.skip("needs bubblewrap")
+    src = tmp_path / "src"
+    (src / "tests").mkdir(parents=True)
+    (src / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.13)\nproject(p NONE)\nenable_testing()\nadd_subdirectory(tests)\n"
+    )
+    (src / "tests" / "CMakeLists.txt").write_text(
+        'add_test(NAME logs COMMAND sh -c "mkdir test_logs && echo line > test_logs/a.txt && cat test_logs/a.txt")\n'
+        'add_test(NAME tamper COMMAND sh -c "echo x >> CTestTestfile.cmake")\n'
+    )
+    backend = make_backend(
+        BuilderSettings(backend="local", benchmarks=False), tmp_path / "ws", untrusted=True
+    )
+    assert isinstance(backend, LocalBackend) and backend.readonly_tests
+    backend.prepare(tmp_path, {"old": src})
+    assert backend.build("old")[-1].ok
+    by_name = {t.name: t for t in backend.tests("old")}
+    tests_dir = backend.side_dir("old") / "build" / "tests"
+    before = (tests_dir / "CTestTestfile.cmake").read_text()
+    limits = Limits(timeout=60, memory_mb=None)
+    for _ in range(2):  # the second run starts without the first one's files
+        res = backend.run_test("old", by_name["logs"], limits)
+        assert res.ok and "line" in res.output, res.output
+    assert not backend.run_test("old", by_name["tamper"], limits).ok
+    assert not (tests_dir / "test_logs").exists()
+    assert (tests_dir / "CTestTestfile.cmake").read_text() == before
