@@ -395,6 +395,9 @@ class CoveredTest(_Written, kw_only=True):
     lines_total: int = 0  # the changed executable lines (`Coverage.executable_lines`)
     functions_hit: list[str] = msgspec.field(default_factory=list)  # around a change it ran
     ran: bool = True  # False: its coverage run failed; it stays in the deciding family
+    # runs_change only assumed: it ran a changed file's code, but its translation units leave the
+    # changed sites without a gcov line (always_inline code has none): not known not to run it
+    assumed: bool = False
 
 
 class Coverage(_Written, kw_only=True):

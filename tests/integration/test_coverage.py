@@ -251,6 +251,46 @@ def test_every_instantiation_of_the_function_around_a_change_counts() -> None:
     assert cov.tests["f"].functions_hit == ["g<float>()"] and cov.tests["i"].functions_hit == ["g<int>()"]
 
 
+def test_a_test_whose_build_inlined_the_change_away_is_not_a_control() -> None:
+    """bvh@e5047b91: the changed traversal loop is `always_inline`, and gcc leaves inlined code
+    no gcov line, even at -O0. The renderer tests ran the header (other lines counted) but their
+    data has no line of the change; only a test that never reached the loop instruments it (count
+    0). Such tests are not known not to run the change: they decide (`assumed`), the test with
+    the change instrumented at 0 and a test that never ran the file are the controls."""
+    hpp = "include/t.hpp"
+
+    def counts(lines: dict[tuple[str, int], int]) -> Counts:
+        c = Counts()
+        c.lines = dict(lines)
+        return c
+
+    hunks = {hpp: [Hunk(frozenset({81, 82}))], "include/gone.hpp": [Hunk(frozenset({5}))]}
+    data = {
+        "render": counts({(hpp, 28): 1100, (hpp, 137): 1}),  # the loop inlined: no line 81/82
+        "leaf": counts({(hpp, 51): 3, (hpp, 81): 0, (hpp, 82): 0}),  # instrumented, never reached
+        "other": counts({("src/x.cpp", 3): 9}),  # never ran the header
+        "idle": counts({(hpp, 28): 0}),  # instruments the file, runs none of it
+    }
+    cov = family_from_counts(hunks, data, set(), sorted(data))
+    assert cov.used and cov.deciding == ["render"] and cov.controls == ["idle", "leaf", "other"]
+    r = cov.tests["render"]
+    assert r.runs_change and r.assumed and r.lines_hit == 0
+    assert not cov.tests["leaf"].assumed and not cov.tests["other"].runs_change
+    # a hunk no test instruments and no function encloses: whoever ran its file may run it
+    lost = family_from_counts(
+        {"include/gone.hpp": [Hunk(frozenset({5}))], hpp: [Hunk(frozenset({81}))]},
+        {
+            "hits": counts({(hpp, 81): 4}),
+            "ran": counts({("include/gone.hpp", 9): 2, (hpp, 81): 0}),
+            "not": counts({("src/x.cpp", 3): 1, (hpp, 81): 0}),
+        },
+        set(),
+        ["hits", "not", "ran"],
+    )
+    assert lost.unmapped_hunks == 1
+    assert lost.deciding == ["hits", "ran"] and lost.tests["ran"].assumed and lost.controls == ["not"]
+
+
 @pytest.mark.build
 @pytest.mark.slow
 def test_a_recorded_coverage_decides_a_reproduction(demo_repo: DemoRepo, tmp_path: Path) -> None:
