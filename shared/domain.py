@@ -520,7 +520,10 @@ class PerTestScore(_Written, kw_only=True):
     expert_speedup: float
     expert_ci: list[float] | None
     expert_improved: bool
-    median_ms: dict[str, float]
+    # the medians per side (old, agent, expert): milliseconds of a timed test, Valgrind's
+    # instruction count of a counted one (`metric=cachegrind`); a test has one of the two
+    median_ms: dict[str, float] | UnsetType = UNSET
+    median_instructions: dict[str, int] | UnsetType = UNSET
     agent_vs_expert_time_ratio: float
     agent_vs_expert_ci: list[float]
     within_opt_fraction: bool

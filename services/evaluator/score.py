@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
 import msgspec
 
@@ -79,11 +80,7 @@ def score(
             expert_speedup=1 / e.ratio,
             expert_ci=[1 / e.ci_high, 1 / e.ci_low] if e.ci_low > 0 else None,
             expert_improved=e.improved,
-            median_ms={
-                "old": a.median_old * 1e3,
-                "agent": a.median_new * 1e3,
-                "expert": e.median_new * 1e3,
-            },
+            **_medians(name in exact, {"old": a.median_old, "agent": a.median_new, "expert": e.median_new}),
             agent_vs_expert_time_ratio=vs.ratio,
             agent_vs_expert_ci=[vs.ci_low, vs.ci_high],
             within_opt_fraction=close_enough,
@@ -102,3 +99,10 @@ def score(
         agent_regressed=regressed,
         opt=significant and not regressed and within,
     )
+
+
+def _medians(counted: bool, medians: dict[str, float]) -> dict[str, Any]:
+    """A counted test's medians are instruction counts, a timed test's seconds (as milliseconds)."""
+    if counted:
+        return {"median_instructions": {k: round(v) for k, v in medians.items()}}
+    return {"median_ms": {k: v * 1e3 for k, v in medians.items()}}

@@ -200,3 +200,25 @@ def _record() -> d.InstanceRecord:
         repo="o/r", url="u", sha="a" * 40, parent="b" * 40, date="2024-01-01", message="x"
     )
     return build_record(commit, res, diff="", settings=settings)
+
+
+def test_a_counted_tests_medians_are_instruction_counts_not_milliseconds() -> None:
+    """Graded on Cachegrind counts, a test's medians are counts (`median_instructions`); a timed
+    test's are milliseconds (`median_ms`); never a count filed as milliseconds."""
+    samples = {
+        "counted": {"old": [1_000_000.0] * 3, "agent": [800_000.0] * 3, "expert": [790_000.0] * 3},
+        "timed": {"old": [0.010] * 5, "agent": [0.008] * 5, "expert": [0.008] * 5},
+    }
+    block = score(
+        samples, alpha=0.05, min_improvement=0.05, opt_fraction=0.95, resamples=200, seed=1, exact={"counted"}
+    )
+    counted, timed = block.per_test["counted"], block.per_test["timed"]
+    assert counted.median_instructions == {"old": 1_000_000, "agent": 800_000, "expert": 790_000}
+    assert counted.median_ms is msgspec.UNSET
+    assert timed.median_ms == pytest.approx({"old": 10.0, "agent": 8.0, "expert": 8.0})
+    assert timed.median_instructions is msgspec.UNSET
+    wire = json.loads(msgspec.json.encode(block))
+    assert (
+        "median_ms" not in wire["per_test"]["counted"]
+        and "median_instructions" not in wire["per_test"]["timed"]
+    )
