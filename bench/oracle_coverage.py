@@ -4,7 +4,7 @@ Usage:
     python bench/oracle_coverage.py --clone google/snappy=clones/google+snappy.git … \\
         [--ids SHA_PREFIX …] [--per-repo 2] [--runs 11] [--eval-runs 11] [--out DIR] \\
         [--submodule-mirror URL=GIT_DIR …] [--configs tests oracles exact] [--markdown] \\
-        [--index …/cppperf-db/index.jsonl]
+        [--index …/cppperf-db/index.jsonl] [--report --with-rows OTHER_OUT/results.jsonl …]
 
 Per selected instance (ids from the index in the order given, repositories from the local clones
 given — `git clone --bare` copies of fetched snapshots; nothing is fetched here) the builder proves
@@ -309,6 +309,13 @@ def parse_args() -> argparse.Namespace:
         help="sha prefixes whose improved rows are gold-validated again from their stored records",
     )
     p.add_argument("--report", action="store_true", help="print the table from results.jsonl; run nothing")
+    p.add_argument(
+        "--with-rows",
+        type=Path,
+        action="append",
+        default=[],
+        help="another process's results.jsonl (a different --out, e.g. one per --configs): its rows join the table",
+    )
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown (for the README)")
     args = p.parse_args()
     args.clones = {}
@@ -333,6 +340,18 @@ def load_done(results: Path) -> dict[tuple[str, str], dict[str, Any]]:
                 r = json.loads(line)
                 done[(r["id"], r["config"])] = r
     return done
+
+
+def merged(
+    done: dict[tuple[str, str], dict[str, Any]], others: list[Path]
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """This out's rows joined by other processes' `results.jsonl` (one per `--configs`, each with
+    its own `--out` and workspace); a row of this out wins over another's for the same
+    (instance, configuration)."""
+    out = dict(done)
+    for other in others:
+        out.update({k: v for k, v in load_done(other).items() if k not in out})
+    return out
 
 
 def claim(out: Path, iid: str) -> bool:
@@ -419,6 +438,7 @@ def main() -> None:
     done = {} if args.redo else load_done(args.out / "results.jsonl")
     if not args.report:
         run(chosen, done, args)
+    done = merged(done, args.with_rows)  # after the run: they never mark this process's work done
     instances = [instance_key(e) for e in chosen]
     rows = list(done.values())
     if args.markdown:

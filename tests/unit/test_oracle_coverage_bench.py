@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -127,3 +128,22 @@ def test_a_validation_gives_its_columns(oc: ModuleType) -> None:
         "gold_speedup": 1.9,
         "why": "",
     }
+
+
+def test_rows_of_another_out_join_the_table_without_overriding_this_ones(
+    oc: ModuleType, tmp_path: Path
+) -> None:
+    """Two processes, one per `--configs` (cpu proofs; the exact metric), each with its own
+    `--out`: `--with-rows` joins the other's rows; this out's row wins on a clash."""
+    mine, other = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    mine.write_text(json.dumps(_row("o/a@1", "tests", "improved", proven_by="ctest", oracle="ctest")) + "\n")
+    other.write_text(
+        json.dumps(_row("o/a@1", "exact", "improved", proven_by="ctest", oracle="ctest"))
+        + "\n"
+        + json.dumps(_row("o/a@1", "tests", "not-improved"))
+        + "\n"
+    )
+    done = oc.merged(oc.load_done(mine), [other, tmp_path / "missing.jsonl"])
+    assert set(done) == {("o/a@1", "tests"), ("o/a@1", "exact")}
+    assert done[("o/a@1", "tests")]["verdict"] == "improved"
+    assert done[("o/a@1", "exact")]["config"] == "exact"
