@@ -75,7 +75,13 @@ def test_a_view_takes_new_files_for_one_run_and_keeps_the_builds_read_only(tree:
     for _ in range(2):  # the second run starts without the first one's files
         ans = sh(tree, logs, tests, tests)
         assert ans["returncode"] == 0 and "line" in str(ans["output"]), ans
-    for tamper in ("echo x >> out.bin", "rm -f out.bin", "mv out.bin moved", "touch sub/new", "chmod 777 out.bin"):
+    for tamper in (
+        "echo x >> out.bin",
+        "rm -f out.bin",
+        "mv out.bin moved",
+        "touch sub/new",
+        "chmod 777 out.bin",
+    ):
         ans = sh(tree, tamper, tests, tests)
         assert ans["returncode"] != 0, (tamper, ans)
     assert (tests / "out.bin").read_text() == "built\n"
@@ -89,7 +95,9 @@ def test_a_view_takes_new_files_for_one_run_and_keeps_the_builds_read_only(tree:
 
 def test_ctest_may_write_its_logs_into_build_testing(tree: Path) -> None:
     testing = tree / "build" / "Testing"
-    ans = sh(tree, "echo log > Temporary/LastTest.log && mkdir -p x/y", testing, testing, testing / "Temporary")
+    ans = sh(
+        tree, "echo log > Temporary/LastTest.log && mkdir -p x/y", testing, testing, testing / "Temporary"
+    )
     assert ans["returncode"] == 0, ans
     assert sorted(p.name for p in testing.rglob("*")) == ["Temporary"]
 
