@@ -17,7 +17,10 @@ the trees, the runner's switch to the build uid, cleaning temp dirs); `no-new-pr
 network; memory and pids limits. Configure, build, test discovery and tests run as a uid ≠ 0
 with no capabilities. `hardened=True` (the evaluator, agents' code): each tree has its own uid
 (`SIDE_UIDS`) and is private to it (0700) while it builds, then root's and read-only (group
-read for its uid) while its tests run; the ccache is read-only for the agent's build; `/tmp`,
+read for its uid) while its tests run — but for the run's views (`_views`: CTest's
+`build/Testing`, the test's working directory), which the runner opens for the run only, as
+group-writable sticky directories emptied of what is not root's before and after it
+(`runner_script.View`); the ccache is read-only for the agent's build; `/tmp`,
 `/var/tmp` and `/dev/shm` are emptied before every run and HOME is /tmp.
 
 Read-only root: every container runs with `read_only=True`, so not even root in it can change
