@@ -17,7 +17,10 @@ the trees, the runner's switch to the build uid, cleaning temp dirs); `no-new-pr
 network; memory and pids limits. Configure, build, test discovery and tests run as a uid ≠ 0
 with no capabilities. `hardened=True` (the evaluator, agents' code): each tree has its own uid
 (`SIDE_UIDS`) and is private to it (0700) while it builds, then root's and read-only (group
-read for its uid) while its tests run; the ccache is read-only for the agent's build; `/tmp`,
+read for its uid) while its tests run — but for the run's views (`_views`: CTest's
+`build/Testing`, the test's working directory), which the runner opens for the run only, as
+group-writable sticky directories emptied of what is not root's before and after it
+(`runner_script.View`); the ccache is read-only for the agent's build; `/tmp`,
 `/var/tmp` and `/dev/shm` are emptied before every run and HOME is /tmp.
 
 Read-only root: every container runs with `read_only=True`, so not even root in it can change
@@ -46,7 +49,7 @@ import contextlib
 import json
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from cppperf.shared.engine.backend import SideName, Sides, tar_tree
@@ -272,8 +275,10 @@ class DockerBackend:
         reap: bool = False,
         valgrind: bool = False,
         cache_sim: bool = False,
+        views: tuple[str, ...] = (),
+        tree: str = "",
     ) -> RunResult:
-        req = {
+        req: dict[str, Any] = {
             "op": "run",
             "argv": argv,
             "cwd": cwd,
@@ -289,6 +294,8 @@ class DockerBackend:
             "valgrind": valgrind,
             "cache_sim": cache_sim,
         }
+        if views:  # the runner makes them writable for this run only (`runner_script.View`)
+            req.update(views=list(views), tree=tree)
         code, out = self._exec(
             ["python3", RUNNER, json.dumps(req)], user="0", deadline_s=timeout + RUN_MARGIN_S
         )
@@ -331,6 +338,20 @@ class DockerBackend:
         elif self.hardened:
             env["CCACHE_UMASK"] = "000"  # shared by the two trusted uids
         return env
+
+    def _views(self, side: SideName, cwd: str | None = None) -> tuple[str, ...]:
+        """Hardened: the directories of the side's read-only tree a run may create files in,
+        each emptied before and after the run by the runner (`runner_script.View`): CTest's
+        `build/Testing` (and its `Temporary`, which configure makes), where `ctest`, even
+        `--show-only`, writes `LastTest.log` (a read-only one lists no tests), and a test's own
+        working directory inside the tree (spdlog's tests make `test_logs/` there)."""
+        if not self.hardened:
+            return ()
+        tree = PurePosixPath(f"{WORK}/{side}")
+        views = [str(tree / "build" / "Testing"), str(tree / "build" / "Testing" / "Temporary")]
+        if cwd and tree in PurePosixPath(cwd).parents:
+            views.append(cwd)  # the runner checks it again: inside the tree, root's, no symlink
+        return tuple(dict.fromkeys(views))
 
     def _own(self, side: SideName, *, building: bool) -> None:
         """Hardened: the tree private and writable to its uid while it builds, then root's and
@@ -426,6 +447,8 @@ class DockerBackend:
             timeout=300,
             output_limit=256 * 1024 * 1024,
             uid=self.uid(side),
+            views=self._views(side),
+            tree=self.tree_root(side),
         )
         return res.output if res.ok else None
 
@@ -468,6 +491,8 @@ class DockerBackend:
             cache_sim=limits.cache_sim,
             uid=self.uid(side),
             reap=True,
+            views=self._views(side, test.cwd),
+            tree=self.tree_root(side),
         )
 
     def _probe(self, key: str) -> str | None:

@@ -17,6 +17,8 @@ Takes one JSON request as its argument, writes one JSON answer on stdout:
      it counted, summed over every process — exact, whatever else runs on the machine;
      `cache_sim`: `--cache-sim=yes` instead, and `"est_cycles"` in the answer is the estimated
      cycles from its cache misses, `estimated_cycles`)
+    (`views`, with `tree` and `uid`: directories of the read-only `tree` made writable for the run
+     and emptied before and after it, the build's entries in them kept read-only: `View`)
     {"op": "probe"} → {"instructions_unsupported": null | "why", "valgrind_unsupported": null | "why"}
     {"op": "hash", "root": "/work/old/build", "replace": ["/work/old", "/work/new"]}
         → {"files": {"test_x": "<sha256>", "lib/libcore.so": "..."}}   (executables and .so files;
@@ -31,6 +33,7 @@ import json
 import os
 import resource
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -413,9 +416,129 @@ def oom_kills() -> int | None:
     return None
 
 
+VIEW_ROOT = "/work/"  # views only ever inside a tree under it (the containers' /work volume)
+_RM_BATCH = 512  # names per `rm -rf` (a test may leave any number)
+
+
+def _open_dir_inside(tree: str, path: str, gid: int) -> int | None:
+    """A descriptor of the directory `path`, strictly inside `tree` (itself under VIEW_ROOT), walked
+    from / one component at a time without following a symlink, every component from `tree` down
+    a directory of root's with the group `gid` (what the build made, handed to root for the tests);
+    None otherwise (not normalized, outside, a symlink, a test's own directory, another tree's)."""
+    if os.path.normpath(tree) != tree or os.path.normpath(path) != path:
+        return None
+    if not tree.startswith(VIEW_ROOT) or not path.startswith(tree + "/"):
+        return None
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    first = len(tree.strip("/").split("/"))  # the tree's own component
+    fd = os.open("/", flags)
+    try:
+        for depth, part in enumerate(path.strip("/").split("/"), 1):
+            below = os.open(part, flags, dir_fd=fd)
+            os.close(fd)
+            fd = below
+            st = os.fstat(fd)
+            if depth >= first and (st.st_uid != 0 or st.st_gid != gid):
+                raise PermissionError(path)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _clear_dir(fd: int, path: str) -> None:
+    """Remove every entry of the directory `fd` (at `path`) that is not root's, whatever is below it;
+    root's entries (the build's) stay. Never through a symlink: a symlink is unlinked itself,
+    directories go with `rm -rf --one-file-system` (which never follows one, however deep)."""
+    files: list[str] = []
+    dirs: list[str] = []
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                st = entry.stat(follow_symlinks=False)
+                if st.st_uid != 0:
+                    (dirs if stat.S_ISDIR(st.st_mode) else files).append(entry.name)
+    for name in files:
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=fd)
+    for i in range(0, len(dirs), _RM_BATCH):
+        batch = [os.path.join(path, name) for name in dirs[i : i + _RM_BATCH]]
+        subprocess.run(
+            ["rm", "-rf", "--one-file-system", "--", *batch],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+        )
+
+
+class View:
+    """A directory of a read-only tree (root's, group-readable by the test's uid) made writable for
+    one run: emptied of what is not root's, then group-writable and sticky (1770-like), so the test
+    may create entries in it but not change, remove or rename the build's (root's, without group
+    write); `close` empties it again and takes the group's write back. Its times are put back
+    each time: a run cannot tell from them that another ran before."""
+
+    def __init__(self, fd: int, path: str) -> None:
+        self.fd, self.path = fd, path
+        self.st = os.fstat(fd)
+        self.closed_mode = stat.S_IMODE(self.st.st_mode) & ~(stat.S_ISVTX | stat.S_IWGRP)
+
+    def _times(self) -> None:
+        os.utime(self.fd, ns=(self.st.st_atime_ns, self.st.st_mtime_ns))
+
+    def open(self) -> None:
+        _clear_dir(self.fd, self.path)  # what a run that never closed its views left
+        # the test's group only, sticky: it cannot touch root's entries (the build's)
+        os.chmod(self.fd, self.closed_mode | stat.S_ISVTX | stat.S_IRWXG)  # noqa: S103
+        self._times()
+
+    def close(self) -> None:
+        """Write taken back first (nothing more can be made in it), then emptied."""
+        try:
+            os.chmod(self.fd, self.closed_mode)
+            _clear_dir(self.fd, self.path)
+            self._times()
+        finally:
+            os.close(self.fd)
+
+
+def open_views(tree: str, paths: list[str], gid: int) -> list[View]:
+    """The views of one run (`views` in the request): each of `paths` that `_open_dir_inside`
+    accepts, made writable; any other stays as the tree has it (read-only)."""
+    views: list[View] = []
+    for path in dict.fromkeys(paths):
+        fd = _open_dir_inside(tree, path, gid)
+        if fd is None:
+            continue
+        view = View(fd, path)
+        views.append(view)
+        try:
+            view.open()
+        except OSError:
+            continue  # closed (and emptied) again with the others after the run
+    return views
+
+
+def close_views(views: list[View]) -> None:
+    for view in views:
+        with contextlib.suppress(OSError):
+            view.close()
+
+
 def _run(req: dict[str, Any]) -> dict[str, Any]:
     if req.get("fresh_tmp"):
         _empty_temp_dirs()
+    views: list[View] = []
+    if req.get("views") and req.get("uid") is not None and os.geteuid() == 0:
+        views = open_views(str(req["tree"]), [str(v) for v in req["views"]], int(req["uid"]))
+    try:
+        return _run_command(req)
+    finally:
+        close_views(views)
+
+
+def _run_command(req: dict[str, Any]) -> dict[str, Any]:
     keep = OutputKeeper(int(req.get("output_limit", 65536)))
     cpu = None if req.get("cpu") is None else int(req["cpu"])
     uid = None if req.get("uid") is None else int(req["uid"])

@@ -190,6 +190,100 @@ def test_root_is_read_only_and_only_the_own_tree_is_writable(
     assert not engine.volumes.list(filters={"name": volume})  # the volume went with the container
 
 
+# a project that includes CTest (configure makes build/Testing/Temporary, where `ctest`, even
+# `--show-only`, writes LastTest.log) and whose tests run in build/tests, beside a build output
+VIEWS_CMAKE = (
+    "cmake_minimum_required(VERSION 3.16)\nproject(v NONE)\ninclude(CTest)\nadd_subdirectory(tests)\n"
+)
+VIEWS_TESTS = (
+    'file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/out.txt "built\\n")\n'
+    "file(MAKE_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR}/sub)\n"
+    'add_test(NAME logs COMMAND sh -c "mkdir test_logs && echo line > test_logs/a.txt && cat test_logs/a.txt")\n'
+    'add_test(NAME append COMMAND sh -c "echo x >> out.txt")\n'
+    'add_test(NAME delete COMMAND sh -c "rm out.txt")\n'
+    'add_test(NAME rename COMMAND sh -c "mv out.txt moved.txt")\n'
+    'add_test(NAME subdir COMMAND sh -c "touch sub/new.txt")\n'
+)
+
+
+@pytest.fixture(scope="module")
+def views_box(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """The views project built as the agent's tree on a hardened docker backend (the evaluator's
+    `make_backend(untrusted=True)`) and its tests listed: the backend and the tests by name."""
+    tmp = tmp_path_factory.mktemp("docker-views")
+    repo = tmp / "views"
+    commit_files(repo, {"CMakeLists.txt": VIEWS_CMAKE, "tests/CMakeLists.txt": VIEWS_TESTS}, "one")
+    head = commit_files(repo, {"README": "two\n"}, "two")
+    commit = commit_for(repo, head, "local/views")
+    backend: Any = make_backend(
+        dsettings(tmp).builder, tmp / "w", source=(repo, commit.sha, commit.date), untrusted=True
+    )
+    assert backend.hardened
+    try:
+        backend.prepare(repo, {"agent": commit.sha})
+        steps = backend.build("agent")
+        assert steps[-1].ok, steps[-1].result.output
+        yield backend, {t.name: t for t in backend.tests("agent")}
+    finally:
+        backend.cleanup()
+
+
+def _root_sh(backend: Any, cmd: str) -> str:
+    _code, out = backend._exec(["sh", "-c", cmd], user="0")
+    return str(out.decode())
+
+
+@pytest.mark.timeout(1200)  # the first run builds the env image with the runner
+def test_a_hardened_tree_lists_the_tests_of_a_project_that_includes_ctest(
+    views_box: tuple[Any, dict[str, Any]],
+) -> None:
+    """A hardened tree is read-only while tested; `ctest --show-only` writes
+    build/Testing/Temporary/LastTest.log, so the read-only tree listed no tests at all (every
+    instance of an `include(CTest)` project ungradeable). build/Testing is now a view."""
+    backend, tests = views_box
+    assert sorted(tests) == ["append", "delete", "logs", "rename", "subdir"]
+    assert tests["logs"].cwd == "/work/agent/build/tests"
+    # what ctest wrote went with the run; the directories are the build's again, read-only
+    testing = "/work/agent/build/Testing"
+    assert _root_sh(backend, f"ls -A {testing}/Temporary").split() == []
+    modes = _root_sh(backend, f"stat -c '%u %a' {testing} {testing}/Temporary").split("\n")[:2]
+    assert modes == ["0 750", "0 750"], modes
+
+
+@pytest.mark.timeout(1200)
+def test_a_hardened_test_writes_into_its_working_directory_for_one_run(
+    views_box: tuple[Any, dict[str, Any]],
+) -> None:
+    """spdlog's tests make `test_logs/` in their working directory: a read-only tree failed them.
+    Each run may create files there; the next run starts without them."""
+    backend, tests = views_box
+    listing = "ls -A /work/agent/build/tests"
+    before = _root_sh(backend, listing).split()
+    limits = Limits(timeout=60)
+    for _ in range(2):  # the second run's mkdir fails if the first one's test_logs/ survived
+        res = backend.run_test("agent", tests["logs"], limits)
+        assert res.ok and "line" in res.output, res.output
+    assert _root_sh(backend, listing).split() == before and "out.txt" in before
+
+
+@pytest.mark.timeout(1200)
+def test_a_hardened_test_cannot_change_a_build_output_in_its_working_directory(
+    views_box: tuple[Any, dict[str, Any]],
+) -> None:
+    """The working directory is writable for new entries only: appending to, deleting or
+    renaming what the build made there fails, and so does writing into its subdirectories."""
+    backend, tests = views_box
+    listing = "ls -A /work/agent/build/tests /work/agent/build/tests/sub"
+    before = _root_sh(backend, listing).split()
+    limits = Limits(timeout=60)
+    for name in ("append", "delete", "rename", "subdir"):
+        res = backend.run_test("agent", tests[name], limits)
+        assert not res.ok, (name, res.output)
+        assert "Permission denied" in res.output or "Operation not permitted" in res.output, res.output
+    assert _root_sh(backend, "cat /work/agent/build/tests/out.txt") == "built\n"
+    assert _root_sh(backend, listing).split() == before and "out.txt" in before
+
+
 def test_instance_image_carries_the_built_trees(engine: Any, demo_repo: DemoRepo, tmp_path: Path) -> None:
     """commit() copies the /work volume into the image; a container from it gets the trees back
     on a fresh volume with owners and mtimes, so the rebuild is a no-op, and runs read-only."""
