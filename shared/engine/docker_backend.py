@@ -382,6 +382,7 @@ class DockerBackend:
             cpus=self.spec.cpus,
             output_limit=256 * 1024,
             uid=self.uid(side),
+            reap=self.hardened,  # a daemon the agent's configure or build starts would outlive it
         )
         log = self.logs / f"{side}-{step}.log"
         log.write_text(res.output)
@@ -449,6 +450,7 @@ class DockerBackend:
             uid=self.uid(side),
             views=self._views(side),
             tree=self.tree_root(side),
+            reap=self.hardened,  # TEST_INCLUDE_FILES are code ctest runs while it lists
         )
         return res.output if res.ok else None
 

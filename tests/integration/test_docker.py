@@ -194,6 +194,12 @@ def test_root_is_read_only_and_only_the_own_tree_is_writable(
 # `--show-only`, writes LastTest.log) and whose tests run in build/tests, beside a build output
 VIEWS_CMAKE = (
     "cmake_minimum_required(VERSION 3.16)\nproject(v NONE)\ninclude(CTest)\nadd_subdirectory(tests)\n"
+    # an agent's tree (with build changes allowed) starting daemons at configure time and while
+    # ctest lists its tests (TEST_INCLUDE_FILES run then): a cache that would outlive every run
+    'execute_process(COMMAND sh -c "setsid sleep 4241 >/dev/null 2>&1 < /dev/null &")\n'
+    'file(WRITE ${CMAKE_BINARY_DIR}/d.cmake "execute_process(COMMAND sh -c \\"setsid sleep 4242 '
+    '>/dev/null 2>&1 < /dev/null &\\")\n")\n'
+    "set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${CMAKE_BINARY_DIR}/d.cmake)\n"
 )
 VIEWS_TESTS = (
     'file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/out.txt "built\\n")\n'
@@ -244,6 +250,8 @@ def test_a_hardened_tree_lists_the_tests_of_a_project_that_includes_ctest(
     assert sorted(tests) == ["append", "delete", "logs", "rename", "subdir"]
     assert tests["logs"].cwd == "/work/agent/build/tests"
     # what ctest wrote went with the run; the directories are the build's again, read-only
+    # neither configure's nor the listing's daemon outlived its step (the runner reaped them)
+    assert "sleep 424" not in _root_sh(backend, "ps -eo args"), _root_sh(backend, "ps -eo args")
     testing = "/work/agent/build/Testing"
     assert _root_sh(backend, f"ls -A {testing}/Temporary").split() == []
     modes = _root_sh(backend, f"stat -c '%u %a' {testing} {testing}/Temporary").split("\n")[:2]
