@@ -31,6 +31,8 @@ from tests.fakes import stand_in_record
 from tests.integration.test_bus_auth import FakeOps
 from tests.secured_bus import SecuredBus, fresh_bus, running_secured_bus
 
+pytestmark = pytest.mark.stage2
+
 
 class StandInOps(EngineOps):
     """The builder's handler with a stand-in proof: every commit `not-improved`, no compiler."""

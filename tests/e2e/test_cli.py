@@ -13,6 +13,8 @@ import pytest
 
 from cppperf.demo import DemoRepo
 
+pytestmark = pytest.mark.stage2
+
 CLI = [sys.executable, "-m", "cppperf"]
 
 

@@ -22,6 +22,8 @@ from cppperf.shared.embedded import free_port
 from tests.fakes import write_bare_instance
 from tests.gitrepo import commit_files
 
+pytestmark = pytest.mark.stage2
+
 runner = CliRunner()
 USAGE, FAILURES = 2, 1
 

@@ -22,6 +22,7 @@ pytestmark = [
     pytest.mark.nats,
     pytest.mark.build,
     pytest.mark.timeout(600),
+    pytest.mark.stage2,
 ]
 
 

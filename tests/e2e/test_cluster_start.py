@@ -17,6 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from cluster_e2e import Cluster, make_keys
 
+pytestmark = pytest.mark.stage2
+
 
 @pytest.mark.nats
 @pytest.mark.slow

@@ -22,6 +22,8 @@ from cppperf.shared.embedded import find_nats_server, free_port
 from cppperf.shared.provision import provision_all
 from cppperf.shared.settings import env_names, load_settings
 
+pytestmark = pytest.mark.stage2
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 

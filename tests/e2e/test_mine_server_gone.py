@@ -15,6 +15,8 @@ import pytest
 
 from cppperf.demo import create_demo_repo
 
+pytestmark = pytest.mark.stage2
+
 
 def _nats_child(pid: int) -> int | None:
     for kid in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():

@@ -16,6 +16,8 @@ import pytest
 from tests.e2e.test_cli_inputs import _store_with, cli
 from tests.gitrepo import commit_files
 
+pytestmark = pytest.mark.stage2
+
 
 def runner_piped(*args: str) -> subprocess.CompletedProcess[str]:
     """The CLI as a pipe sees it (`cppperf … | cat`), on a narrow terminal."""

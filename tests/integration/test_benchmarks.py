@@ -49,6 +49,8 @@ from cppperf.shared.settings import BuilderSettings, Settings
 from tests.conftest import as_file, commit_for, make_settings
 from tests.gitrepo import commit_files
 
+pytestmark = pytest.mark.stage2
+
 
 def _gb_json(*entries: dict[str, Any]) -> str:
     return json.dumps({"context": {"date": "x", "num_cpus": 2}, "benchmarks": list(entries)}, indent=2)

@@ -23,7 +23,7 @@ from cppperf.shared.settings import Settings
 from tests.conftest import Proven, as_file, commit_for, make_settings, strict
 from tests.gitrepo import commit_files
 
-pytestmark = pytest.mark.build
+pytestmark = [pytest.mark.build, pytest.mark.stage2]
 
 __all__ = ["commit_for"]  # other test modules import it from here
 

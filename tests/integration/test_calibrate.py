@@ -12,7 +12,7 @@ from cppperf.demo import DemoRepo
 from cppperf.shared.engine.runner_script import instructions_unsupported
 from tests.e2e.test_cli import run_cli
 
-pytestmark = pytest.mark.build
+pytestmark = [pytest.mark.build, pytest.mark.stage2]
 
 
 def test_calibrate_writes_the_aa_record(demo_repo: DemoRepo, tmp_path: Path) -> None:

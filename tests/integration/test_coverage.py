@@ -33,6 +33,8 @@ from tests.conftest import Proven, as_file, commit_for, make_settings, strict
 from tests.e2e.test_cli import run_cli
 from tests.gitrepo import commit_files
 
+pytestmark = pytest.mark.stage2
+
 DIFF = """\
 diff --git a/src/a.cpp b/src/a.cpp
 index 1111111..2222222 100644

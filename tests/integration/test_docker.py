@@ -32,7 +32,7 @@ from tests.conftest import as_file, make_settings
 from tests.gitrepo import commit_files
 from tests.integration.test_builder import _two_commit_repo, commit_for
 
-pytestmark = [pytest.mark.docker, pytest.mark.build, pytest.mark.slow]
+pytestmark = [pytest.mark.docker, pytest.mark.build, pytest.mark.slow, pytest.mark.stage2]
 
 
 def _engine() -> Any:

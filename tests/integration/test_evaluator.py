@@ -32,7 +32,7 @@ from cppperf.shared.settings import Settings
 from tests.conftest import Proven, make_settings, strict
 from tests.fakes import write_bare_instance
 
-pytestmark = pytest.mark.build
+pytestmark = [pytest.mark.build, pytest.mark.stage2]
 
 
 def core_patch(new_text: str, path: str = "src/core.cpp", old_text: str | None = None) -> str:

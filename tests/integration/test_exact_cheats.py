@@ -29,7 +29,10 @@ from cppperf.shared.engine.runner_script import cachegrind_counts, valgrind_unsu
 from tests.conftest import make_settings
 from tests.integration.test_builder import prove
 
-pytestmark = pytest.mark.skipif(valgrind_unsupported() is not None, reason="valgrind not installed")
+pytestmark = [
+    pytest.mark.skipif(valgrind_unsupported() is not None, reason="valgrind not installed"),
+    pytest.mark.stage2,
+]
 
 # spin() does its three passes natively and one under Valgrind: the count of the expert's patch
 # (one pass), the native time of the original (three)

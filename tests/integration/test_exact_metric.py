@@ -19,7 +19,10 @@ from cppperf.shared.settings import BuilderSettings
 from tests.conftest import make_settings
 from tests.integration.test_builder import prove
 
-pytestmark = pytest.mark.skipif(valgrind_unsupported() is not None, reason="valgrind not installed")
+pytestmark = [
+    pytest.mark.skipif(valgrind_unsupported() is not None, reason="valgrind not installed"),
+    pytest.mark.stage2,
+]
 
 
 def test_cachegrind_files_are_summed_over_processes(tmp_path: Path) -> None:

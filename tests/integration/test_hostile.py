@@ -399,12 +399,14 @@ def test_include_of_a_host_secret_does_not_build(instance: Any, host: Host) -> N
     assert str(host.secret_file) in rep["build_tail"]  # not found in the jail
 
 
+@pytest.mark.stage2
 def test_incbin_of_a_host_secret_does_not_build(instance: Any, host: Host) -> None:
     body = f'asm(".pushsection .rodata\\n.incbin \\"{host.secret_file}\\"\\n.popsection");'
     rep = attack(instance, host, core_patch(hostile_core("", body + "\n")))
     assert rep["verdict"] == "build-failed"
 
 
+@pytest.mark.stage2
 def test_has_include_cannot_probe_host_files(instance: Any, host: Host) -> None:
     # the answer would leak through the test's outcome: a wrong result when a host file is seen
     probe = (
@@ -416,6 +418,7 @@ def test_has_include_cannot_probe_host_files(instance: Any, host: Host) -> None:
     assert rep["verdict"] in ("correct", "opt"), rep["reason"]
 
 
+@pytest.mark.stage2
 def test_include_of_proc_environ_shows_no_secret(instance: Any, host: Host) -> None:
     # a compiler error would quote the included text into the build tail of the report; GCC reads
     # a /proc file as empty (its size is 0), and the jail's environment is allow-listed anyway
@@ -433,6 +436,7 @@ def _cmake_patch(added: str) -> str:
     )
 
 
+@pytest.mark.stage2
 def test_trusted_build_changes_still_run_in_the_jail(instance: Any, host: Host) -> None:
     script = (
         f"echo pwned > {host.markers[0]}; echo pwned > {host.markers[1]}; "
@@ -445,6 +449,7 @@ def test_trusted_build_changes_still_run_in_the_jail(instance: Any, host: Host) 
     assert rep["verdict"] in ("correct", "opt") and rep["applied"], rep["reason"]
 
 
+@pytest.mark.stage2
 def test_obfuscated_test_property_change_is_a_test_edit(instance: Any, host: Host) -> None:
     # no test keyword appears in the text: only the tests' meaning (ctest json) shows the change
     patch = _raw(
@@ -683,7 +688,17 @@ NEW_RUN_TIME = [
 ]
 
 
-@pytest.mark.parametrize("name", RUN_TIME_NAMES + NEW_RUN_TIME)
+# one run-time attack in the quick first stage (README, Tests); the rest in CI's second stage
+QUICK_RUN_TIME = "write-host-files"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        n if n == QUICK_RUN_TIME else pytest.param(n, marks=pytest.mark.stage2)
+        for n in RUN_TIME_NAMES + NEW_RUN_TIME
+    ],
+)
 def test_run_time_attack_is_contained(instance: Any, host: Host, name: str) -> None:
     runs_dir = Path(instance[0].evaluator.runs_dir)
     body, verdicts = run_time_attacks(host, runs_dir, instance[1])[name]
@@ -696,6 +711,7 @@ def test_run_time_attack_is_contained(instance: Any, host: Host, name: str) -> N
     assert on_disk == rep  # the evaluator's report, not the attack's
 
 
+@pytest.mark.stage2
 def test_benign_patch_still_scores_opt(instance: Any, host: Host) -> None:
     rep = attack(instance, host, core_patch(core(1)), model="benign", runs=8)
     assert rep["verdict"] == "opt", rep["reason"]
@@ -736,6 +752,7 @@ DOCKER_ATTACKS = [
 
 @pytest.mark.docker
 @pytest.mark.slow
+@pytest.mark.stage2
 @pytest.mark.parametrize("name", DOCKER_ATTACKS)
 def test_run_time_attack_is_contained_in_docker(instance: Any, host: Host, name: str) -> None:
     """The container is kept (`builder.keep`) so its root can be checked afterwards: nothing the

@@ -25,7 +25,7 @@ from tests.conftest import as_file, make_settings, strict
 from tests.gitrepo import commit_files
 from tests.integration.test_builder import commit_for
 
-pytestmark = pytest.mark.build
+pytestmark = [pytest.mark.build, pytest.mark.stage2]
 
 CMAKE = """cmake_minimum_required(VERSION 3.16)
 project(f CXX)
