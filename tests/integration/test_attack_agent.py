@@ -488,6 +488,8 @@ async def test_gateway_refuses_malformed_requests_before_any_write(
     async with await AgentClient.connect(secured.url, secured.creds("alice")) as alice:
         eid = await alice.submit(INSTANCE, "fast", run_id="r", model="m")  # not a "duplicate" of bob's
         assert (await alice.wait(eid, poll=0.1, max_wait=90))["verdict"] == "opt"
+    async with await AgentClient.connect(secured.url, secured.creds("bob")) as bob_client:
+        await bob_client.wait(answer.id, poll=0.1, max_wait=90)  # bob's own, queued before alice's
     assert sorted(r.run_id for r in ops.ran) == ["alice.r", "bob.r"]
 
 
