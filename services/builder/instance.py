@@ -12,7 +12,9 @@ when the build type is not already `builder.fallback_build_type` (Debug, as the 
 sides are rebuilt and proved once more in that build type. A build whose compiler errors are all
 warnings made errors (`-Werror` meeting a newer compiler's warnings) is rebuilt once with
 `-Wno-error` after every flag (`builder.werror_fallback`), recorded as the attempt's
-`profile_change`. Every attempt is recorded (`attempts`), with the failing step, the log lines
+`profile_change`. Under `builder.metric=cachegrind`, a rejection because Valgrind could not run
+a test's binary (an instruction it lacks: AVX-512 from `-march=native`) is proven once more on
+cpu (`cpu_fallback`, profile change `metric cpu`). Every attempt is recorded (`attempts`), with the failing step, the log lines
 that matter and what cppperf tried; earlier attempts' logs are kept in `logs/attempt-<n>-<type>/`.
 """
 
@@ -235,7 +237,8 @@ def prove(
     """Run the whole protocol for instance `iid`: `sides` `{"old": parent, "new": sha}` exported from
     `repo_path`, or None when the backend holds the trees already (an instance image). With
     `time_identical` byte-identical binaries are timed anyway (an A/A calibration run). When a test
-    fails on both sides, once more in `settings.fallback_build_type` (both attempts recorded).
+    fails on both sides, once more in `settings.fallback_build_type` (both attempts recorded); when
+    Valgrind cannot run the project's binaries under the exact metric, once more on cpu (`cpu_fallback`).
     `coverage`: a recorded one (reproducing an instance) decides instead of a new measurement."""
     if sides is not None and repo_path is None:
         raise ValueError("prove: sides to export need the repository they come from")
