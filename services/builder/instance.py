@@ -14,8 +14,9 @@ warnings made errors (`-Werror` meeting a newer compiler's warnings) is rebuilt 
 `-Wno-error` after every flag (`builder.werror_fallback`), recorded as the attempt's
 `profile_change`. Under `builder.metric=cachegrind`, a rejection because Valgrind could not run
 a test's binary (an instruction it lacks: AVX-512 from `-march=native`) is proven once more on
-cpu (`cpu_fallback`, profile change `metric cpu`). Every attempt is recorded (`attempts`), with the failing step, the log lines
-that matter and what cppperf tried; earlier attempts' logs are kept in `logs/attempt-<n>-<type>/`.
+cpu (`cpu_fallback`, profile change `metric cpu`). Every attempt is recorded (`attempts`), with
+the failing step, the log lines that matter and what cppperf tried; earlier attempts' logs are
+kept in `logs/attempt-<n>-<type>/`.
 """
 
 from __future__ import annotations
