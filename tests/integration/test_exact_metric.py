@@ -306,3 +306,38 @@ def test_a_project_valgrind_cannot_run_is_measured_on_cpu_instead(tmp_path: Path
     assert len(fallback) == 1 and "unhandled instruction bytes: 0x62" in fallback[0]
     assert "in main (in " in fallback[0]  # where: the `at` frame of Valgrind's log
     assert fallback[0].endswith("): measured on cpu instead")
+
+
+@pytest.mark.skipif(not _has_avx512f(), reason="the CPU has no AVX-512F")
+def test_valgrind_s_unhandled_instruction_is_in_the_answer_and_the_output(tmp_path: Path) -> None:
+    """The runner (the jail's and the containers') and the host's own path read Valgrind's log:
+    an AVX-512 instruction is named in `valgrind_unhandled` and in one line of the output."""
+    import shutil
+    import subprocess
+    import sys
+
+    from cppperf.shared.engine.sandbox import RUNNER_PATH, Limits, run
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    (tmp_path / "wide.cpp").write_text(WIDE_TEST)
+    wide = tmp_path / "wide"
+    subprocess.run([cxx, "-O2", "-mavx512f", str(tmp_path / "wide.cpp"), "-o", str(wide)], check=True)
+    subprocess.run([str(wide)], check=True, capture_output=True)  # natively it runs
+    req = {"op": "run", "argv": [str(wide)], "timeout": 120, "valgrind": True}
+    out = subprocess.run(
+        [sys.executable, str(RUNNER_PATH), json.dumps(req)], capture_output=True, text=True, check=True
+    ).stdout
+    answer = json.loads(out)
+    assert answer["returncode"] == -4  # SIGILL from Valgrind
+    assert answer["valgrind_unhandled"].startswith("unhandled instruction bytes: 0x62 ")
+    assert answer["valgrind_unhandled"].endswith(f"in main (in {wide})")
+    assert answer["output"].endswith(
+        f"cppperf: Valgrind cannot run this program: {answer['valgrind_unhandled']}\n"
+    )
+    host = run([str(wide)], limits=Limits(timeout=120, valgrind=True), sandbox=False)
+    assert not host.ok and host.valgrind_unhandled == answer["valgrind_unhandled"]
+    assert "Valgrind cannot run this program" in host.output
+    clean = run(["/bin/true"], limits=Limits(timeout=120, valgrind=True), sandbox=False)
+    assert clean.ok and clean.valgrind_unhandled is None and "Valgrind" not in clean.output
