@@ -12,8 +12,11 @@ when the build type is not already `builder.fallback_build_type` (Debug, as the 
 sides are rebuilt and proved once more in that build type. A build whose compiler errors are all
 warnings made errors (`-Werror` meeting a newer compiler's warnings) is rebuilt once with
 `-Wno-error` after every flag (`builder.werror_fallback`), recorded as the attempt's
-`profile_change`. Every attempt is recorded (`attempts`), with the failing step, the log lines
-that matter and what cppperf tried; earlier attempts' logs are kept in `logs/attempt-<n>-<type>/`.
+`profile_change`. Under `builder.metric=cachegrind`, a rejection because Valgrind could not run
+a test's binary (an instruction it lacks: AVX-512 from `-march=native`) is proven once more on
+cpu (`cpu_fallback`, profile change `metric cpu`). Every attempt is recorded (`attempts`), with
+the failing step, the log lines that matter and what cppperf tried; earlier attempts' logs are
+kept in `logs/attempt-<n>-<type>/`.
 """
 
 from __future__ import annotations
@@ -108,6 +111,8 @@ class InstanceResult:
     improved_benchmarks: list[str] = field(default_factory=list)
     regressed_benchmarks: list[str] = field(default_factory=list)
     coverage: Coverage | None = None  # builder.coverage: which tests run the change
+    metric: str = ""  # the metric this attempt measured on (`builder.metric`, or cpu after `cpu_fallback`)
+    valgrind_unhandled: str = ""  # a failed run's instruction Valgrind could not run (`RunFailure`)
 
     def attempt_summary(self, build_type: str, profile_change: str = "") -> Attempt:
         return Attempt(
@@ -233,7 +238,8 @@ def prove(
     """Run the whole protocol for instance `iid`: `sides` `{"old": parent, "new": sha}` exported from
     `repo_path`, or None when the backend holds the trees already (an instance image). With
     `time_identical` byte-identical binaries are timed anyway (an A/A calibration run). When a test
-    fails on both sides, once more in `settings.fallback_build_type` (both attempts recorded).
+    fails on both sides, once more in `settings.fallback_build_type` (both attempts recorded); when
+    Valgrind cannot run the project's binaries under the exact metric, once more on cpu (`cpu_fallback`).
     `coverage`: a recorded one (reproducing an instance) decides instead of a new measurement."""
     if sides is not None and repo_path is None:
         raise ValueError("prove: sides to export need the repository they come from")
@@ -248,6 +254,10 @@ def prove(
     ):
         spec = replace(backend.spec, extra_args=(*backend.spec.extra_args, *NO_WERROR_ARGS))
         current = _retry(once, current, settings, spec, "-Wno-error", "rebuilt both sides with -Wno-error")
+    why = cpu_fallback(current, settings)
+    if why is not None:  # the exact metric's limit, not the project's: measured on CPU time instead
+        settings = msgspec.structs.replace(settings, metric="cpu")
+        current = _retry(once, current, settings, backend.spec, "metric cpu", why)
     fallback = settings.fallback_build_type
     if (
         current.failure_category != FailureCategory.TEST_FAILURE_BOTH_SIDES
@@ -258,6 +268,17 @@ def prove(
     spec = replace(backend.spec, build_type=fallback)
     return _retry(
         once, current, replace_settings(settings, fallback), spec, "", f"rebuilt both sides in {fallback}"
+    )
+
+
+def cpu_fallback(result: InstanceResult, settings: BuilderSettings) -> str | None:
+    """The `tried` line of proving once more on CPU time, when an attempt under the exact metric
+    was rejected because Valgrind could not run a test's binary (an instruction it lacks, e.g.
+    AVX-512 from `-march=native`: Valgrind 3.19 has none); None when nothing calls for it."""
+    if not exact_metric(settings) or result.verdict != Verdict.REJECTED or not result.valgrind_unhandled:
+        return None
+    return (
+        f"Valgrind cannot run this project's binaries ({result.valgrind_unhandled}): measured on cpu instead"
     )
 
 
@@ -331,7 +352,10 @@ def _attempt(once: _Once, settings: BuilderSettings) -> InstanceResult:
     iid, backend, seed, llm_propose = once.iid, once.backend, once.seed, once.llm_propose
     phase = once.on_phase or (lambda _p, _d, _t: None)
     result = InstanceResult(
-        instance_id=iid, verdict=Verdict.REJECTED, environment=environment_facts(settings)
+        instance_id=iid,
+        verdict=Verdict.REJECTED,
+        environment=environment_facts(settings),
+        metric=settings.metric,
     )
 
     def reject(category: FailureCategory, detail: str) -> InstanceResult:
@@ -555,6 +579,7 @@ def _reject_failure(
     """The rejection for a failed run: the re-runs that say whose fault it is (blame.py decides)."""
     result.failure_step = "test"
     result.failure_lines = first_error_lines(f.output_tail)
+    result.valgrind_unhandled = f.valgrind_unhandled or ""
     category = limit_category(timed_out=f.timed_out, returncode=f.returncode)
     if category is None:
         other: SideName = "old" if f.side == "new" else "new"

@@ -224,7 +224,7 @@ def _meta(commit: CommitSelected, res: InstanceResult, settings: BuilderSettings
         verdict_paper_rule=res.verdict_paper,
         verdict_strict_rule=res.verdict_strict,
         profile=settings.profile,
-        metric=settings.metric,
+        metric=res.metric or settings.metric,  # cpu when Valgrind could not run the project
         decided_on=dict(meas.decided_on) if meas else {},
         repeats=dict(meas.repeats) if meas else {},
         sample_floor_s=settings.sample_floor,

@@ -315,6 +315,9 @@ class DockerBackend:
             ir=None if ans.get("ir") is None else int(ans["ir"]),
             memory_exceeded=oom_killed(ans),
             est_cycles=None if ans.get("est_cycles") is None else int(ans["est_cycles"]),
+            valgrind_unhandled=None
+            if ans.get("valgrind_unhandled") is None
+            else str(ans["valgrind_unhandled"]),
         )
 
     @property

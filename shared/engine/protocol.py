@@ -134,6 +134,7 @@ class RunFailure:
     returncode: int
     timed_out: bool
     output_tail: str
+    valgrind_unhandled: str | None = None  # `RunResult.valgrind_unhandled`: the metric's limit
 
 
 @dataclass
@@ -212,7 +213,9 @@ def _calibrate(
         for side in sides:
             res = run_one(side, name)
             if not res.ok:
-                return RunFailure(name, side, -1, res.returncode, res.timed_out, res.output[-2000:])
+                return RunFailure(
+                    name, side, -1, res.returncode, res.timed_out, res.output[-2000:], res.valgrind_unhandled
+                )
             shortest[name] = min(shortest.get(name, math.inf), _length(res))
     return None
 
@@ -242,7 +245,9 @@ def _run_sides(
     for side in sides:
         res = repeated(run_one, side, name, meas.repeats[name])
         if not res.ok:
-            return RunFailure(name, side, r, res.returncode, res.timed_out, res.output[-2000:])
+            return RunFailure(
+                name, side, r, res.returncode, res.timed_out, res.output[-2000:], res.valgrind_unhandled
+            )
         if r >= meas.warmup:
             meas.samples[name].add(side, res)
         else:

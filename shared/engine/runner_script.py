@@ -16,7 +16,8 @@ Takes one JSON request as its argument, writes one JSON answer on stdout:
      its output files in a private temporary directory; `"ir"` in the answer is the instructions
      it counted, summed over every process — exact, whatever else runs on the machine;
      `cache_sim`: `--cache-sim=yes` instead, and `"est_cycles"` in the answer is the estimated
-     cycles from its cache misses, `estimated_cycles`)
+     cycles from its cache misses, `estimated_cycles`; `"valgrind_unhandled"`: null, or one line
+     naming the instruction Valgrind could not run, when its log reports one, `valgrind_unhandled`)
     (`views`, with `tree` and `uid`: directories of the read-only `tree` made writable for the run
      and emptied before and after it, the build's entries in them kept read-only: `View`)
     {"op": "probe"} → {"instructions_unsupported": null | "why", "valgrind_unsupported": null | "why"}
@@ -175,6 +176,51 @@ def cachegrind_counts(out_dir: str) -> dict[str, int] | None:
                         if value.isdigit():
                             totals[event] = totals.get(event, 0) + int(value)
     return totals if found else None
+
+
+UNHANDLED_NOTE = "\ncppperf: Valgrind cannot run this program: {}\n"
+_LOG_READ_LIMIT = 1 << 16  # a log's head: Valgrind's report of the instruction comes early
+
+
+def valgrind_unhandled(log_text: str) -> str | None:
+    """One short line naming the instruction Valgrind could not run and where, when its log
+    (`--log-file`) says it met one — `vex amd64->IR: unhandled instruction bytes: …` then
+    `valgrind: Unrecognised instruction at address …` and its first `at` frame (Valgrind 3.19
+    lacks AVX-512, which `-march=native` emits on a host that has it); None otherwise."""
+    bytes_line = where = None
+    unrecognised = False
+    for line in log_text.splitlines():
+        if bytes_line is None and "unhandled instruction bytes:" in line:
+            bytes_line = "unhandled instruction bytes:" + line.split("unhandled instruction bytes:", 1)[1]
+        elif "valgrind: Unrecognised instruction" in line:
+            unrecognised = True
+        elif unrecognised and where is None and line.split("== ", 1)[-1].lstrip().startswith("at 0x"):
+            frame = line.split("== ", 1)[-1].strip()
+            where = frame.split(": ", 1)[1] if ": " in frame else frame
+    if bytes_line is None and not unrecognised:
+        return None
+    parts = [" ".join((bytes_line or "unrecognised instruction").split())]
+    if where:
+        parts.append(f"in {where}")
+    line = " ".join(parts)
+    return line if len(line) <= 240 else line[:237] + "..."
+
+
+def valgrind_logs_unhandled(out_dir: str) -> str | None:
+    """`valgrind_unhandled` of the first `valgrind.<pid>.log` in `out_dir` that reports one.
+    Regular files only, each read up to `_LOG_READ_LIMIT` (`_open_regular`: the directory is
+    the test's to write)."""
+    for name in sorted(os.listdir(out_dir)):
+        if not (name.startswith("valgrind.") and name.endswith(".log")):
+            continue
+        fh = _open_regular(os.path.join(out_dir, name))
+        if fh is None:
+            continue
+        with fh:
+            found = valgrind_unhandled(fh.read(_LOG_READ_LIMIT))
+        if found is not None:
+            return found
+    return None
 
 
 def cachegrind_ir(out_dir: str) -> int | None:
@@ -586,12 +632,14 @@ def _run_command(req: dict[str, Any]) -> dict[str, Any]:
     assert proc.stdout is not None
     proc.stdout.close()
     ooms_after = None if ooms is None else oom_kills()
-    counts = None
+    counts = unhandled = None
     if cg_dir is not None:
         import shutil
 
         counts = cachegrind_counts(cg_dir)
+        unhandled = valgrind_logs_unhandled(cg_dir)
         shutil.rmtree(cg_dir, ignore_errors=True)
+    output = keep.text() + (UNHANDLED_NOTE.format(unhandled) if unhandled else "")
     return {
         "ir": None if counts is None else counts["Ir"],
         "est_cycles": estimated_cycles(counts),
@@ -600,9 +648,10 @@ def _run_command(req: dict[str, Any]) -> dict[str, Any]:
         "wall_s": wall,
         "cpu_s": cpu_s,
         "timed_out": timed_out,
-        "output": keep.text(),
+        "output": output,
         "truncated": keep.dropped > 0,
         "max_rss_kb": usage.ru_maxrss,
+        "valgrind_unhandled": unhandled,
         # the OOM killer struck in our memory cgroup during the run; null: cannot tell
         "oom_killed": None if ooms is None or ooms_after is None else ooms_after > ooms,
     }

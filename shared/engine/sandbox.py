@@ -52,6 +52,7 @@ from typing import Final
 
 from cppperf.shared.engine.cgroups import RunCgroup
 from cppperf.shared.engine.runner_script import (
+    UNHANDLED_NOTE,
     InstructionCounter,
     OutputKeeper,
     cachegrind_counts,
@@ -60,6 +61,7 @@ from cppperf.shared.engine.runner_script import (
     supervise,
     valgrind_argv,
     valgrind_dir,
+    valgrind_logs_unhandled,
 )
 from cppperf.shared.engine.seccomp import filter_fd
 
@@ -97,6 +99,8 @@ class RunResult:
     memory_exceeded: bool = False  # the kernel killed a process of the run at its memory cgroup cap
     ir: int | None = None  # instructions Cachegrind counted (`Limits.valgrind`), every process
     est_cycles: int | None = None  # estimated cycles from its simulated cache misses (`Limits.cache_sim`)
+    # Valgrind met an instruction it cannot run (its log's line and where): the metric's limit
+    valgrind_unhandled: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -554,8 +558,13 @@ def run(
         res = _start_and_supervise(full, argv, cwd, env, limits, output_limit, log_file, jail, stage, fds)
         if cg_dir is not None:
             counts = cachegrind_counts(cg_dir)
+            unhandled = valgrind_logs_unhandled(cg_dir)
             return replace(
-                res, ir=None if counts is None else counts["Ir"], est_cycles=estimated_cycles(counts)
+                res,
+                ir=None if counts is None else counts["Ir"],
+                est_cycles=estimated_cycles(counts),
+                valgrind_unhandled=unhandled,
+                output=res.output + (UNHANDLED_NOTE.format(unhandled) if unhandled else ""),
             )
         return _inner_result(res, limits.memory_mb) if inner else res
     finally:
@@ -592,6 +601,9 @@ def _inner_result(outer: RunResult, memory_mb: int | None) -> RunResult:
             memory_exceeded=oom,
             ir=None if ans.get("ir") is None else int(ans["ir"]),
             est_cycles=None if ans.get("est_cycles") is None else int(ans["est_cycles"]),
+            valgrind_unhandled=None
+            if ans.get("valgrind_unhandled") is None
+            else str(ans["valgrind_unhandled"]),
         )
     except (ValueError, KeyError, TypeError):
         return outer

@@ -239,3 +239,105 @@ def test_cache_sim_adds_estimated_cycles_beside_the_count_on_a_real_run(tmp_path
     ).stdout
     answer = json.loads(out)
     assert answer["returncode"] == 0 and answer["est_cycles"] >= answer["ir"] > 0
+
+
+WIDE_TEST = """\
+#include <immintrin.h>
+#include <cstdio>
+
+static volatile int seed = 3;
+
+int main() {
+  alignas(64) int out[16];
+  __m512i a = _mm512_set1_epi32(seed);
+  _mm512_store_si512(out, _mm512_add_epi32(a, a));  // AVX-512: Valgrind 3.19 cannot run it
+  std::printf("wide: %d\\n", out[0]);
+  return out[15] == 2 * seed ? 0 : 1;
+}
+"""
+
+
+def _has_avx512f() -> bool:
+    try:
+        return " avx512f" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.build
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not _has_avx512f(), reason="the CPU has no AVX-512F")
+def test_a_project_valgrind_cannot_run_is_measured_on_cpu_instead(tmp_path: Path) -> None:
+    """A test executing an AVX-512 instruction (what `-march=native` emits on such a host) dies of
+    SIGILL under Valgrind 3.19: under `builder.metric=cachegrind` that is the metric's limit, not
+    the project's: the instance is proven once more on CPU time, the record says `cpu`, both
+    attempts are kept and `tried` says why."""
+    from cppperf.demo import CMAKELISTS, CORE_H, DemoRepo, core, other, tests_for
+
+    demo = DemoRepo(tmp_path / "wide")
+    demo.path.mkdir()
+    demo.git("init", "-q", "-b", "main")
+    cmake = CMAKELISTS + (
+        "add_executable(test_wide tests/test_wide.cpp)\n"
+        "target_compile_options(test_wide PRIVATE -mavx512f)\n"
+        "add_test(NAME wide COMMAND test_wide)\n"
+    )
+    files = {"CMakeLists.txt": cmake, "include/core.h": CORE_H, "src/core.cpp": core(3)}
+    files |= {"src/other.cpp": other(), "tests/test_wide.cpp": WIDE_TEST, **tests_for(8_000_000, 3_000_000)}
+    demo.commit("base", "Initial import", files, date="2019-06-01T10:00:00+00:00")
+    demo.commit(
+        "perf",
+        "Speed up spin() by dropping redundant passes\n\nThe extra passes recomputed the same value.",
+        {"src/core.cpp": core(1)},
+        date="2024-01-10T10:00:00+00:00",
+    )
+    settings = make_settings(
+        tmp_path, builder={"metric": "cachegrind", "lease_dir": str(tmp_path / "leases")}
+    )
+    rec = prove(demo, "perf", settings, tmp_path)["cppperf"]
+    assert rec["verdict"] in ("improved", "not-improved"), (rec["failure_detail"], rec["tried"])
+    assert rec["metric"] == "cpu"
+    assert set(rec["decided_on"].values()) == {"cpu"} and "wide" in rec["decided_on"]
+    first, second = rec["attempts"]
+    assert first["verdict"] == "rejected" and first["failure_step"] == "test"
+    assert any("Valgrind cannot run this program" in line for line in first["failure_lines"]), first
+    assert second["profile_change"] == "metric cpu" and second["verdict"] == rec["verdict"]
+    fallback = [t for t in rec["tried"] if t.startswith("Valgrind cannot run this project's binaries")]
+    assert len(fallback) == 1 and "unhandled instruction bytes: 0x62" in fallback[0]
+    assert "in main (in " in fallback[0]  # where: the `at` frame of Valgrind's log
+    assert fallback[0].endswith("): measured on cpu instead")
+
+
+@pytest.mark.skipif(not _has_avx512f(), reason="the CPU has no AVX-512F")
+def test_valgrind_s_unhandled_instruction_is_in_the_answer_and_the_output(tmp_path: Path) -> None:
+    """The runner (the jail's and the containers') and the host's own path read Valgrind's log:
+    an AVX-512 instruction is named in `valgrind_unhandled` and in one line of the output."""
+    import shutil
+    import subprocess
+    import sys
+
+    from cppperf.shared.engine.sandbox import RUNNER_PATH, Limits, run
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    (tmp_path / "wide.cpp").write_text(WIDE_TEST)
+    wide = tmp_path / "wide"
+    subprocess.run([cxx, "-O2", "-mavx512f", str(tmp_path / "wide.cpp"), "-o", str(wide)], check=True)
+    subprocess.run([str(wide)], check=True, capture_output=True)  # natively it runs
+    req = {"op": "run", "argv": [str(wide)], "timeout": 120, "valgrind": True}
+    out = subprocess.run(
+        [sys.executable, str(RUNNER_PATH), json.dumps(req)], capture_output=True, text=True, check=True
+    ).stdout
+    answer = json.loads(out)
+    assert answer["returncode"] == -4  # SIGILL from Valgrind
+    assert answer["valgrind_unhandled"].startswith("unhandled instruction bytes: 0x62 ")
+    assert answer["valgrind_unhandled"].endswith(f"in main (in {wide})")
+    assert answer["output"].endswith(
+        f"cppperf: Valgrind cannot run this program: {answer['valgrind_unhandled']}\n"
+    )
+    host = run([str(wide)], limits=Limits(timeout=120, valgrind=True), sandbox=False)
+    assert not host.ok and host.valgrind_unhandled == answer["valgrind_unhandled"]
+    assert "Valgrind cannot run this program" in host.output
+    clean = run(["/bin/true"], limits=Limits(timeout=120, valgrind=True), sandbox=False)
+    assert clean.ok and clean.valgrind_unhandled is None and "Valgrind" not in clean.output
