@@ -227,9 +227,9 @@ def _unseen_in_a_file_it_runs(sites: Sites, counts: Counts) -> bool:
     for path in ran:
         if path in sites.unmapped_files:
             return True
-        if any(p == path and k not in counts.lines for k in sites.lines for p in [k[0]]):
+        if any(k[0] == path and k not in counts.lines for k in sites.lines):
             return True
-        if any(p == path and k not in counts.functions for k in sites.functions for p in [k[0]]):
+        if any(k[0] == path and k not in counts.functions for k in sites.functions):
             return True
     return False
 

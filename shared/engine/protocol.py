@@ -136,6 +136,13 @@ class RunFailure:
     output_tail: str
     valgrind_unhandled: str | None = None  # `RunResult.valgrind_unhandled`: the metric's limit
 
+    @classmethod
+    def of(cls, test: str, side: SideName, round_: int, res: RunResult) -> RunFailure:
+        """The failure of `res`, a run of `test` on `side` in round `round_` (-1: calibration)."""
+        return cls(
+            test, side, round_, res.returncode, res.timed_out, res.output[-2000:], res.valgrind_unhandled
+        )
+
 
 @dataclass
 class Measurement:
@@ -213,9 +220,7 @@ def _calibrate(
         for side in sides:
             res = run_one(side, name)
             if not res.ok:
-                return RunFailure(
-                    name, side, -1, res.returncode, res.timed_out, res.output[-2000:], res.valgrind_unhandled
-                )
+                return RunFailure.of(name, side, -1, res)
             shortest[name] = min(shortest.get(name, math.inf), _length(res))
     return None
 
@@ -245,9 +250,7 @@ def _run_sides(
     for side in sides:
         res = repeated(run_one, side, name, meas.repeats[name])
         if not res.ok:
-            return RunFailure(
-                name, side, r, res.returncode, res.timed_out, res.output[-2000:], res.valgrind_unhandled
-            )
+            return RunFailure.of(name, side, r, res)
         if r >= meas.warmup:
             meas.samples[name].add(side, res)
         else:
