@@ -171,6 +171,9 @@ def summarise(c: dict[str, Any]) -> dict[str, Any]:
             for a in c.get("attempts") or []
         ],
     }
+    best = best_workload(c)
+    if best is not None:
+        out["best"] = best
     if cov:
         out["coverage"] = {
             "used": cov.get("used", False),
@@ -182,6 +185,48 @@ def summarise(c: dict[str, Any]) -> dict[str, Any]:
             "seconds": cov.get("seconds", 0.0),
         }
     return out
+
+
+def best_workload(c: dict[str, Any]) -> dict[str, Any] | None:
+    """The deciding workload (a test coverage let decide, or a benchmark) with the lowest new/old
+    ratio: how close the change came to a proof, for the table's "why not"."""
+    cov = c.get("coverage") or {}
+    deciding = set(cov.get("deciding") or []) if cov.get("used") else None
+    stats = [t for t in c.get("tests") or [] if deciding is None or t["name"] in deciding]
+    stats += list(c.get("benchmarks") or [])
+    stats = [t for t in stats if t.get("ratio")]
+    if not stats:
+        return None
+    t = min(stats, key=lambda t: float(t["ratio"]))
+    return {
+        "name": t["name"],
+        "ratio": round(float(t["ratio"]), 4),
+        "ci": [
+            round(float(t.get("ci_low") or t["ratio"]), 4),
+            round(float(t.get("ci_high") or t["ratio"]), 4),
+        ],
+        "of": len(stats),
+    }
+
+
+def enrich(rows: list[dict[str, Any]], outs: list[Path]) -> list[dict[str, Any]]:
+    """Rows written before they carried `best` get it from their proof's stored record (under
+    `OUT/out/<config>/instances/` of any OUT given); rows with it, or without a record, stay."""
+    return [r if "best" in r else {**r, **stored_best(r, outs)} for r in rows]
+
+
+def stored_best(row: dict[str, Any], outs: list[Path]) -> dict[str, Any]:
+    if row["verdict"] not in ("improved", "not-improved", "regressed"):
+        return {}
+    repo, _, sha8 = row["id"].partition("@")
+    for out in outs:
+        found = sorted(
+            (out / "out" / row["config"] / "instances").glob(f"{repo.replace('/', '__')}-{sha8}*.json")
+        )
+        if found:
+            best = best_workload(json.loads(found[0].read_text())["cppperf"])
+            return {"best": best} if best is not None else {}
+    return {}
 
 
 def instance_key(entry: dict[str, Any]) -> str:
@@ -240,6 +285,10 @@ def cell(r: dict[str, Any] | None) -> str:
         )
     if r.get("benchmarks"):
         v += f"; {r['benchmarks']} bench"
+    best = r.get("best")
+    if best and r["verdict"] != "improved":
+        lo, hi = best["ci"]
+        v += f"; best {best['ratio']:.3f}× [{lo:.3f}, {hi:.3f}] `{best['name'][:40]}`"
     if r.get("oracle") == "skipped":
         v += "; not validated (another has an oracle)"
     elif "oracle" in r:
@@ -440,7 +489,7 @@ def main() -> None:
         run(chosen, done, args)
     done = merged(done, args.with_rows)  # after the run: they never mark this process's work done
     instances = [instance_key(e) for e in chosen]
-    rows = list(done.values())
+    rows = enrich(list(done.values()), [args.out, *(p.parent for p in args.with_rows)])
     if args.markdown:
         print("\n".join(table(rows, instances, {instance_key(e): e["date"][:10] for e in chosen})))
     else:

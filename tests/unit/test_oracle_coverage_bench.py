@@ -147,3 +147,36 @@ def test_rows_of_another_out_join_the_table_without_overriding_this_ones(
     assert set(done) == {("o/a@1", "tests"), ("o/a@1", "exact")}
     assert done[("o/a@1", "tests")]["verdict"] == "improved"
     assert done[("o/a@1", "exact")]["config"] == "exact"
+
+
+def _stat(name: str, ratio: float) -> dict[str, Any]:
+    return {"name": name, "ratio": ratio, "ci_low": ratio - 0.01, "ci_high": ratio + 0.01}
+
+
+def test_best_workload_is_the_lowest_ratio_among_deciding_tests_and_benchmarks(oc: ModuleType) -> None:
+    record = {
+        "tests": [_stat("runs-it", 0.97), _stat("control", 0.90)],
+        "benchmarks": [_stat("bench:b/BM_x", 0.95)],
+        "coverage": {"used": True, "deciding": ["runs-it"], "controls": ["control"]},
+    }
+    # the control's 0.90 is not the change's showing: it does not decide
+    assert oc.best_workload(record) == {"name": "bench:b/BM_x", "ratio": 0.95, "ci": [0.94, 0.96], "of": 2}
+    record["coverage"] = {"used": False}
+    assert oc.best_workload(record)["name"] == "control"
+    assert oc.best_workload({"tests": [], "benchmarks": []}) is None
+
+
+def test_rows_without_best_take_it_from_their_stored_record(oc: ModuleType, tmp_path: Path) -> None:
+    other = tmp_path / "b"
+    records = other / "out" / "exact" / "instances"
+    records.mkdir(parents=True)
+    (records / "o__a-1234567890ab.json").write_text(json.dumps({"cppperf": {"tests": [_stat("t", 0.998)]}}))
+    rows = [
+        _row("o/a@12345678", "exact"),
+        _row("o/a@12345678", "tests"),  # no record under any OUT: stays as it is
+        _row("o/a@12345678", "oracles", "rejected"),
+    ]
+    got = oc.enrich(rows, [tmp_path / "a", other])
+    assert got[0]["best"]["ratio"] == 0.998 and "best" not in got[1] and "best" not in got[2]
+    line = oc.table(got, ["o/a@12345678"], {})[2]
+    assert "best 0.998× [0.988, 1.008] `t`" in line
