@@ -763,6 +763,21 @@ def test_serve_on_embedded_nats_is_healthy_and_stops_on_sigterm(tmp_path: Path) 
     assert res.returncode == 1 and "old" in res.stdout
 
 
+def _catches(pid: int, sig: int, within: float) -> bool:
+    """The process has a handler for `sig` (its `SigCgt` mask in /proc) before `within` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return False
+        caught = next(int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:"))
+        if caught & (1 << (sig - 1)):
+            return True
+        time.sleep(0.1)
+    return False
+
+
 @pytest.mark.parametrize("signals", [1, 2], ids=["sigterm", "sigterm-twice"])
 def test_serve_against_an_unreachable_bus_stops_within_its_grace(tmp_path: Path, signals: int) -> None:
     """`cppperf serve filter` whose bus is not there (it keeps retrying the connection): one
@@ -784,7 +799,10 @@ def test_serve_against_an_unreachable_bus_stops_within_its_grace(tmp_path: Path,
         text=True,
     )
     try:
-        time.sleep(4)  # connecting (and failing) by now
+        # its SIGTERM handler is in place (a loaded machine can take seconds to import), then it
+        # is connecting (and failing)
+        assert _catches(serve.pid, signal.SIGTERM, within=120), "serve never handled SIGTERM"
+        time.sleep(2)
         assert serve.poll() is None, "serve keeps retrying an unreachable bus"
         start = time.monotonic()
         for _ in range(signals):
