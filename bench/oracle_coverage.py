@@ -294,7 +294,7 @@ def cell(r: dict[str, Any] | None) -> str:
     elif "oracle" in r:
         v += f"; gold → oracle **{r['oracle']}**"
     secs = r.get("prove_s", 0.0) + r.get("validate_s", 0.0)
-    return f"{v} ({secs:.0f} s)"
+    return f"{v} ({secs:.0f} s)" + (" ‡" if r.get("source") else "")  # ‡: an earlier run's row
 
 
 def table(rows: list[dict[str, Any]], instances: list[str], dates: dict[str, str]) -> list[str]:

@@ -180,3 +180,15 @@ def test_rows_without_best_take_it_from_their_stored_record(oc: ModuleType, tmp_
     assert got[0]["best"]["ratio"] == 0.998 and "best" not in got[1] and "best" not in got[2]
     line = oc.table(got, ["o/a@12345678"], {})[2]
     assert "best 0.998× [0.988, 1.008] `t`" in line
+
+
+def test_an_earlier_runs_row_is_marked_and_counts(oc: ModuleType) -> None:
+    earlier = {"source": "README table of an earlier run"}
+    rows = [
+        _row("o/a@1", "tests", **earlier),
+        _row("o/a@1", "oracles", "improved", proven_by="benchmark", oracle="benchmark", **earlier),
+        _row("o/a@1", "exact"),
+    ]
+    line = oc.table(rows, ["o/a@1"], {})[2]
+    assert line.count("‡") == 2 and "(10 s) |" in line  # this run's exact cell is unmarked
+    assert oc.counts(rows, ["o/a@1"])["graded"] == ["o/a@1"]
