@@ -109,9 +109,14 @@ def declared(texts: list[str]) -> list[Content]:
 
 
 def _resolve(repo: Path, rev: str) -> str | None:
+    """The commit `rev` names in `repo`: a commit id, tag or branch — also `origin/<branch>`
+    (a `GIT_TAG` naming the remote-tracking branch of CMake's clone, which a bare mirror holds
+    as `refs/heads/<branch>`)."""
     if not repo.exists():
         return None
-    for cand in (rev, f"refs/tags/{rev}", f"origin/{rev}"):
+    tracking = rev.removeprefix("origin/")
+    cands = (rev, f"refs/tags/{rev}", f"refs/heads/{rev}", f"origin/{rev}")
+    for cand in cands + ((f"refs/heads/{tracking}",) if tracking != rev else ()):
         proc = subprocess.run(
             ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{cand}^{{commit}}"],
             capture_output=True,

@@ -136,6 +136,23 @@ def test_cmake_configures_and_builds_offline(dep: Path, top: tuple[Path, str], t
     assert subprocess.run([str(build / "t")], check=False).returncode == 0  # v1's value, not the tip's
 
 
+def test_a_remote_tracking_branch_resolves_in_a_bare_mirror(dep: Path, tmp_path: Path) -> None:
+    """`GIT_TAG origin/main` (CMake's clone has the remote's branches as `origin/…`; a bare mirror
+    has them as `refs/heads/…`) and a plain branch name both give the branch's tip; a branch the
+    mirror lacks is still missing."""
+    from cppperf.shared.engine.fetchcontent import Content, locate
+
+    mirror = tmp_path / "mirror.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(dep), str(mirror)], check=True)
+    branch = git(mirror, "symbolic-ref", "--short", "HEAD")
+    tip = git(mirror, "rev-parse", "HEAD")
+    sources = Sources(mirrors={URL: str(mirror)}, fetch=False)
+    for rev in (f"origin/{branch}", branch):
+        assert locate(Content("tinydep", URL, rev), sources) == (mirror, tip)
+    with pytest.raises(MissingFetchContent, match="lacks origin/nosuch"):
+        locate(Content("tinydep", URL, "origin/nosuch"), sources)
+
+
 def test_content_from_the_cache(dep: Path, top: tuple[Path, str], tmp_path: Path) -> None:
     repo, sha = top
     cache = tmp_path / "cache"
