@@ -12,7 +12,10 @@ A content's history comes from the same places as a submodule's (`submodules.Sou
 mirror mapped to its repository URL (`builder.submodule_mirrors`), else the shared mirror cache
 (fetched when `builder.submodule_fetch`). A declared content none of these has (or whose
 repository or revision is a CMake variable, or a download that is no GitHub archive) raises
-`MissingFetchContent`, naming it; the builder turns that into a `dependency` rejection.
+`MissingFetchContent`, naming it; the builder turns that into a `dependency` rejection. A content
+declared by another content (a dependency's own `FetchContent_Declare`, often optional: fast_float's
+test data, declared in its tests) that cannot be had is left out with a warning instead: the build
+goes on, and configure fails (FULLY_DISCONNECTED) only if it is really needed.
 """
 
 from __future__ import annotations
@@ -34,7 +37,10 @@ from cppperf.shared.engine.submodules import (
     walk,
 )
 from cppperf.shared.errors import BadInput, TransientError
+from cppperf.shared.logging import get_logger
 from cppperf.shared.mirror import ensure_local, mirror_path
+
+log = get_logger(__name__)
 
 DIR = ".cppperf/fetchcontent"
 INIT_CACHE = ".cppperf/fetchcontent.cmake"
@@ -202,16 +208,24 @@ def archive(repo: Path, sha: str, sources: Sources | None = None) -> bytes:
     sources = sources or Sources()
     parts = walk(repo, sha, sources)
     provided: list[Content] = []
-    pending = declared(_cmake_texts(parts))
+    pending = [(c, False) for c in declared(_cmake_texts(parts))]  # (content, declared by a content)
     while pending:
-        content = pending.pop(0)
+        content, nested = pending.pop(0)
         if any(c.name.lower() == content.name.lower() for c in provided):
             continue
-        where, rev = locate(content, sources)
-        mine = walk(where, rev, sources, prefix=dirname(content), base_url=content.url)
+        try:
+            where, rev = locate(content, sources)
+            mine = walk(where, rev, sources, prefix=dirname(content), base_url=content.url)
+        except BadInput as exc:
+            if not nested:
+                raise
+            # a dependency's own declaration is often optional (its tests' data, its benchmarks'
+            # framework): left out; if the build does need it, configure says so
+            log.warning("fetchcontent_nested_left_out", content=content.name, why=str(exc)[:300])
+            continue
         parts += mine
         provided.append(content)
-        pending += declared(_cmake_texts(mine))
+        pending += [(c, True) for c in declared(_cmake_texts(mine))]
     if provided:
         script = init_cache(provided).encode()
         buf = io.BytesIO()

@@ -153,6 +153,33 @@ def test_a_remote_tracking_branch_resolves_in_a_bare_mirror(dep: Path, tmp_path:
         locate(Content("tinydep", URL, "origin/nosuch"), sources)
 
 
+def test_a_dependencys_own_declaration_that_cannot_be_had_is_left_out(
+    dep: Path, top: tuple[Path, str], tmp_path: Path
+) -> None:
+    """tinydep declares (for its own tests, off by default) a content no mirror has: the top
+    project's tree is still exported, without it, and configures and builds offline; the same
+    declaration at the top level is a dependency rejection (test below)."""
+    commit_files(
+        dep,
+        {
+            "CMakeLists.txt": "add_library(tinydep INTERFACE)\n"
+            "target_include_directories(tinydep INTERFACE ${CMAKE_CURRENT_SOURCE_DIR})\n"
+            "if(TINYDEP_TESTS)\n  include(FetchContent)\n"
+            "  FetchContent_Declare(tinydata GIT_REPOSITORY https://github.com/example/absent.git"
+            " GIT_TAG origin/main)\n  FetchContent_MakeAvailable(tinydata)\nendif()\n",
+        },
+        "v1 with optional test data",
+    )
+    git(dep, "tag", "-f", "v1")
+    repo, sha = top
+    src = tmp_path / "src"
+    export_tree(repo, sha, src, Sources(mirrors={URL: str(dep)}, fetch=False))
+    script = (src / INIT_CACHE).read_text()
+    assert "TINYDEP" in script and "TINYDATA" not in script
+    res = configure(src, tmp_path / "build", BuildSpec(), env=tool_env(None, None), log=tmp_path / "c.log")
+    assert res.ok, res.result.output[-2000:]
+
+
 def test_content_from_the_cache(dep: Path, top: tuple[Path, str], tmp_path: Path) -> None:
     repo, sha = top
     cache = tmp_path / "cache"
