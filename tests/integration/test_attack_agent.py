@@ -19,7 +19,7 @@ import nkeys  # type: ignore[import-untyped]
 import pytest
 from nats.aio.msg import Msg
 
-from cppperf.agents import add_agent, agent_entry, list_agents, new_key, remove_agent, render
+from cppperf.agents import AGENT_LIMITS, add_agent, agent_entry, list_agents, new_key, remove_agent, render
 from cppperf.client import AgentClient, Refused
 from cppperf.runtime import connect
 from cppperf.services.evaluator.gateway import dedup_id
@@ -126,6 +126,7 @@ def test_agents_conf_puts_every_agent_in_its_own_account(tmp_path: Path) -> None
     assert text.count("agent_alice: {users: [") == 1 and text.count("agent_bob: {users: [") == 1
     assert '"eval.api.bob.*"' in text and '"eval.completed.bob"' in text
     assert "eval.api.*.*" not in text  # each imports only its own API
+    assert text.count("limits: {max_connections: 16, max_subscriptions: 128}") == 2  # each its own share
     # an agents.conf of the older one-account format is read, and rewritten per agent
     key = new_key()
     old = tmp_path / "old.conf"
@@ -267,17 +268,72 @@ async def test_agent_may_subscribe_only_to_its_inbox_and_announcements(secured: 
         assert "for subscription" in await server_refuses(secured, "bob", subscribe=subject), subject
     for subject in ("_INBOX_bob.>", "eval.completed.bob"):
         assert await server_refuses(secured, "bob", subscribe=subject) == "", subject
-    # a queue group does not widen a subscription
-    nc = await as_user(secured, "bob")
+    # a queue group does not widen a subscription, nor joins the evaluator's own queue group
+    for subject, queue in (("eval.completed.alice", "q"), ("eval.api.bob.*", "evaluator-api")):
+        nc = await as_user(secured, "bob")
+        try:
+            await nc.subscribe(subject, queue=queue)
+            with contextlib.suppress(Exception):
+                await nc.flush(timeout=1)
+            await asyncio.sleep(0.05)
+            assert "for subscription" in str(nc.last_error).lower(), subject
+        finally:
+            with contextlib.suppress(Exception):
+                await nc.close()
+
+
+# ------------------------------------------------------------------ exhausting the server (limits)
+MAX_CONNECTIONS = AGENT_LIMITS["max_connections"]  # each agent account's, in agents.conf
+MAX_SUBSCRIPTIONS = AGENT_LIMITS["max_subscriptions"]
+
+
+async def test_an_agent_cannot_open_unbounded_connections(secured: SecuredBus, evaluator: Any) -> None:
+    """Each connection holds a socket, buffers and a goroutine on every server: an agent without a
+    limit could open thousands (one creds file, one loop) and take the file descriptors every other
+    agent and service needs. Its account allows MAX_CONNECTIONS at once; the next is refused by the
+    server, while another agent still connects and is served, and a closed connection frees its
+    slot."""
+    held: list[nats.NATS] = []
     try:
-        await nc.subscribe("eval.completed.alice", queue="q")
+        for _ in range(MAX_CONNECTIONS):
+            held.append(await as_user(secured, "bob"))
+        bob_seed = read_creds(secured.creds("bob"))[1]
+        refusal = (await raw_connect(secured.url, bob_seed)).lower()  # a plain socket, closed after
+        assert "maximum account active connections exceeded" in refusal
+        async with await AgentClient.connect(secured.url, secured.creds("alice"), request_timeout=5) as alice:
+            eid = await alice.submit(INSTANCE, "fast", run_id="r", model="m")
+            assert (await alice.wait(eid, poll=0.1, max_wait=90))["verdict"] == "opt"
+        await held.pop().close()
+        held.append(await as_user(secured, "bob"))  # a freed slot is bob's again
+    finally:
+        for nc in held:
+            with contextlib.suppress(Exception):
+                await nc.close()
+
+
+async def test_an_agent_cannot_hold_unbounded_subscriptions(secured: SecuredBus, evaluator: Any) -> None:
+    """Subscriptions to its own inbox are the agent's to make, and each costs the server memory and
+    a sublist entry (and each one on `eval.completed.bob` one more delivery of every announcement):
+    without a limit one connection held 20 000. The account allows MAX_SUBSCRIPTIONS in all; the
+    next is refused by the server, and the agent's own client still gets its answers."""
+    bob = await as_user(secured, "bob")
+    try:
+        for i in range(MAX_SUBSCRIPTIONS - 1):  # one left for the client's own reply inbox
+            await bob.subscribe(f"_INBOX_bob.s{i}")
+        await bob.flush(timeout=5)
+        assert bob.last_error is None
+        await bob.subscribe("_INBOX_bob.one-too-many")
+        await bob.subscribe("eval.completed.bob")
         with contextlib.suppress(Exception):
-            await nc.flush(timeout=1)
-        await asyncio.sleep(0.05)
-        assert "for subscription" in str(nc.last_error).lower()
+            await bob.flush(timeout=2)
+        await asyncio.sleep(0.1)
+        assert "maximum subscriptions exceeded" in str(bob.last_error).lower()
     finally:
         with contextlib.suppress(Exception):
-            await nc.close()
+            await bob.close()
+    async with await AgentClient.connect(secured.url, secured.creds("bob"), request_timeout=5) as client:
+        eid = await client.submit(INSTANCE, "fast", run_id="r", model="m")
+        assert (await client.wait(eid, poll=0.1, max_wait=90))["verdict"] == "opt"
 
 
 async def raw_connect(url: str, seed: str = "") -> str:
