@@ -336,6 +336,71 @@ async def test_an_agent_cannot_hold_unbounded_subscriptions(secured: SecuredBus,
         assert (await client.wait(eid, poll=0.1, max_wait=90))["verdict"] == "opt"
 
 
+RESPONSE_THRESHOLD = 10.0  # seconds: the `response_threshold` of the `eval.api.*.*` export
+
+
+def pending_responses(secured: SecuredBus) -> int:
+    """The reply routes the server holds in SERVICES for requests not yet answered (its own
+    monitoring endpoint, `accountz`: one route per agent request with a reply subject)."""
+    import urllib.request
+
+    url = f"http://127.0.0.1:{secured.monitor_port}/accountz?acc=SERVICES"
+    with urllib.request.urlopen(url, timeout=5) as reply:  # noqa: S310 - loopback, the test's own server
+        detail = json.load(reply)["account_detail"]
+    return len(detail.get("responses") or {})
+
+
+@pytest.mark.slow
+async def test_unanswered_requests_do_not_pile_up_reply_routes(tmp_path: Path) -> None:
+    """Every request an agent sends with a reply subject makes the server hold a reply route
+    (`_R_.…` back into the agent's account) in SERVICES until the evaluator answers. While the
+    evaluator lags behind a flood, or hangs, they pile up: 100 000 requests in two seconds held
+    97 000 routes and 250 MB on the server, and unanswered ones lived NATS's default two minutes.
+    The export's `response_threshold` drops a route once it is RESPONSE_THRESHOLD seconds old,
+    answered or not (the server sweeps every threshold, so a route lives at most twice as long).
+    Here the API's responder is a stand-in that never answers: bob's 5 000 routes are gone within
+    twice the threshold; an answer in time still reaches bob."""
+    bus = start_secured_bus(tmp_path / "bus", ["bob"], monitor=True)
+    try:
+        stalled = await nats.connect(bus.url, allow_reconnect=False, **credential_options(bus.creds("admin")))
+        held: list[Msg] = []
+
+        async def hold(msg: Msg) -> None:
+            held.append(msg)
+
+        await stalled.subscribe("eval.api.*.*", queue="evaluator-api", cb=hold)
+        await stalled.flush()
+        bob = await as_user(bus, "bob")
+        answered, on = sink()
+        await bob.subscribe("_INBOX_bob.answer", cb=on)
+        await bob.publish("eval.api.bob.results", b"{}", reply="_INBOX_bob.answer")  # the control
+        for i in range(5000):
+            await bob.publish("eval.api.bob.results", b"{}", reply=f"_INBOX_bob.r{i}")
+        await bob.flush()
+        start = asyncio.get_running_loop().time()
+        for _ in range(100):
+            if len(held) == 5001:
+                break
+            await asyncio.sleep(0.05)
+        assert pending_responses(bus) == 5001  # the server holds a route per request
+        await held[0].respond(b"in time")
+        for _ in range(100):
+            if answered:
+                break
+            await asyncio.sleep(0.05)
+        assert answered == [("_INBOX_bob.answer", b"in time")]
+        while (
+            pending_responses(bus) and asyncio.get_running_loop().time() - start < 2 * RESPONSE_THRESHOLD + 5
+        ):
+            await asyncio.sleep(0.5)
+        assert pending_responses(bus) == 0
+        assert bob.last_error is None and stalled.last_error is None
+        await bob.close()
+        await stalled.close()
+    finally:
+        bus.server.stop()
+
+
 async def raw_connect(url: str, seed: str = "") -> str:
     """The server's first answer to a CONNECT (signed with `seed`, or with no identity at all),
     on a plain socket: `+OK`/`PONG` when let in, `-ERR 'Authorization Violation'` when not."""
