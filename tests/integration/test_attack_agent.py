@@ -345,7 +345,7 @@ def pending_responses(secured: SecuredBus) -> int:
     import urllib.request
 
     url = f"http://127.0.0.1:{secured.monitor_port}/accountz?acc=SERVICES"
-    with urllib.request.urlopen(url, timeout=5) as reply:  # noqa: S310 - loopback, the test's own server
+    with urllib.request.urlopen(url, timeout=5) as reply:
         detail = json.load(reply)["account_detail"]
     return len(detail.get("responses") or {})
 
@@ -715,6 +715,35 @@ async def test_an_api_flood_is_refused_cheaply_and_does_not_lock_out_another_age
         eid = await alice.submit(INSTANCE, "fast", run_id="r", model="m")
         assert (await alice.wait(eid, poll=0.1, max_wait=90))["verdict"] == "opt"
         assert [r["id"] for r in await alice.results("r")] == [eid]
+
+
+@pytest.mark.slow
+async def test_a_flood_faster_than_the_evaluator_refuses_does_not_hold_another_agent_back(
+    secured: SecuredBus, evaluator: Any
+) -> None:
+    """The rate gate refuses cheaply, but every refusal is still one message the evaluator reads
+    and answers in turn: 20 000 `results` requests sent in a burst (bob's own connections, well
+    under its limit) queued in front of alice's request, which then waited for all of them
+    (~13 s here) and timed out: FastStream's per-message work was the cost, not the refusal.
+    The API is now a plain core subscription, where a refusal is a dictionary lookup and one small
+    reply: alice, asking right after bob's burst, is answered (twice) within a few seconds."""
+    conns = [await as_user(secured, "bob") for _ in range(4)]
+    try:
+        body = json.dumps({"run_id": "r"}).encode()
+        for i in range(20_000):
+            await conns[i % 4].publish("eval.api.bob.results", body, reply=f"_INBOX_bob.f{i}")
+        for nc in conns:
+            await nc.flush()
+        async with await AgentClient.connect(secured.url, secured.creds("alice"), request_timeout=5) as alice:
+            start = asyncio.get_running_loop().time()
+            assert await alice.results("r") == []
+            eid = await alice.submit(INSTANCE, "fast", run_id="r", model="m")
+            assert eid.startswith("alice.r/")
+            assert asyncio.get_running_loop().time() - start < 5
+    finally:
+        for nc in conns:
+            with contextlib.suppress(Exception):
+                await nc.close()
 
 
 def test_rate_gate_refills_per_agent() -> None:
