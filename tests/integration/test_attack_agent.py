@@ -101,6 +101,9 @@ async def test_reply_subject_cannot_land_in_another_agents_inbox_or_announcement
         body = json.dumps({"run_id": "r"}).encode()
         # eval.api.*: would the answer loop back into the evaluator as a request (as alice)?
         replies = ("eval.completed.alice", "_INBOX_alice.x.y", "_INBOX_alice.>", "eval.api.alice.submit")
+        # the system's services every account imports: an answer sent there has no reply subject,
+        # so the server's answer (who bob is, the servers) goes nowhere
+        replies += ("$SYS.REQ.USER.INFO", "$SYS.REQ.SERVER.PING", "$SYS.REQ.ACCOUNT.PING.CONNZ")
         for reply in (*replies, "eval.api.bob.submit", "_INBOX_bob.mine"):
             await bob.publish("eval.api.bob.results", body, reply=reply)
         await bob.flush()
@@ -115,6 +118,31 @@ async def test_reply_subject_cannot_land_in_another_agents_inbox_or_announcement
         assert await queued(ctx) == 0  # an answer taken for a submit queued nothing
     finally:
         await alice.close()
+        await bob.close()
+
+
+async def test_message_tracing_shows_an_agent_nothing_of_the_services(
+    secured: SecuredBus, evaluator: tuple[ServiceContext, FakeOps]
+) -> None:
+    """`Nats-Trace-Dest` asks every server on a message's way to report the hops (subscriptions,
+    clients, accounts crossed): a map of the services. The trace events are published as the
+    sender, so bob may only name a subject it may publish to (none that it can read): a trace to
+    its own inbox is refused by the server, and nothing arrives there."""
+    bob = await as_user(secured, "bob")
+    try:
+        got, on = sink()
+        await bob.subscribe("_INBOX_bob.>", cb=on)
+        await bob.flush()
+        body = json.dumps({"run_id": "r"}).encode()
+        for dest in ("_INBOX_bob.trace", "eval.completed.bob"):
+            headers = {"Nats-Trace-Dest": dest}
+            await bob.publish("eval.api.bob.results", body, reply="_INBOX_bob.answer", headers=headers)
+        await bob.flush()
+        await asyncio.sleep(0.5)
+        assert "for publish" in str(bob.last_error).lower()  # the trace event, not bob's request
+        assert [s for s, _ in got if s != "_INBOX_bob.answer"] == []
+        assert not any(b"SERVICES" in data or b"evaluator" in data for _, data in got)
+    finally:
         await bob.close()
 
 
@@ -153,6 +181,8 @@ PUBLISH_ATTACKS = [
     "eval.requested.bob",  # skip the gateway's checks
     "_INBOX_alice.x",
     "$JS.API.INFO",
+    "$JS.cppperf.API.INFO",  # a JetStream domain's API prefix
+    "$JS.cppperf.API.STREAM.PURGE.EVAL_REQUESTED",
     "$JS.API.STREAM.NAMES",
     "$JS.API.STREAM.LIST",
     "$JS.API.STREAM.CREATE.EVIL",
