@@ -1,6 +1,12 @@
 """The agents' door on the wire: `eval.api.<agent>.*` as a core NATS queue subscription
-(`evaluator-api`, shared by the evaluator replicas) on the service's own connection, answered by
+(`evaluator-api`, shared by the evaluator replicas) on a connection of its own, answered by
 `gateway.answer` while evaluations run.
+
+Its own connection (named `evaluator-api`): the server closes a connection that leaves more than
+max_pending (64 MiB) unread, and an agent can send that much faster than any evaluator reads it
+(300 requests of 900 kB). On the connection that carries the evaluator's JetStream work (pulls,
+heartbeats, acks, KV) such a close cut the work too; on this one it costs only agents' requests,
+which the flood had made unanswerable anyway (the connection comes back by itself).
 
 A plain nats-py subscription, not a FastStream subscriber: every request, refused or not, is one
 message this process reads and answers in turn, and FastStream's per-message work (~0.5 ms here)
@@ -20,6 +26,7 @@ from nats.aio.subscription import Subscription
 
 from cppperf.services.evaluator import gateway
 from cppperf.shared import messages as m
+from cppperf.shared.bus import Bus
 from cppperf.shared.logging import get_logger
 from cppperf.shared.service import ServiceContext
 from cppperf.shared.tasks import stop_task
@@ -38,6 +45,7 @@ class AgentApi:
     def __init__(self, ctx: ServiceContext, gate: gateway.RateGate | None) -> None:
         self.ctx = ctx
         self.gate = gate
+        self.bus: Bus | None = None
         self.sub: Subscription | None = None
         self.task: asyncio.Task[None] | None = None
 
@@ -50,7 +58,8 @@ class AgentApi:
             await asyncio.shield(self.task)
 
     async def _subscribe(self) -> None:
-        self.sub = await self.ctx.bus.nc.subscribe(
+        self.bus = await Bus.connect(self.ctx.bus.url, self.ctx.bus.settings, name=QUEUE)
+        self.sub = await self.bus.nc.subscribe(
             f"{m.EVAL_API}.*.*",
             queue=QUEUE,
             cb=self.on_request,
@@ -75,3 +84,6 @@ class AgentApi:
             with contextlib.suppress(Exception):
                 await self.sub.unsubscribe()
             self.sub = None
+        if self.bus is not None:
+            await self.bus.close()
+            self.bus = None

@@ -776,6 +776,42 @@ async def test_a_flood_faster_than_the_evaluator_refuses_does_not_hold_another_a
                 await nc.close()
 
 
+@pytest.mark.slow
+async def test_a_flood_of_large_requests_does_not_cut_the_evaluators_own_connection(
+    secured: SecuredBus, evaluator: Any
+) -> None:
+    """The server closes a connection that leaves more than max_pending (64 MiB) unread: a slow
+    consumer. 300 requests of 900 kB from bob (270 MB in ~3 s, each refused at once as too large)
+    outran the evaluator's reading, and the server closed the evaluator's connection, the one that
+    also carries its JetStream work (pulls, heartbeats, acks, KV), twice. The API has a connection
+    of its own now: only it can be cut (the agents' requests were lost anyway); the evaluator's
+    work connection stays up, and alice's evaluation is done."""
+    ctx, _ = evaluator
+    reconnects = ctx.bus.nc.stats["reconnects"]
+    conns = [await as_user(secured, "bob") for _ in range(4)]
+    try:
+        body = b" " * 900_000
+        for i in range(300):
+            await conns[i % 4].publish("eval.api.bob.results", body, reply=f"_INBOX_bob.big{i}")
+        for nc in conns:
+            with contextlib.suppress(Exception):
+                await nc.flush(timeout=30)
+    finally:
+        for nc in conns:
+            with contextlib.suppress(Exception):
+                await nc.close()
+    await asyncio.sleep(1)
+    slow = [
+        line
+        for line in secured.server.log_path.read_text().splitlines()
+        if "Slow Consumer" in line and ':cppperf"' in line
+    ]
+    assert slow == [] and ctx.bus.nc.stats["reconnects"] == reconnects and ctx.bus.nc.is_connected
+    async with await AgentClient.connect(secured.url, secured.creds("alice"), request_timeout=10) as alice:
+        eid = await alice.submit(INSTANCE, "fast", run_id="r", model="m")
+        assert (await alice.wait(eid, poll=0.1, max_wait=90))["verdict"] == "opt"
+
+
 def test_rate_gate_refills_per_agent() -> None:
     from cppperf.services.evaluator.gateway import RateGate
 
