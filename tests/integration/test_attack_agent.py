@@ -189,6 +189,8 @@ PUBLISH_ATTACKS = [
     "$JS.API.STREAM.UPDATE.EVAL_REQUESTED",
     "$JS.API.CONSUMER.CREATE.EVAL_REQUESTED",
     "$JS.API.CONSUMER.DURABLE.CREATE.EVAL_REQUESTED.evaluator-alice",  # steal alice's work
+    "$JS.API.CONSUMER.CREATE.EVAL_REQUESTED.mine.eval.requested.alice",  # the same, filter in the subject
+    "$JS.API.CONSUMER.CREATE.KV_evaluations.ord.$KV.evaluations.alice.>",  # an ordered consumer
     "$JS.API.CONSUMER.MSG.NEXT.EVAL_REQUESTED.evaluator-alice",
     "$JS.API.CONSUMER.DELETE.EVAL_REQUESTED.evaluator",
     "$JS.API.DIRECT.GET.KV_evaluations",  # read results directly
@@ -630,7 +632,13 @@ async def test_gateway_refuses_malformed_requests_before_any_write(
         assert not answer.ok and "patches are capped" in answer.error
         # huge headers, and a dedup id of its choosing: ignored (the evaluator derives its own)
         req = m.AgentSubmit(run_id="r", model="m", instance_id=INSTANCE, patch="fast")
-        planted = {"Nats-Msg-Id": dedup_id("alice", req), "X-Pad": "p" * 200_000}
+        planted = {
+            "Nats-Msg-Id": dedup_id("alice", req),
+            "X-Pad": "p" * 200_000,
+            # identity claims in headers: the evaluator reads the agent from the subject only
+            "agent": "alice",
+            "Nats-Request-Info": json.dumps({"acc": "agent_alice", "user": "alice"}),
+        }
         answer = await ask(bob, "eval.api.bob.submit", m.encode(req), headers=planted)
         assert answer.ok and answer.id.startswith("bob.r/") and not answer.duplicate
     finally:
