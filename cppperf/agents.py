@@ -71,18 +71,32 @@ def agent_permissions(name: str) -> str:
     )
 
 
+# Each agent account's share of the servers (NATS account `limits`, enforced by the server on every
+# node): connections at once and subscriptions in all (the client needs 1-2 per connection: its
+# reply inbox, and `eval.completed.<name>` when it listens). Unbounded, one creds file could take
+# every file descriptor or fill the sublist. Above the pending cap there is nothing to gain from
+# more connections. Payloads keep the server's max_payload (1 MiB): the gateway refuses a body past
+# `agent_max_patch_bytes` itself, with a reason the agent sees.
+AGENT_LIMITS: Final = {"max_connections": 16, "max_subscriptions": 128}
+
+
 def agent_account(name: str) -> str:
     return f"agent_{name}"
 
 
 def agent_entry(name: str, public: str) -> str:
-    """The agent's account: its one user and the imports of its own API and announcements."""
+    """The agent's account: its one user, the imports of its own API and announcements, and its
+    limits (`AGENT_LIMITS`)."""
     imports = (
         f'{{service: {{account: SERVICES, subject: "{m.eval_api_subject(name, "*")}"}}}}, '
         f'{{stream: {{account: SERVICES, subject: "{m.eval_completed_subject(name)}"}}}}'
     )
     user = f'{{nkey: "{public}", permissions: {agent_permissions(name)}}}'
-    return f"# agent {name}\n{agent_account(name)}: {{users: [{user}], imports: [{imports}]}}\n"
+    limits = ", ".join(f"{k}: {v}" for k, v in AGENT_LIMITS.items())
+    return (
+        f"# agent {name}\n{agent_account(name)}: "
+        f"{{users: [{user}], imports: [{imports}], limits: {{{limits}}}}}\n"
+    )
 
 
 def list_agents(conf: Path) -> dict[str, str]:

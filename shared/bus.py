@@ -185,8 +185,9 @@ async def until_ready(call: Callable[[], Awaitable[T]], bus: Bus, *, wait: float
 class Bus:
     """A nats-py connection with JetStream, plus the project's publishing conventions."""
 
-    def __init__(self, nc: NatsClient, js: JetStreamContext, settings: BusSettings) -> None:
+    def __init__(self, nc: NatsClient, js: JetStreamContext, settings: BusSettings, *, url: str = "") -> None:
         self.nc = nc
+        self.url = url  # what it connected to (a service's second connection dials the same)
         self.js = js
         self.settings = settings
         # creates/updates streams itself (the embedded/open bus; `cppperf bus provision`), or
@@ -232,7 +233,7 @@ class Bus:
             error_cb=error,
             **credential_options(settings.creds, settings.nkey_seed),
         )
-        made = cls(nc, nc.jetstream(timeout=10), settings)
+        made = cls(nc, nc.jetstream(timeout=10), settings, url=url)
         lost.append(made)
         return made
 

@@ -27,11 +27,13 @@ from tests.conftest import make_settings
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "nats"
 
 
-def single_node_config(conf_text: str, *, port: int, store_dir: Path) -> str:
-    """nats-1.conf as one loopback node: only the port, the store dir, the monitoring port and
-    the cluster block change; accounts and permissions are the shipped ones."""
+def single_node_config(conf_text: str, *, port: int, store_dir: Path, monitor_port: int = 0) -> str:
+    """nats-1.conf as one loopback node: only the port, the store dir, the monitoring port (none,
+    or `monitor_port` on loopback: tests that read the server's own view) and the cluster block
+    change; accounts and permissions are the shipped ones."""
     text = re.sub(r"(?m)^listen: .*$", f"listen: 127.0.0.1:{port}", conf_text)
-    text = re.sub(r"(?m)^http: .*$", "", text)
+    monitor = f"http: 127.0.0.1:{monitor_port}" if monitor_port else ""
+    text = re.sub(r"(?m)^http: .*$", monitor, text)
     text = re.sub(r"(?m)^  store_dir: .*$", f"  store_dir: {store_dir}", text)
     text = re.sub(r"(?m)^  max_file_store: .*$", "  max_file_store: 20G", text)
     start = text.index("cluster {")
@@ -44,6 +46,7 @@ def single_node_config(conf_text: str, *, port: int, store_dir: Path) -> str:
 class SecuredBus:
     server: EmbeddedNats
     dir: Path  # the config dir: accounts.conf, agents.conf, nats.conf, *.creds
+    monitor_port: int = 0  # the server's monitoring endpoint on loopback (0: none)
 
     @property
     def url(self) -> str:
@@ -64,7 +67,7 @@ def running_secured_bus(root: Path, agents: list[str]) -> Iterator[SecuredBus]:
         bus.server.stop()
 
 
-def start_secured_bus(root: Path, agents: list[str]) -> SecuredBus:
+def start_secured_bus(root: Path, agents: list[str], *, monitor: bool = False) -> SecuredBus:
     conf_dir = root / "conf"
     conf_dir.mkdir(parents=True)
     shutil.copyfile(DEPLOY / "accounts.conf", conf_dir / "accounts.conf")
@@ -74,12 +77,15 @@ def start_secured_bus(root: Path, agents: list[str]) -> SecuredBus:
     env = service_keys(conf_dir)
     assert set(env) == {f"NKEY_{u.upper()}" for u in SERVICE_USERS}
     port = free_port()
+    monitor_port = free_port() if monitor else 0
     store = root / "store"
     (conf_dir / "nats.conf").write_text(
-        single_node_config((DEPLOY / "nats-1.conf").read_text(), port=port, store_dir=store)
+        single_node_config(
+            (DEPLOY / "nats-1.conf").read_text(), port=port, store_dir=store, monitor_port=monitor_port
+        )
     )
     server = EmbeddedNats(store, port=port, config=conf_dir / "nats.conf", env=env).start()
-    return SecuredBus(server=server, dir=conf_dir)
+    return SecuredBus(server=server, dir=conf_dir, monitor_port=monitor_port)
 
 
 def reload_config(secured: SecuredBus, *, times: int = 2, timeout: float = 10.0) -> None:

@@ -1,19 +1,19 @@
 """Evaluator wiring: `eval.requested` to `handlers.on_request`, agents served in turn
 (`shared.fair`: one consumer per agent, least recently served first), one evaluation at a time
-per process (timing runs must not overlap); and the agents' API `eval.api.<agent>.*` (`gateway.answer`), a core
-NATS queue subscription shared by the evaluator replicas, answered while an evaluation runs. `validate.requested` (gold validation: two evaluations) goes to
-`handlers.on_validate`, in turn with the agents' evaluations (one lock per process)."""
+per process (timing runs must not overlap); and the agents' API `eval.api.<agent>.*`
+(`api.AgentApi`: a core NATS queue subscription shared by the evaluator replicas, answered by
+`gateway.answer` while an evaluation runs). `validate.requested` (gold validation: two evaluations)
+goes to `handlers.on_validate`, in turn with the agents' evaluations (one lock per process)."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol
+from typing import Protocol
 
-from faststream.message import StreamMessage
 from faststream.nats import NatsBroker
-from faststream.nats.annotations import NatsMessage
 
 from cppperf.services.evaluator import gateway
+from cppperf.services.evaluator.api import AgentApi
 from cppperf.services.evaluator.handlers import (
     EvaluatorOps,
     PipelineOps,
@@ -26,16 +26,26 @@ from cppperf.shared.fair import FairQueue, subscribe_fair
 from cppperf.shared.service import ServiceContext, subscribe
 
 
-async def raw_body(msg: StreamMessage[Any]) -> bytes:
-    """An agent's request as it came: only `gateway.answer` decodes it."""
-    return msg.body
-
-
 class Ops(EvaluatorOps, ValidatorOps, Protocol):
     """Both halves of the evaluator's slow work (tests pass a stand-in)."""
 
 
-def register(broker: NatsBroker, ctx: ServiceContext, *, ops: Ops | None = None) -> FairQueue:
+class Wired:
+    """What `register` started: the agents' work queues and their API (closed on the way out)."""
+
+    def __init__(self, fair: FairQueue, api: AgentApi) -> None:
+        self.fair = fair
+        self.api = api
+
+    async def startup(self) -> None:
+        await self.api.subscribed()  # `run_services` starts consuming once agents can be answered
+
+    async def close(self) -> None:
+        await self.api.close()  # no new requests first, then the work
+        await self.fair.close()
+
+
+def register(broker: NatsBroker, ctx: ServiceContext, *, ops: Ops | None = None) -> Wired:
     work: Ops = ops or PipelineOps(ctx.settings)
     one_at_a_time = asyncio.Lock()  # an evaluation and a validation never build or time together
 
@@ -63,15 +73,6 @@ def register(broker: NatsBroker, ctx: ServiceContext, *, ops: Ops | None = None)
     rate = ctx.settings.evaluator.agent_api_rate
     gate = gateway.RateGate(rate) if rate > 0 else None  # 0: no limit
 
-    async def on_agent(msg: NatsMessage) -> None:
-        raw = msg.raw_message
-        reply = await gateway.answer(ctx, raw.subject, raw.data, gate)
-        if raw.reply:  # NATS's reply subject: back into the asker's own account, whatever the body says
-            await raw.respond(m.encode(reply))
-
-    # no_reply: FastStream would publish a second (empty) response, which `allow_responses` refuses;
-    # decoder: the body stays bytes for `gateway.answer` (FastStream's own decoder would parse the
-    # agent's bytes as JSON or text first and fail on deep nesting or a lying content-type header,
-    # leaving the agent without an answer)
-    broker.subscriber(f"{m.EVAL_API}.*.*", queue="evaluator-api", no_reply=True, decoder=raw_body)(on_agent)
-    return fair  # `run_services` closes it on the way out
+    api = AgentApi(ctx, gate)
+    api.start()
+    return Wired(fair, api)  # `run_services` closes both on the way out

@@ -79,8 +79,8 @@ async def test_pipeline_runs_with_least_privilege_users(
         claims = KvClaims(ctx.store)
         return builder_app.register(broker, ctx, ops=StandInOps(ctx.settings, claims), claims=claims)
 
-    def evaluator(broker: NatsBroker, ctx: ServiceContext) -> None:
-        evaluator_app.register(broker, ctx, ops=ops)
+    def evaluator(broker: NatsBroker, ctx: ServiceContext) -> evaluator_app.Wired:
+        return evaluator_app.register(broker, ctx, ops=ops)  # `run_services` closes what it started
 
     async with (
         service(secured, tmp_path, "filter"),

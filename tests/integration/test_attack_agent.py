@@ -19,7 +19,7 @@ import nkeys  # type: ignore[import-untyped]
 import pytest
 from nats.aio.msg import Msg
 
-from cppperf.agents import add_agent, agent_entry, list_agents, new_key, remove_agent, render
+from cppperf.agents import AGENT_LIMITS, add_agent, agent_entry, list_agents, new_key, remove_agent, render
 from cppperf.client import AgentClient, Refused
 from cppperf.runtime import connect
 from cppperf.services.evaluator.gateway import dedup_id
@@ -101,6 +101,9 @@ async def test_reply_subject_cannot_land_in_another_agents_inbox_or_announcement
         body = json.dumps({"run_id": "r"}).encode()
         # eval.api.*: would the answer loop back into the evaluator as a request (as alice)?
         replies = ("eval.completed.alice", "_INBOX_alice.x.y", "_INBOX_alice.>", "eval.api.alice.submit")
+        # the system's services every account imports: an answer sent there has no reply subject,
+        # so the server's answer (who bob is, the servers) goes nowhere
+        replies += ("$SYS.REQ.USER.INFO", "$SYS.REQ.SERVER.PING", "$SYS.REQ.ACCOUNT.PING.CONNZ")
         for reply in (*replies, "eval.api.bob.submit", "_INBOX_bob.mine"):
             await bob.publish("eval.api.bob.results", body, reply=reply)
         await bob.flush()
@@ -118,6 +121,31 @@ async def test_reply_subject_cannot_land_in_another_agents_inbox_or_announcement
         await bob.close()
 
 
+async def test_message_tracing_shows_an_agent_nothing_of_the_services(
+    secured: SecuredBus, evaluator: tuple[ServiceContext, FakeOps]
+) -> None:
+    """`Nats-Trace-Dest` asks every server on a message's way to report the hops (subscriptions,
+    clients, accounts crossed): a map of the services. The trace events are published as the
+    sender, so bob may only name a subject it may publish to (none that it can read): a trace to
+    its own inbox is refused by the server, and nothing arrives there."""
+    bob = await as_user(secured, "bob")
+    try:
+        got, on = sink()
+        await bob.subscribe("_INBOX_bob.>", cb=on)
+        await bob.flush()
+        body = json.dumps({"run_id": "r"}).encode()
+        for dest in ("_INBOX_bob.trace", "eval.completed.bob"):
+            headers = {"Nats-Trace-Dest": dest}
+            await bob.publish("eval.api.bob.results", body, reply="_INBOX_bob.answer", headers=headers)
+        await bob.flush()
+        await asyncio.sleep(0.5)
+        assert "for publish" in str(bob.last_error).lower()  # the trace event, not bob's request
+        assert [s for s, _ in got if s != "_INBOX_bob.answer"] == []
+        assert not any(b"SERVICES" in data or b"evaluator" in data for _, data in got)
+    finally:
+        await bob.close()
+
+
 def test_agents_conf_puts_every_agent_in_its_own_account(tmp_path: Path) -> None:
     conf = tmp_path / "agents.conf"
     add_agent(conf, "alice", tmp_path / "a.creds")
@@ -126,6 +154,7 @@ def test_agents_conf_puts_every_agent_in_its_own_account(tmp_path: Path) -> None
     assert text.count("agent_alice: {users: [") == 1 and text.count("agent_bob: {users: [") == 1
     assert '"eval.api.bob.*"' in text and '"eval.completed.bob"' in text
     assert "eval.api.*.*" not in text  # each imports only its own API
+    assert text.count("limits: {max_connections: 16, max_subscriptions: 128}") == 2  # each its own share
     # an agents.conf of the older one-account format is read, and rewritten per agent
     key = new_key()
     old = tmp_path / "old.conf"
@@ -152,12 +181,16 @@ PUBLISH_ATTACKS = [
     "eval.requested.bob",  # skip the gateway's checks
     "_INBOX_alice.x",
     "$JS.API.INFO",
+    "$JS.cppperf.API.INFO",  # a JetStream domain's API prefix
+    "$JS.cppperf.API.STREAM.PURGE.EVAL_REQUESTED",
     "$JS.API.STREAM.NAMES",
     "$JS.API.STREAM.LIST",
     "$JS.API.STREAM.CREATE.EVIL",
     "$JS.API.STREAM.UPDATE.EVAL_REQUESTED",
     "$JS.API.CONSUMER.CREATE.EVAL_REQUESTED",
     "$JS.API.CONSUMER.DURABLE.CREATE.EVAL_REQUESTED.evaluator-alice",  # steal alice's work
+    "$JS.API.CONSUMER.CREATE.EVAL_REQUESTED.mine.eval.requested.alice",  # the same, filter in the subject
+    "$JS.API.CONSUMER.CREATE.KV_evaluations.ord.$KV.evaluations.alice.>",  # an ordered consumer
     "$JS.API.CONSUMER.MSG.NEXT.EVAL_REQUESTED.evaluator-alice",
     "$JS.API.CONSUMER.DELETE.EVAL_REQUESTED.evaluator",
     "$JS.API.DIRECT.GET.KV_evaluations",  # read results directly
@@ -267,17 +300,137 @@ async def test_agent_may_subscribe_only_to_its_inbox_and_announcements(secured: 
         assert "for subscription" in await server_refuses(secured, "bob", subscribe=subject), subject
     for subject in ("_INBOX_bob.>", "eval.completed.bob"):
         assert await server_refuses(secured, "bob", subscribe=subject) == "", subject
-    # a queue group does not widen a subscription
-    nc = await as_user(secured, "bob")
+    # a queue group does not widen a subscription, nor joins the evaluator's own queue group
+    for subject, queue in (("eval.completed.alice", "q"), ("eval.api.bob.*", "evaluator-api")):
+        nc = await as_user(secured, "bob")
+        try:
+            await nc.subscribe(subject, queue=queue)
+            with contextlib.suppress(Exception):
+                await nc.flush(timeout=1)
+            await asyncio.sleep(0.05)
+            assert "for subscription" in str(nc.last_error).lower(), subject
+        finally:
+            with contextlib.suppress(Exception):
+                await nc.close()
+
+
+# ------------------------------------------------------------------ exhausting the server (limits)
+MAX_CONNECTIONS = AGENT_LIMITS["max_connections"]  # each agent account's, in agents.conf
+MAX_SUBSCRIPTIONS = AGENT_LIMITS["max_subscriptions"]
+
+
+async def test_an_agent_cannot_open_unbounded_connections(secured: SecuredBus, evaluator: Any) -> None:
+    """Each connection holds a socket, buffers and a goroutine on every server: an agent without a
+    limit could open thousands (one creds file, one loop) and take the file descriptors every other
+    agent and service needs. Its account allows MAX_CONNECTIONS at once; the next is refused by the
+    server, while another agent still connects and is served, and a closed connection frees its
+    slot."""
+    held: list[nats.NATS] = []
     try:
-        await nc.subscribe("eval.completed.alice", queue="q")
+        for _ in range(MAX_CONNECTIONS):
+            held.append(await as_user(secured, "bob"))
+        bob_seed = read_creds(secured.creds("bob"))[1]
+        refusal = (await raw_connect(secured.url, bob_seed)).lower()  # a plain socket, closed after
+        assert "maximum account active connections exceeded" in refusal
+        async with await AgentClient.connect(secured.url, secured.creds("alice"), request_timeout=5) as alice:
+            eid = await alice.submit(INSTANCE, "fast", run_id="r", model="m")
+            assert (await alice.wait(eid, poll=0.1, max_wait=90))["verdict"] == "opt"
+        await held.pop().close()
+        held.append(await as_user(secured, "bob"))  # a freed slot is bob's again
+    finally:
+        for nc in held:
+            with contextlib.suppress(Exception):
+                await nc.close()
+
+
+async def test_an_agent_cannot_hold_unbounded_subscriptions(secured: SecuredBus, evaluator: Any) -> None:
+    """Subscriptions to its own inbox are the agent's to make, and each costs the server memory and
+    a sublist entry (and each one on `eval.completed.bob` one more delivery of every announcement):
+    without a limit one connection held 20 000. The account allows MAX_SUBSCRIPTIONS in all; the
+    next is refused by the server, and the agent's own client still gets its answers."""
+    bob = await as_user(secured, "bob")
+    try:
+        for i in range(MAX_SUBSCRIPTIONS - 1):  # one left for the client's own reply inbox
+            await bob.subscribe(f"_INBOX_bob.s{i}")
+        await bob.flush(timeout=5)
+        assert bob.last_error is None
+        await bob.subscribe("_INBOX_bob.one-too-many")
+        await bob.subscribe("eval.completed.bob")
         with contextlib.suppress(Exception):
-            await nc.flush(timeout=1)
-        await asyncio.sleep(0.05)
-        assert "for subscription" in str(nc.last_error).lower()
+            await bob.flush(timeout=2)
+        await asyncio.sleep(0.1)
+        assert "maximum subscriptions exceeded" in str(bob.last_error).lower()
     finally:
         with contextlib.suppress(Exception):
-            await nc.close()
+            await bob.close()
+    async with await AgentClient.connect(secured.url, secured.creds("bob"), request_timeout=5) as client:
+        eid = await client.submit(INSTANCE, "fast", run_id="r", model="m")
+        assert (await client.wait(eid, poll=0.1, max_wait=90))["verdict"] == "opt"
+
+
+RESPONSE_THRESHOLD = 10.0  # seconds: the `response_threshold` of the `eval.api.*.*` export
+
+
+def pending_responses(secured: SecuredBus) -> int:
+    """The reply routes the server holds in SERVICES for requests not yet answered (its own
+    monitoring endpoint, `accountz`: one route per agent request with a reply subject)."""
+    import urllib.request
+
+    url = f"http://127.0.0.1:{secured.monitor_port}/accountz?acc=SERVICES"
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        detail = json.load(reply)["account_detail"]
+    return len(detail.get("responses") or {})
+
+
+@pytest.mark.slow
+async def test_unanswered_requests_do_not_pile_up_reply_routes(tmp_path: Path) -> None:
+    """Every request an agent sends with a reply subject makes the server hold a reply route
+    (`_R_.…` back into the agent's account) in SERVICES until the evaluator answers. While the
+    evaluator lags behind a flood, or hangs, they pile up: 100 000 requests in two seconds held
+    97 000 routes and 250 MB on the server, and unanswered ones lived NATS's default two minutes.
+    The export's `response_threshold` drops a route once it is RESPONSE_THRESHOLD seconds old,
+    answered or not (the server sweeps every threshold, so a route lives at most twice as long).
+    Here the API's responder is a stand-in that never answers: bob's 5 000 routes are gone within
+    twice the threshold; an answer in time still reaches bob."""
+    bus = start_secured_bus(tmp_path / "bus", ["bob"], monitor=True)
+    try:
+        stalled = await nats.connect(bus.url, allow_reconnect=False, **credential_options(bus.creds("admin")))
+        held: list[Msg] = []
+
+        async def hold(msg: Msg) -> None:
+            held.append(msg)
+
+        await stalled.subscribe("eval.api.*.*", queue="evaluator-api", cb=hold)
+        await stalled.flush()
+        bob = await as_user(bus, "bob")
+        answered, on = sink()
+        await bob.subscribe("_INBOX_bob.answer", cb=on)
+        await bob.publish("eval.api.bob.results", b"{}", reply="_INBOX_bob.answer")  # the control
+        for i in range(5000):
+            await bob.publish("eval.api.bob.results", b"{}", reply=f"_INBOX_bob.r{i}")
+        await bob.flush()
+        start = asyncio.get_running_loop().time()
+        for _ in range(100):
+            if len(held) == 5001:
+                break
+            await asyncio.sleep(0.05)
+        assert pending_responses(bus) == 5001  # the server holds a route per request
+        await held[0].respond(b"in time")
+        for _ in range(100):
+            if answered:
+                break
+            await asyncio.sleep(0.05)
+        assert answered == [("_INBOX_bob.answer", b"in time")]
+        while (
+            pending_responses(bus) and asyncio.get_running_loop().time() - start < 2 * RESPONSE_THRESHOLD + 5
+        ):
+            await asyncio.sleep(0.5)
+        assert pending_responses(bus) == 0
+        assert bob.last_error is None and stalled.last_error is None
+        await bob.close()
+        await stalled.close()
+    finally:
+        bus.server.stop()
 
 
 async def raw_connect(url: str, seed: str = "") -> str:
@@ -479,7 +632,13 @@ async def test_gateway_refuses_malformed_requests_before_any_write(
         assert not answer.ok and "patches are capped" in answer.error
         # huge headers, and a dedup id of its choosing: ignored (the evaluator derives its own)
         req = m.AgentSubmit(run_id="r", model="m", instance_id=INSTANCE, patch="fast")
-        planted = {"Nats-Msg-Id": dedup_id("alice", req), "X-Pad": "p" * 200_000}
+        planted = {
+            "Nats-Msg-Id": dedup_id("alice", req),
+            "X-Pad": "p" * 200_000,
+            # identity claims in headers: the evaluator reads the agent from the subject only
+            "agent": "alice",
+            "Nats-Request-Info": json.dumps({"acc": "agent_alice", "user": "alice"}),
+        }
         answer = await ask(bob, "eval.api.bob.submit", m.encode(req), headers=planted)
         assert answer.ok and answer.id.startswith("bob.r/") and not answer.duplicate
     finally:
@@ -594,6 +753,71 @@ async def test_an_api_flood_is_refused_cheaply_and_does_not_lock_out_another_age
         eid = await alice.submit(INSTANCE, "fast", run_id="r", model="m")
         assert (await alice.wait(eid, poll=0.1, max_wait=90))["verdict"] == "opt"
         assert [r["id"] for r in await alice.results("r")] == [eid]
+
+
+@pytest.mark.slow
+async def test_a_flood_faster_than_the_evaluator_refuses_does_not_hold_another_agent_back(
+    secured: SecuredBus, evaluator: Any
+) -> None:
+    """The rate gate refuses cheaply, but every refusal is still one message the evaluator reads
+    and answers in turn: 20 000 `results` requests sent in a burst (bob's own connections, well
+    under its limit) queued in front of alice's request, which then waited for all of them
+    (~13 s here) and timed out: FastStream's per-message work was the cost, not the refusal.
+    The API is now a plain core subscription, where a refusal is a dictionary lookup and one small
+    reply: alice, asking right after bob's burst, is answered (twice) within a few seconds."""
+    conns = [await as_user(secured, "bob") for _ in range(4)]
+    try:
+        body = json.dumps({"run_id": "r"}).encode()
+        for i in range(20_000):
+            await conns[i % 4].publish("eval.api.bob.results", body, reply=f"_INBOX_bob.f{i}")
+        for nc in conns:
+            await nc.flush()
+        async with await AgentClient.connect(secured.url, secured.creds("alice"), request_timeout=5) as alice:
+            start = asyncio.get_running_loop().time()
+            assert await alice.results("r") == []
+            eid = await alice.submit(INSTANCE, "fast", run_id="r", model="m")
+            assert eid.startswith("alice.r/")
+            assert asyncio.get_running_loop().time() - start < 5
+    finally:
+        for nc in conns:
+            with contextlib.suppress(Exception):
+                await nc.close()
+
+
+@pytest.mark.slow
+async def test_a_flood_of_large_requests_does_not_cut_the_evaluators_own_connection(
+    secured: SecuredBus, evaluator: Any
+) -> None:
+    """The server closes a connection that leaves more than max_pending (64 MiB) unread: a slow
+    consumer. 300 requests of 900 kB from bob (270 MB in ~3 s, each refused at once as too large)
+    outran the evaluator's reading, and the server closed the evaluator's connection, the one that
+    also carries its JetStream work (pulls, heartbeats, acks, KV), twice. The API has a connection
+    of its own now: only it can be cut (the agents' requests were lost anyway); the evaluator's
+    work connection stays up, and alice's evaluation is done."""
+    ctx, _ = evaluator
+    reconnects = ctx.bus.nc.stats["reconnects"]
+    conns = [await as_user(secured, "bob") for _ in range(4)]
+    try:
+        body = b" " * 900_000
+        for i in range(300):
+            await conns[i % 4].publish("eval.api.bob.results", body, reply=f"_INBOX_bob.big{i}")
+        for nc in conns:
+            with contextlib.suppress(Exception):
+                await nc.flush(timeout=30)
+    finally:
+        for nc in conns:
+            with contextlib.suppress(Exception):
+                await nc.close()
+    await asyncio.sleep(1)
+    slow = [
+        line
+        for line in secured.server.log_path.read_text().splitlines()
+        if "Slow Consumer" in line and ':cppperf"' in line
+    ]
+    assert slow == [] and ctx.bus.nc.stats["reconnects"] == reconnects and ctx.bus.nc.is_connected
+    async with await AgentClient.connect(secured.url, secured.creds("alice"), request_timeout=10) as alice:
+        eid = await alice.submit(INSTANCE, "fast", run_id="r", model="m")
+        assert (await alice.wait(eid, poll=0.1, max_wait=90))["verdict"] == "opt"
 
 
 def test_rate_gate_refills_per_agent() -> None:
