@@ -53,19 +53,27 @@ class AgentApi:
         self.task = asyncio.create_task(self._subscribe(), name="evaluator-api")
 
     async def subscribed(self) -> None:
-        """Returns once the subscription is in place (raises what subscribing raised)."""
+        """Returns once the subscription is in place (raises what subscribing raised; the next
+        call, `run_services` retrying, subscribes afresh)."""
+        if self.task is not None and self.task.done() and not self.task.cancelled() and self.task.exception():
+            self.start()
         if self.task is not None:
             await asyncio.shield(self.task)
 
     async def _subscribe(self) -> None:
-        self.bus = await Bus.connect(self.ctx.bus.url, self.ctx.bus.settings, name=QUEUE)
-        self.sub = await self.bus.nc.subscribe(
-            f"{m.EVAL_API}.*.*",
-            queue=QUEUE,
-            cb=self.on_request,
-            pending_msgs_limit=PENDING_MSGS,
-            pending_bytes_limit=PENDING_BYTES,
-        )
+        bus = await Bus.connect(self.ctx.bus.url, self.ctx.bus.settings, name=QUEUE)
+        try:
+            self.sub = await bus.nc.subscribe(
+                f"{m.EVAL_API}.*.*",
+                queue=QUEUE,
+                cb=self.on_request,
+                pending_msgs_limit=PENDING_MSGS,
+                pending_bytes_limit=PENDING_BYTES,
+            )
+        except BaseException:
+            await bus.close()  # the next try dials afresh
+            raise
+        self.bus = bus
 
     async def on_request(self, msg: Msg) -> None:
         try:
