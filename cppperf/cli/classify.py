@@ -96,9 +96,9 @@ def classify_eval(
         list[Path] | None,
         typer.Option("--negatives", metavar="FILE", help="JSONL of mined negatives for --db (repeatable)"),
     ] = None,
-    folds: Annotated[int, typer.Option("--folds", help="repository folds for --db")] = 5,
+    folds: Annotated[int, typer.Option("--folds", min=2, help="repository folds for --db")] = 5,
     phase2_share: Annotated[
-        float, typer.Option("--phase2-share", help="assumed phase-2 share when no LLM runs")
+        float, typer.Option("--phase2-share", min=0.0, max=1.0, help="assumed phase-2 share when no LLM runs")
     ] = 0.2,
 ) -> None:
     """Confusion matrix, precision/recall/F1, prefilter recall and pruned share, calls, tokens, time;
@@ -335,7 +335,10 @@ def classify_train(
         Path | None, typer.Option("--out", help="default: the model shipped in the package")
     ] = None,
     gate_recall: Annotated[
-        float, typer.Option("--gate-recall", help="share of held-out positives the cascade gate keeps")
+        float,
+        typer.Option(
+            "--gate-recall", min=0.01, max=1.0, help="share of held-out positives the cascade gate keeps"
+        ),
     ] = 0.95,
 ) -> None:
     """Train the scorer (no-model backend `model` and the cascade's gate) and write its JSON.
