@@ -1,0 +1,218 @@
+"""A careless user's files and ids, through the console script (`python -m cppperf`, as a shell runs
+it): corrupt instance records, a heartbeat or agents file that is not one, instance ids that are
+paths, export targets that are a FIFO or a symlink, NaN and out-of-range numbers. Each ends in one
+line and a documented exit code, never a traceback; nothing is half-written or replaced."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.fakes import write_bare_instance
+
+pytestmark = pytest.mark.stage2
+
+USAGE, FAILURES = 2, 1
+GOOD = "o__r-aaaaaaaaaaaa"
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cppperf", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def one_line(res: subprocess.CompletedProcess[str]) -> str:
+    """The error output, asserted to be one line without a traceback."""
+    err = res.stderr.strip()
+    assert "Traceback" not in res.stderr and "Traceback" not in res.stdout, res.stderr
+    assert err.count("\n") == 0, err
+    return err
+
+
+@pytest.fixture
+def corrupt_out(tmp_path: Path) -> Path:
+    """OUT with one good record and four files that are not records."""
+    out = tmp_path / "out"
+    write_bare_instance(out, GOOD)
+    store = out / "instances"
+    (store / "o__r-bbbbbbbbbbbb.json").write_text('{"cppperf": {"instance_id": ')  # truncated
+    (store / "o__r-cccccccccccc.json").write_bytes(b"\xff\xfe not utf-8")
+    (store / "o__r-dddddddddddd.json").write_text("[1, 2, 3]")
+    (store / "o__r-eeeeeeeeeeee.json").mkdir()  # a folder named like a record
+    return out
+
+
+@pytest.mark.parametrize(
+    "verb",
+    [["dataset", "list"], ["dataset", "stats"], ["dataset", "export", "{tmp}/tasks.jsonl"]],
+)
+def test_corrupt_records_are_skipped_with_one_warning(corrupt_out: Path, verb: list[str]) -> None:
+    """Before: a folder in OUT/instances was a traceback (IsADirectoryError); the other bad files
+    vanished from listings and exports without a word."""
+    args = [a.replace("{tmp}", str(corrupt_out.parent)) for a in verb]
+    res = run(*args, "--out", str(corrupt_out))
+    assert res.returncode == 0, res.stderr
+    err = one_line(res)
+    assert err.startswith("warning: skipped 4 file(s) that are not instance records")
+    assert "o__r-bbbbbbbbbbbb.json" in err  # the first, with why
+    if verb[1] == "export":
+        rows = (corrupt_out.parent / "tasks.jsonl").read_text().splitlines()
+        assert [json.loads(r)["instance_id"] for r in rows] == [GOOD]
+
+
+def test_report_all_over_corrupt_records(corrupt_out: Path, tmp_path: Path) -> None:
+    res = run("dataset", "report", "--all", str(tmp_path / "all.html"), "--out", str(corrupt_out))
+    assert res.returncode == 0 and "skipped 4 file(s)" in one_line(res)
+    assert (tmp_path / "all.html").is_file()
+
+
+@pytest.mark.parametrize(
+    "verb", [["dataset", "inspect", "{id}"], ["dataset", "report", "{id}", "{tmp}/r.html"]]
+)
+def test_a_record_that_is_not_utf8_is_one_line(corrupt_out: Path, verb: list[str]) -> None:
+    args = [a.replace("{id}", "o__r-cccccccccccc").replace("{tmp}", str(corrupt_out.parent)) for a in verb]
+    res = run(*args, "--out", str(corrupt_out))
+    assert res.returncode == FAILURES
+    err = one_line(res)
+    assert err.startswith("error: ") and "o__r-cccccccccccc.json: not an instance record: not UTF-8" in err
+
+
+@pytest.mark.parametrize("iid", ["../x", "a/b", "x" * 300, "../../etc/passwd"])
+@pytest.mark.parametrize(
+    "verb",
+    [
+        ["dataset", "inspect", "{id}"],
+        ["dataset", "report", "{id}", "{tmp}/r.html"],
+        ["evaluate", "--instance", "{id}", "--patch", "{tmp}/p.diff"],
+        ["evaluate", "--predictions", "gold", "--instance-ids", "{id}"],
+    ],
+)
+def test_an_instance_id_that_is_a_path_is_refused(tmp_path: Path, iid: str, verb: list[str]) -> None:
+    """Before: `a/b` and `../x` were looked up outside OUT/instances, and a 300-byte id was a
+    traceback (File name too long)."""
+    out = tmp_path / "out"
+    write_bare_instance(out, GOOD)
+    (tmp_path / "p.diff").write_text("")
+    args = [a.replace("{id}", iid).replace("{tmp}", str(tmp_path)) for a in verb]
+    res = run(*args, "--out", str(out))
+    assert res.returncode == USAGE, res.stderr
+    assert one_line(res).startswith("error: not an instance id: ")
+    assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "why"), [("[1]", "not a heartbeat object"), ('{"at": "x"}', "not a heartbeat")]
+)
+def test_a_heartbeat_that_is_not_one_is_one_line(tmp_path: Path, body: str, why: str) -> None:
+    (tmp_path / "builder.json").write_text(body)
+    res = run("health", "builder", "--health-dir", str(tmp_path))
+    assert res.returncode == FAILURES
+    assert why in res.stdout and res.stdout.strip().count("\n") == 0 and "Traceback" not in res.stderr
+
+
+def test_an_agents_file_that_is_not_text_is_one_line(tmp_path: Path) -> None:
+    conf = tmp_path / "agents.conf"
+    conf.write_bytes(b"\xff\xfe")
+    res = run("agents", "list", "--config", str(conf))
+    assert res.returncode == USAGE and "not UTF-8 text" in one_line(res)
+    res = run("agents", "add", "bob", "--config", str(conf), "--creds", str(tmp_path / "bob.creds"))
+    assert res.returncode == USAGE and "not UTF-8 text" in one_line(res)
+    assert not (tmp_path / "bob.creds").exists()
+    assert conf.read_bytes() == b"\xff\xfe"
+
+
+def test_an_agents_folder_is_refused_before_a_seed_is_written(tmp_path: Path) -> None:
+    """Before: the seed was written, then a traceback (IsADirectoryError) left it orphaned."""
+    conf = tmp_path / "agents.conf"
+    conf.mkdir()
+    res = run("agents", "add", "bob", "--config", str(conf), "--creds", str(tmp_path / "bob.creds"))
+    assert res.returncode == USAGE and "is a folder" in one_line(res)
+    assert not (tmp_path / "bob.creds").exists()
+
+
+def test_service_keys_into_a_file_is_one_line(tmp_path: Path) -> None:
+    target = tmp_path / "keys"
+    target.write_text("x")
+    res = run("agents", "service-keys", "--out", str(target))
+    assert res.returncode == FAILURES
+    assert one_line(res) == f"error: {target}: File exists"
+    assert target.read_text() == "x"
+
+
+def test_export_into_a_fifo_writes_into_it(tmp_path: Path) -> None:
+    """`export /dev/stdout`, a FIFO, a device: written into, never replaced by a regular file (as
+    root, the export used to replace /dev/stdout or /dev/full itself)."""
+    out = tmp_path / "out"
+    write_bare_instance(out, GOOD)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    res = run("dataset", "export", str(fifo), "--out", str(out))
+    reader.join(timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert [json.loads(r)["instance_id"] for r in got[0].decode().splitlines()] == [GOOD]
+
+
+def test_export_through_a_symlink_keeps_the_link(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    write_bare_instance(out, GOOD)
+    real = tmp_path / "real.jsonl"
+    real.write_text("old\n")
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(real)
+    res = run("dataset", "export", str(link), "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    assert link.is_symlink() and json.loads(real.read_text())["instance_id"] == GOOD
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "why"),
+    [
+        ("CPPPERF_BUS_ACK_WAIT", "nan", "must be a finite number"),
+        ("CPPPERF_BUILDER_TEST_TIMEOUT", "inf", "must be a finite number"),
+        ("CPPPERF_BUILDER_LEASE_TIMEOUT", "-1", "must be >= 0"),
+        ("CPPPERF_BUILDER_JOBS", "99999999999999999999", "must be at most"),
+    ],
+)
+def test_a_number_setting_out_of_range_is_one_line(tmp_path: Path, var: str, value: str, why: str) -> None:
+    res = run("dataset", "list", "--out", str(tmp_path), env={var: value})
+    assert res.returncode == USAGE
+    err = one_line(res)
+    assert err.startswith("error: invalid setting ") and var in err and why in err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["classify", "eval", "--labels", "{labels}", "--phase2-share", "nan"],
+        ["classify", "eval", "--labels", "{labels}", "--phase2-share", "-3"],
+        ["classify", "eval", "--labels", "{labels}", "--folds", "0"],
+        ["classify", "train", "--db", "{tmp}", "--gate-recall", "nan"],
+        ["validate", "--timeout", "-1", "--nats-url", "nats://127.0.0.1:1"],
+        ["validate", "--timeout", "nan", "--nats-url", "nats://127.0.0.1:1"],
+    ],
+)
+def test_nan_and_out_of_range_flags_are_usage_errors(tmp_path: Path, args: list[str]) -> None:
+    """Before: `--phase2-share nan` said `cannot convert float NaN to integer` (exit 1), `-3`
+    printed negative call counts (exit 0), `--folds 0` divided by zero."""
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text(json.dumps({"message": "faster loop", "manual_label": "yes"}) + "\n")
+    res = run(*[a.replace("{labels}", str(labels)).replace("{tmp}", str(tmp_path)) for a in args])
+    assert res.returncode == USAGE
+    assert one_line(res).startswith("error: Invalid value for '--")
