@@ -13,7 +13,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cppperf.cli.build import _commit_from_repo
-from cppperf.cli.common import EXIT_USAGE, AsJson, Config, WholeHelpGroup, _fail, _settings, app, console, out
+from cppperf.cli.common import (
+    EXIT_USAGE,
+    AsJson,
+    Config,
+    WholeHelpGroup,
+    _fail,
+    _settings,
+    app,
+    console,
+    out,
+    write_atomic,
+)
 from cppperf.shared.errors import CppPerfError
 
 # ------------------------------------------------------------------------------------------ classify
@@ -362,7 +373,7 @@ def classify_train(
         with console.status(f"training on {len(examples)} commits"):
             model = train(examples, TrainConfig(gate_recall=gate_recall))
         target = out_path or MODEL_PATH
-        target.write_text(model.to_json())
+        write_atomic(target, model.to_json())  # whole or not at all: it may be the shipped model
     except (OSError, ValueError) as exc:
         raise _fail(exc) from exc
     src = ", ".join(f"{k} {v}" for k, v in model.meta["sources"].items())

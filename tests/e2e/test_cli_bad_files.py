@@ -216,3 +216,60 @@ def test_nan_and_out_of_range_flags_are_usage_errors(tmp_path: Path, args: list[
     res = run(*[a.replace("{labels}", str(labels)).replace("{tmp}", str(tmp_path)) for a in args])
     assert res.returncode == USAGE
     assert one_line(res).startswith("error: Invalid value for '--")
+
+
+def _db_entry(repo: str, sha: str, message: str) -> dict[str, object]:
+    return {
+        "metadata": {"repository_name": repo},
+        "commit_info": {
+            "old_sha": "0" * 40,
+            "new_sha": sha,
+            "commit_message": [message],
+            "files_changed": [{"filename": "a.cpp", "status": "modified", "patch": "@@ -1 +1 @@\n-a\n+b\n"}],
+        },
+        "tests": {"tests": []},
+    }
+
+
+def test_train_never_leaves_half_a_model(tmp_path: Path) -> None:
+    """The model is written whole or not at all (it may be the shipped one): a write that fails
+    half-way (here the file-size limit) leaves the old model. Before: truncated, then half-written."""
+    import resource
+
+    db = tmp_path / "db"
+    db.mkdir()
+    labels = tmp_path / "labels.jsonl"
+    rows = []
+    for i in range(8):
+        sha = f"{i:040x}"
+        (db / f"e{i}.json").write_text(json.dumps(_db_entry(f"o{i}/r", sha, f"speed up parser loop {i}")))
+        rows.append(
+            json.dumps({"repo": f"n{i}/r", "sha": sha, "message": f"fix typo {i}", "manual_label": False})
+        )
+    labels.write_text("\n".join(rows) + "\n")
+    model = tmp_path / "model.json"
+    args = ["classify", "train", "--db", str(db), "--labels", str(labels), "--out", str(model)]
+    assert run(*args).returncode == 0 and model.stat().st_size > 512  # the model is bigger than the limit
+    model.write_text('{"old": true}')
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (512, 512))
+
+    res = subprocess.run(
+        [sys.executable, "-m", "cppperf", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        preexec_fn=small_files,  # one setrlimit in the child
+    )
+    assert res.returncode == FAILURES and "File too large" in one_line(res)
+    assert model.read_text() == '{"old": true}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["db", "labels.jsonl", "model.json"]
+
+
+def test_calibrate_into_a_folder_is_refused_before_the_run(tmp_path: Path) -> None:
+    """Before: the whole A/A build and timing ran, then a traceback (IsADirectoryError) lost it."""
+    res = run("calibrate", "--repo", str(tmp_path), "--sha", "HEAD", "--out", str(tmp_path))
+    assert res.returncode == USAGE
+    assert "is a folder: --out names the record's JSON file" in one_line(res)
