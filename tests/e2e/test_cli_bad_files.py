@@ -273,3 +273,12 @@ def test_calibrate_into_a_folder_is_refused_before_the_run(tmp_path: Path) -> No
     res = run("calibrate", "--repo", str(tmp_path), "--sha", "HEAD", "--out", str(tmp_path))
     assert res.returncode == USAGE
     assert "is a folder: --out names the record's JSON file" in one_line(res)
+
+
+def test_a_state_folder_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    """OUT/.state/nats (the embedded server's store) is a file: before, a FileExistsError traceback."""
+    (tmp_path / ".state").mkdir()
+    (tmp_path / ".state" / "nats").write_text("garbage")
+    res = run("status", "--out", str(tmp_path))
+    assert res.returncode == FAILURES
+    assert one_line(res) == f"error: {tmp_path / '.state' / 'nats'}: File exists"
