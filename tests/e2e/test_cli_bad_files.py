@@ -282,3 +282,18 @@ def test_a_state_folder_that_is_a_file_is_one_line(tmp_path: Path) -> None:
     res = run("status", "--out", str(tmp_path))
     assert res.returncode == FAILURES
     assert one_line(res) == f"error: {tmp_path / '.state' / 'nats'}: File exists"
+
+
+def test_import_skips_an_entry_whose_id_cannot_be_a_file_name(tmp_path: Path) -> None:
+    """A published entry with a 300-byte repository name: before, `File name too long` stopped
+    the whole import at that file; now it is reported and skipped, the others imported."""
+    from tests.e2e.test_cli_inputs import published, timed
+
+    src = tmp_path / "entries"
+    src.mkdir()
+    (src / "a_long.json").write_text(json.dumps(published("o/" + "r" * 300, [timed("t", 2.0, 1.0)], 1)))
+    (src / "b_good.json").write_text(json.dumps(published("o/good", [timed("t", 2.0, 1.0)], 1)))
+    res = run("dataset", "import", str(src), "--out", str(tmp_path / "out"))
+    assert res.returncode == FAILURES and "Traceback" not in res.stderr
+    assert "a_long.json: BadInput: not an instance id" in res.stdout + res.stderr
+    assert [p.name for p in (tmp_path / "out" / "instances").iterdir()] == ["o__good-bbbbbbbbbbbb.json"]
