@@ -169,8 +169,9 @@ def check(health_dir: Path, service: str, max_age: float = DEFAULT_MAX_AGE) -> t
         data = json.loads(path.read_text())
     except FileNotFoundError:
         return False, f"{service}: no heartbeat at {path} (not started, or another CPPPERF_HEALTH_DIR)"
-    except (OSError, ValueError) as exc:
-        return False, f"{service}: unreadable heartbeat {path}: {exc}"
+    except (OSError, ValueError, RecursionError) as exc:
+        why = "JSON nested too deeply" if isinstance(exc, RecursionError) else exc
+        return False, f"{service}: unreadable heartbeat {path}: {why}"
     try:
         age = time.time() - float(data.get("at", 0))
         busy = sum(int(s.get("in_flight", 0)) for s in data.get("subscribers", []))

@@ -172,7 +172,7 @@ def import_files(
             iid = check_instance_id(
                 make_instance_id(published.metadata.repository_name, published.commit_info.new_sha)
             )
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecordError, BadInput) as exc:
+        except (OSError, ValueError, RecursionError, BadInput) as exc:  # ValueError: not UTF-8/JSON/an entry
             rep.errors[str(f)] = f"{type(exc).__name__}: {exc}"
             continue
         if _already_imported(instance_path(out_dir, iid), published, f.name):

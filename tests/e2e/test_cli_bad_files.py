@@ -297,3 +297,55 @@ def test_import_skips_an_entry_whose_id_cannot_be_a_file_name(tmp_path: Path) ->
     assert res.returncode == FAILURES and "Traceback" not in res.stderr
     assert "a_long.json: BadInput: not an instance id" in res.stdout + res.stderr
     assert [p.name for p in (tmp_path / "out" / "instances").iterdir()] == ["o__good-bbbbbbbbbbbb.json"]
+
+
+DEEP = '{"a":' * 100_000  # deeper than Python's JSON decoder recurses
+
+
+@pytest.mark.parametrize(
+    ("setup", "args", "code", "why"),
+    [
+        (
+            "out/instances/o__r-9.json",
+            ["dataset", "inspect", "o__r-9", "--out", "{tmp}/out"],
+            FAILURES,
+            "too deeply",
+        ),
+        ("out/instances/o__r-9.json", ["dataset", "list", "--out", "{tmp}/out"], 0, "skipped 1 file(s)"),
+        ("p.json", ["evaluate", "--predictions", "{tmp}/p.json", "--out", "{tmp}/out"], USAGE, "too deeply"),
+        ("l.jsonl", ["classify", "eval", "--labels", "{tmp}/l.jsonl"], USAGE, "too deeply"),
+        (
+            "db/x.json",
+            ["classify", "train", "--db", "{tmp}/db", "--out", "{tmp}/m.json"],
+            FAILURES,
+            "too deeply",
+        ),
+    ],
+)
+def test_json_nested_too_deeply_is_one_line(
+    tmp_path: Path, setup: str, args: list[str], code: int, why: str
+) -> None:
+    """Before: a RecursionError traceback from Python's JSON decoder in each of these."""
+    write_bare_instance(tmp_path / "out", GOOD)
+    (tmp_path / setup).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / setup).write_text(DEEP)
+    res = run(*[a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert res.returncode == code, res.stderr
+    assert why in one_line(res)
+
+
+def test_a_heartbeat_nested_too_deeply_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "builder.json").write_text(DEEP)
+    res = run("health", "builder", "--health-dir", str(tmp_path))
+    assert res.returncode == FAILURES and "Traceback" not in res.stderr
+    assert (
+        res.stdout.strip()
+        == f"builder: unreadable heartbeat {tmp_path / 'builder.json'}: JSON nested too deeply"
+    )
+
+
+def test_import_of_json_nested_too_deeply_is_skipped(tmp_path: Path) -> None:
+    (tmp_path / "deep.json").write_text(DEEP)
+    res = run("dataset", "import", str(tmp_path / "deep.json"), "--out", str(tmp_path / "out"))
+    assert res.returncode == FAILURES and "Traceback" not in res.stderr
+    assert "skipped" in res.stdout + res.stderr

@@ -114,3 +114,12 @@ def test_the_evaluator_says_why_a_record_is_unreadable(tmp_path: Path) -> None:
     (out / "instances" / "o__r-bbbbbbbbbbbb.json").write_bytes(b"\xff\xfe")
     with pytest.raises(BadInput, match="unreadable"):
         load_instance("o__r-bbbbbbbbbbbb", out)
+
+
+def test_the_evaluator_says_a_record_nested_too_deeply_is_unreadable(tmp_path: Path) -> None:
+    """Before: RecursionError, retried as if the machine had failed, then dead-lettered."""
+    out = tmp_path / "out"
+    (out / "instances").mkdir(parents=True)
+    (out / "instances" / "o__r-bbbbbbbbbbbb.json").write_text('{"a":' * 100_000)
+    with pytest.raises(BadInput, match="unreadable: JSON nested too deeply"):
+        load_instance("o__r-bbbbbbbbbbbb", out)
