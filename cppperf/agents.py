@@ -101,9 +101,16 @@ def agent_entry(name: str, public: str) -> str:
 
 def list_agents(conf: Path) -> dict[str, str]:
     """name → public key of every agent in `conf` (empty when the file does not exist)."""
+    if conf.is_dir():
+        raise BadInput(f"{conf} is a folder: --config names the agents file (deploy/nats/agents.conf)")
     if not conf.is_file():
         return {}
-    return {mt["name"]: mt["key"] for mt in _ENTRY.finditer(conf.read_text())}
+    try:
+        text = conf.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise BadInput(f"{conf}: cannot read the agents file: {why}") from None
+    return {mt["name"]: mt["key"] for mt in _ENTRY.finditer(text)}
 
 
 def render(agents: dict[str, str]) -> str:

@@ -648,6 +648,10 @@ def record_text(record: InstanceRecord, *, indent: int | None = 1) -> str:
 def decode_record(value: str | bytes | object) -> InstanceRecord:
     """An instance record from its JSON (text, or already parsed), strictly: every key declared,
     every value of its type (`msgspec.ValidationError` otherwise; `json.JSONDecodeError` for text
-    that is not JSON). Python's decoder: it reads `Infinity`."""
-    data = json.loads(value) if isinstance(value, str | bytes) else value
+    that is not JSON, ValueError for JSON nested deeper than the decoder's recursion limit).
+    Python's decoder: it reads `Infinity`."""
+    try:
+        data = json.loads(value) if isinstance(value, str | bytes) else value
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
     return msgspec.convert(data, InstanceRecord, strict=True)

@@ -169,12 +169,16 @@ def check(health_dir: Path, service: str, max_age: float = DEFAULT_MAX_AGE) -> t
         data = json.loads(path.read_text())
     except FileNotFoundError:
         return False, f"{service}: no heartbeat at {path} (not started, or another CPPPERF_HEALTH_DIR)"
-    except (OSError, ValueError) as exc:
-        return False, f"{service}: unreadable heartbeat {path}: {exc}"
-    age = time.time() - float(data.get("at", 0))
+    except (OSError, ValueError, RecursionError) as exc:
+        why = "JSON nested too deeply" if isinstance(exc, RecursionError) else exc
+        return False, f"{service}: unreadable heartbeat {path}: {why}"
+    try:
+        age = time.time() - float(data.get("at", 0))
+        busy = sum(int(s.get("in_flight", 0)) for s in data.get("subscribers", []))
+    except (AttributeError, TypeError, ValueError):  # JSON, but not a heartbeat (an array, a text `at`)
+        return False, f"{service}: unreadable heartbeat {path}: not a heartbeat object"
     if age > max_age:
         return False, f"{service}: heartbeat is {age:.0f}s old (max {max_age:.0f}s): hung or stopped"
     if not data.get("ok"):
         return False, f"{service}: {data.get('reason') or 'unhealthy'}"
-    busy = sum(int(s.get("in_flight", 0)) for s in data.get("subscribers", []))
     return True, f"{service}: consuming ({busy} in flight, heartbeat {age:.0f}s ago)"

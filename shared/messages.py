@@ -20,7 +20,7 @@ from typing import Any, Final, TypeVar
 
 import msgspec
 
-from cppperf.shared.errors import MalformedMessage, UnsupportedSchema
+from cppperf.shared.errors import BadInput, MalformedMessage, UnsupportedSchema
 
 SCHEMA_VERSION: Final = 1
 READABLE_SCHEMA_VERSIONS: Final = frozenset({SCHEMA_VERSION})
@@ -65,6 +65,24 @@ def commit_id(repo: str, sha: str) -> str:
 
 def instance_id(repo: str, sha: str) -> str:
     return f"{repo.replace('/', '__')}-{sha[:12]}"
+
+
+# a GitHub id is at most 39 + 2 + 100 + 13 bytes; `<id>.json` and its temporary `.<id>.json.XXXXXXXX.tmp`
+# must fit a 255-byte file name
+MAX_INSTANCE_ID_BYTES = 230
+
+
+def check_instance_id(iid: str) -> str:
+    """`iid` when it can name a file in OUT/instances, else BadInput: never empty, no `/` or NUL (an
+    id is one file name, never a path out of the folder), at most MAX_INSTANCE_ID_BYTES."""
+    size = len(iid.encode(errors="surrogateescape"))
+    if not iid or "/" in iid or "\0" in iid or iid in (".", "..") or size > MAX_INSTANCE_ID_BYTES:
+        shown = iid if len(iid) <= 60 else f"{iid[:60]}… ({size} bytes)"
+        raise BadInput(
+            f"not an instance id: {shown!r} (owner__name-<sha12>: one file name, no `/`, "
+            f"at most {MAX_INSTANCE_ID_BYTES} bytes)"
+        )
+    return iid
 
 
 def _id_part(part: str) -> str:

@@ -9,6 +9,7 @@ An invalid value raises `ConfigError` with a one-line message naming the key.
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -494,7 +495,42 @@ def validate(s: Settings) -> None:
     _validate_ranges(s)
 
 
+# numbers that may be below zero (scores, seeds, queue places); every other number is a count, a
+# size, a duration or a rate: >= 0
+_SIGNED: frozenset[str] = frozenset(
+    {
+        "classifier.heuristic_threshold",
+        "classifier.cascade_threshold",
+        "classifier.seed",
+        "classifier.phase2_model",
+        "builder.seed",
+        "builder.lease_priority",
+        "evaluator.lease_priority",
+    }
+)
+_INT64_MAX = 2**63 - 1  # what NATS, the kernel and the C++ tools take
+
+
+def _validate_numbers(s: Settings) -> None:
+    """Every number of every section: finite (TOML and the environment accept `nan` and `inf`), no
+    larger than an int64, and >= 0 unless it is one of `_SIGNED`."""
+    for section in _SECTIONS:
+        values = getattr(s, section)
+        for name in type(values).__struct_fields__:
+            value = getattr(values, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            key = f"{section}.{name}"
+            if isinstance(value, float) and not math.isfinite(value):
+                raise _bad(key, f"{value}; must be a finite number")
+            if abs(value) > _INT64_MAX:
+                raise _bad(key, f"{value}; must be at most {_INT64_MAX}")
+            if value < 0 and key not in _SIGNED:
+                raise _bad(key, f"{value}; must be >= 0")
+
+
 def _validate_ranges(s: Settings) -> None:
+    _validate_numbers(s)
     if s.builder.warmup < 0:
         raise _bad("builder.warmup", "must be >= 0")
     least = s.builder.warmup + MIN_MEASURED_ROUNDS

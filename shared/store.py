@@ -42,7 +42,7 @@ from nats.js.object_store import ObjectStore
 from cppperf.shared import buckets
 from cppperf.shared.buckets import INSTANCES, NAMES
 from cppperf.shared.domain import InstanceRecord, InstanceState, decode_record
-from cppperf.shared.errors import NotProvisioned, TransientError
+from cppperf.shared.errors import BadInput, NotProvisioned, TransientError
 from cppperf.shared.logging import get_logger
 from cppperf.shared.ports import Records
 
@@ -294,7 +294,12 @@ class Store:
         return int(info.size or 0)
 
     async def get_blob(self, ref: str) -> bytes:
-        res = await self._on_blobs(lambda b: b.get(ref))
+        """The object `ref`; BadInput when the object store has none (a message naming a payload
+        that is not there can never succeed: it is dead-lettered with this reason, not retried)."""
+        try:
+            res = await self._on_blobs(lambda b: b.get(ref))
+        except ObjectNotFoundError:
+            raise BadInput(f"{ref!r} is not in the object store ({BLOB_BUCKET})") from None
         return bytes(res.data or b"")
 
     async def inline_or_ref(self, name: str, text: str) -> tuple[str, str | None]:

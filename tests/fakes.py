@@ -18,6 +18,7 @@ import msgspec
 
 from cppperf.shared import messages as m
 from cppperf.shared.domain import InstanceMeta, InstanceRecord, Verdict
+from cppperf.shared.errors import BadInput
 from cppperf.shared.published import CommitInfo, Metadata, TestsSummary
 from cppperf.shared.settings import Settings
 from cppperf.shared.store import INLINE_LIMIT, encode_key, now_iso
@@ -81,8 +82,8 @@ class MemoryRecords:
         return key
 
     async def get_blob(self, ref: str) -> bytes:
-        if ref not in self.blobs:
-            raise KeyError(f"object {ref} not found")
+        if ref not in self.blobs:  # as Store.get_blob: a ref that is not there is bad input
+            raise BadInput(f"{ref!r} is not in the object store (blobs)")
         return self.blobs[ref]
 
     async def blob_size(self, ref: str) -> int:

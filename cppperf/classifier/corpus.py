@@ -69,6 +69,8 @@ def load_cppperf_db(directory: Path) -> list[Example]:
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"{f}: not a CppPerf-DB entry (missing {exc})") from exc
+        except RecursionError:
+            raise ValueError(f"{f}: not a CppPerf-DB entry (JSON nested too deeply)") from None
     return out
 
 
@@ -77,7 +79,10 @@ def load_labelled(path: Path, *, source: str = "labels") -> list[Example]:
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
-        row = json.loads(line)
+        try:
+            row = json.loads(line)
+        except RecursionError:
+            raise ValueError(f"{path}:{n}: JSON nested too deeply") from None
         if "message" not in row or "manual_label" not in row:
             raise ValueError(f"{path}:{n}: needs 'message' and 'manual_label'")
         out.append(

@@ -46,7 +46,10 @@ def load_labels(path: Path) -> list[dict[str, Any]]:
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
-        row = json.loads(line)
+        try:
+            row = json.loads(line)
+        except RecursionError:
+            raise ValueError(f"{path}:{n}: JSON nested too deeply") from None
         if "message" not in row or "manual_label" not in row:
             raise ValueError(f"{path}:{n}: needs 'message' and 'manual_label'")
         rows.append(row)

@@ -21,7 +21,8 @@ from cppperf.shared.errors import BadInput, ConfigError, CppPerfError
 
 def main() -> None:
     """Run the CLI; a usage error is one line (`error: … (see `cppperf X --help`)`), exit 2; so
-    is bad input a verb let through (`BadInput`, `ConfigError`); any other cppperf error, exit 1."""
+    is bad input a verb let through (`BadInput`, `ConfigError`); any other cppperf error, and a
+    file a verb could not read or write (`OSError`: its path and why), exit 1."""
     from typer import Abort
     from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
 
@@ -48,6 +49,10 @@ def main() -> None:
     except CppPerfError as exc:  # a verb that did not catch its own: still one line, never a traceback
         console.print(f"error: {exc}", soft_wrap=True, markup=False, highlight=False)
         sys.exit(EXIT_USAGE if isinstance(exc, BadInput | ConfigError) else EXIT_FAILURES)
+    except OSError as exc:  # a file the verb could not read or write: its path and why, in one line
+        where = f"{exc.filename}: " if exc.filename else ""
+        console.print(f"error: {where}{exc.strerror or exc}", soft_wrap=True, markup=False, highlight=False)
+        sys.exit(EXIT_FAILURES)
     sys.exit(rc if isinstance(rc, int) else 0)
 
 

@@ -24,6 +24,7 @@ from cppperf.cli.common import (
     out,
     print_json,
     refuse_powerless,
+    write_atomic,
 )
 from cppperf.cli.repos import check_name, git_repo
 from cppperf.shared.domain import Calibration, record_text, to_json_dict
@@ -277,6 +278,10 @@ def calibrate(
     from cppperf.shared.engine.backends import make_backend
     from cppperf.shared.messages import instance_id
 
+    if out_file is not None and out_file.is_dir():  # before the run, not after it
+        raise typer.BadParameter(
+            f"{out_file} is a folder: --out names the record's JSON file", param_hint="--out"
+        )
     commit = _commit_from_repo(repo, sha, sha)
     s = _settings(config, builder__runs=runs, builder__profile=profile, builder__metric=metric)
     settings = msgspec.structs.replace(s.builder, confirm=False, backend="local")
@@ -313,8 +318,7 @@ def calibrate(
     if out_file is not None:
         record = build_record(commit, res, diff="", settings=settings)
         meta = msgspec.structs.replace(record.cppperf, calibration=result)
-        out_file.parent.mkdir(parents=True, exist_ok=True)
-        out_file.write_text(record_text(msgspec.structs.replace(record, cppperf=meta)))
+        write_atomic(out_file, record_text(msgspec.structs.replace(record, cppperf=meta)))
     if as_json:
         print_json(result)
     else:

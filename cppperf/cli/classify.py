@@ -13,7 +13,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cppperf.cli.build import _commit_from_repo
-from cppperf.cli.common import EXIT_USAGE, AsJson, Config, WholeHelpGroup, _fail, _settings, app, console, out
+from cppperf.cli.common import (
+    EXIT_USAGE,
+    AsJson,
+    Config,
+    WholeHelpGroup,
+    _fail,
+    _settings,
+    app,
+    console,
+    out,
+    write_atomic,
+)
 from cppperf.shared.errors import CppPerfError
 
 # ------------------------------------------------------------------------------------------ classify
@@ -96,9 +107,9 @@ def classify_eval(
         list[Path] | None,
         typer.Option("--negatives", metavar="FILE", help="JSONL of mined negatives for --db (repeatable)"),
     ] = None,
-    folds: Annotated[int, typer.Option("--folds", help="repository folds for --db")] = 5,
+    folds: Annotated[int, typer.Option("--folds", min=2, help="repository folds for --db")] = 5,
     phase2_share: Annotated[
-        float, typer.Option("--phase2-share", help="assumed phase-2 share when no LLM runs")
+        float, typer.Option("--phase2-share", min=0.0, max=1.0, help="assumed phase-2 share when no LLM runs")
     ] = 0.2,
 ) -> None:
     """Confusion matrix, precision/recall/F1, prefilter recall and pruned share, calls, tokens, time;
@@ -335,7 +346,10 @@ def classify_train(
         Path | None, typer.Option("--out", help="default: the model shipped in the package")
     ] = None,
     gate_recall: Annotated[
-        float, typer.Option("--gate-recall", help="share of held-out positives the cascade gate keeps")
+        float,
+        typer.Option(
+            "--gate-recall", min=0.01, max=1.0, help="share of held-out positives the cascade gate keeps"
+        ),
     ] = 0.95,
 ) -> None:
     """Train the scorer (no-model backend `model` and the cascade's gate) and write its JSON.
@@ -359,7 +373,7 @@ def classify_train(
         with console.status(f"training on {len(examples)} commits"):
             model = train(examples, TrainConfig(gate_recall=gate_recall))
         target = out_path or MODEL_PATH
-        target.write_text(model.to_json())
+        write_atomic(target, model.to_json())  # whole or not at all: it may be the shipped model
     except (OSError, ValueError) as exc:
         raise _fail(exc) from exc
     src = ", ".join(f"{k} {v}" for k, v in model.meta["sources"].items())

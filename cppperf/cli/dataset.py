@@ -34,6 +34,18 @@ from cppperf.shared.domain import Environment, InstanceRecord, to_json_dict
 from cppperf.shared.published import BuildInfo
 
 
+def _records(out_dir: Path) -> list[InstanceRecord]:
+    """Every record of OUT/instances; the files that are not one are named on stderr in one line
+    (a corrupt record is never dropped from a listing, an export or a report without a word)."""
+    from cppperf.dataset.records import iter_records, skipped_line
+
+    skipped: list[str] = []
+    records = list(iter_records(out_dir, skipped))
+    if skipped:
+        console.print(skipped_line(skipped), markup=False, highlight=False)
+    return records
+
+
 def _set_or_none(value: object) -> object:
     """A published key's value, None when the file lacks it (`UNSET`)."""
     return None if value is UNSET else value
@@ -171,7 +183,7 @@ def dataset_export(
     Example:
       cppperf dataset export --format jsonl --significant-only tasks.jsonl
     """
-    from cppperf.dataset.records import iter_records, swebench_row, to_published
+    from cppperf.dataset.records import swebench_row, to_published
 
     if fmt not in ("jsonl", "cppperf-db"):
         raise typer.BadParameter("--format is jsonl or cppperf-db", param_hint="--format")
@@ -183,7 +195,7 @@ def dataset_export(
         raise _fail(f"cannot write {target}: no folder {target.parent}", EXIT_USAGE)
     s = _settings(config, out_dir=str(out_dir) if out_dir else None)
     flt = _filters(repo, significant_only, since, until, multi_file, single_file)
-    records = [r for r in iter_records(Path(s.out_dir)) if flt.match(r)]
+    records = [r for r in _records(Path(s.out_dir)) if flt.match(r)]
     try:
         if fmt == "jsonl":
             write_atomic(target, "".join(json.dumps(swebench_row(r)) + "\n" for r in records))
@@ -210,11 +222,9 @@ def dataset_list(
     config: Config = None,
 ) -> None:
     """A table of instances (filters as for export); --json: one JSON array."""
-    from cppperf.dataset.records import iter_records
-
     s = _settings(config, out_dir=str(out_dir) if out_dir else None)
     flt = _filters(repo, significant_only, since, until, multi_file, single_file)
-    rows = [_summary(r) for r in iter_records(Path(s.out_dir)) if flt.match(r)]
+    rows = [_summary(r) for r in _records(Path(s.out_dir)) if flt.match(r)]
     if as_json:
         print_json(rows)
         return
@@ -342,7 +352,7 @@ def dataset_report(
       cppperf dataset report --all overview.html --pages
       cppperf dataset report local__demo-4bda4860cd0d report.html
     """
-    from cppperf.dataset.records import RecordError, iter_records, load_record
+    from cppperf.dataset.records import RecordError, load_record
     from cppperf.dataset.report import instance_section, overview_section, page
 
     if pages and not all_:
@@ -361,7 +371,7 @@ def dataset_report(
         _write_page(dest, text)
         out.print(f"wrote {dest} ({len(text) // 1024} KiB)")
         return
-    records = list(iter_records(Path(s.out_dir)))
+    records = _records(Path(s.out_dir))
     folder = dest.with_name(dest.stem + "_instances")
     written = _write_instance_pages(records, folder) if pages else 0
     text = page(
@@ -432,7 +442,7 @@ def _counts(counts: Counter[str]) -> str:
 def dataset_stats(out_dir: OutDir = None, as_json: AsJson = False, config: Config = None) -> None:
     """The instance store (OUT/instances): instances and repositories, verdicts, single- vs
     multi-file, where they came from. The mining funnel is `cppperf status`."""
-    from cppperf.dataset.records import is_significant, iter_records
+    from cppperf.dataset.records import is_significant
 
     s = _settings(config, out_dir=str(out_dir) if out_dir else None)
     store = Path(s.out_dir) / "instances"
@@ -441,7 +451,7 @@ def dataset_stats(out_dir: OutDir = None, as_json: AsJson = False, config: Confi
     repos: Counter[str] = Counter()
     oracles: Counter[str] = Counter()
     n = significant = single = 0
-    for r in iter_records(Path(s.out_dir)):
+    for r in _records(Path(s.out_dir)):
         ours = r.cppperf
         n += 1
         verdicts[str(ours.verdict)] += 1

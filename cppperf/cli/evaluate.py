@@ -47,6 +47,8 @@ def _prediction_rows(path: Path) -> list[tuple[str, Any]]:
             doc = json.loads(text)
         except json.JSONDecodeError:
             doc = None  # JSONL whose first line is an object
+        except RecursionError:
+            raise typer.BadParameter(f"{path}: JSON nested too deeply", param_hint="--predictions") from None
         if isinstance(doc, list):
             return [(f"{path}[{i}]", row) for i, row in enumerate(doc)]
         if isinstance(doc, dict) and not (set(FIELDS) & set(doc)):
@@ -59,6 +61,10 @@ def _prediction_rows(path: Path) -> list[tuple[str, Any]]:
             rows.append((f"{path}:{n}", json.loads(line)))
         except json.JSONDecodeError as exc:
             raise typer.BadParameter(f"{path}:{n}: not JSON: {exc}", param_hint="--predictions") from None
+        except RecursionError:
+            raise typer.BadParameter(
+                f"{path}:{n}: JSON nested too deeply", param_hint="--predictions"
+            ) from None
     return rows
 
 

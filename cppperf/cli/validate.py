@@ -124,7 +124,10 @@ def validate(
     force: Annotated[bool, typer.Option("--force", help="re-evaluate even when reports exist")] = False,
     nats_url: NatsUrl = None,
     timeout: Annotated[
-        float, typer.Option("--timeout", help="with a bus: seconds to wait for the evaluator (0: no limit)")
+        float,
+        typer.Option(
+            "--timeout", min=0.0, help="with a bus: seconds to wait for the evaluator (0: no limit)"
+        ),
     ] = 0.0,
     creds: Annotated[
         Path | None,

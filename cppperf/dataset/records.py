@@ -28,7 +28,9 @@ from cppperf.shared.domain import (
     record_text,
 )
 from cppperf.shared.engine.images import instance_image_name
+from cppperf.shared.errors import BadInput
 from cppperf.shared.files import write_atomic
+from cppperf.shared.messages import check_instance_id
 from cppperf.shared.messages import instance_id as make_instance_id
 from cppperf.shared.published import PublishedEntry
 
@@ -141,7 +143,7 @@ def to_published(record: InstanceRecord) -> PublishedEntry:
 
 
 def instance_path(out_dir: Path, iid: str) -> Path:
-    return out_dir / "instances" / f"{iid}.json"
+    return out_dir / "instances" / f"{check_instance_id(iid)}.json"
 
 
 def write_record(out_dir: Path, record: InstanceRecord) -> Path:
@@ -167,10 +169,12 @@ def import_files(
             on_progress(i, len(files))
         try:
             published = decode_published(json.loads(f.read_text()))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecordError) as exc:
+            iid = check_instance_id(
+                make_instance_id(published.metadata.repository_name, published.commit_info.new_sha)
+            )
+        except (OSError, ValueError, RecursionError, BadInput) as exc:  # ValueError: not UTF-8/JSON/an entry
             rep.errors[str(f)] = f"{type(exc).__name__}: {exc}"
             continue
-        iid = make_instance_id(published.metadata.repository_name, published.commit_info.new_sha)
         if _already_imported(instance_path(out_dir, iid), published, f.name):
             rep.unchanged.append(iid)
             continue
@@ -195,20 +199,32 @@ def _already_imported(target: Path, published: PublishedEntry, source: str) -> b
     )
 
 
-def iter_records(out_dir: Path) -> Iterator[InstanceRecord]:
-    """Every record in `out_dir/instances`, by file name; a file that is not one is skipped."""
+def iter_records(out_dir: Path, skipped: list[str] | None = None) -> Iterator[InstanceRecord]:
+    """Every record in `out_dir/instances`, by file name; a file that is not one (not JSON, not
+    UTF-8, not a record, a directory, unreadable) is skipped, with `path: why` added to `skipped`."""
     for f in sorted((out_dir / "instances").glob("*.json")):
         try:
             yield decode_record(f.read_text())
-        except ValueError:  # not JSON, or not an instance record
-            continue
+        except (OSError, ValueError) as exc:  # ValueError: not UTF-8, not JSON, not a record
+            if skipped is not None:
+                skipped.append(f"{f}: {exc.strerror if isinstance(exc, OSError) else exc}")
+
+
+def skipped_line(skipped: list[str]) -> str:
+    """One line for the files `iter_records` skipped: how many, and the first with its reason."""
+    return f"warning: skipped {len(skipped)} file(s) that are not instance records (first: {skipped[0]})"
 
 
 def load_record(out_dir: Path, iid: str) -> InstanceRecord:
     path = instance_path(out_dir, iid)
     if not path.is_file():
         raise RecordError(f"unknown instance {iid!r} (no {path})")
-    return decode(path.read_text(), str(path))
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else f"not UTF-8 text ({exc.reason})"
+        raise RecordError(f"{path}: not an instance record: {why}") from None
+    return decode(text, str(path))
 
 
 @dataclass(frozen=True)

@@ -186,7 +186,7 @@ async def on_validate(ctx: StageContext, ops: ValidatorOps, msg: m.ValidateReque
     """Gold-validate the stored instance `msg.instance_id` and store the result in its record.
     Bad input (no such instance, not proven improved, an unreadable record) is `BadInput`: the
     worker dead-letters it with this reason."""
-    iid = msg.instance_id
+    iid = m.check_instance_id(msg.instance_id)  # it names OUT/instances/<id>.json below: one file name
     state = await buckets.get(ctx.store, INSTANCES, iid) or InstanceState()
     if not state.record and not state.record_ref:
         raise BadInput(f"unknown instance {iid!r}: the instances bucket has no record for it")

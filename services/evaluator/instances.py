@@ -9,7 +9,7 @@ from msgspec import UNSET
 
 from cppperf.shared.domain import InstanceRecord, decode_record
 from cppperf.shared.errors import BadInput
-from cppperf.shared.messages import instance_id
+from cppperf.shared.messages import check_instance_id, instance_id
 
 
 @dataclass(frozen=True)
@@ -59,10 +59,12 @@ def from_record(rec: InstanceRecord) -> EvalInstance:
 
 
 def load_instance(instance_id: str, out_dir: Path) -> EvalInstance:
-    path = out_dir / "instances" / f"{instance_id}.json"
+    path = out_dir / "instances" / f"{check_instance_id(instance_id)}.json"
     if not path.is_file():
         raise BadInput(f"unknown instance {instance_id!r} (no {path})")
     try:
         return from_record(decode_record(path.read_text()))
-    except ValueError as exc:  # not JSON, or not an instance record (msgspec.ValidationError)
+    except OSError as exc:
+        raise BadInput(f"instance record {path} is unreadable: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # not UTF-8, not JSON, or not an instance record (msgspec.ValidationError)
         raise BadInput(f"instance record {path} is unreadable: {exc}") from exc

@@ -147,7 +147,7 @@ def read_report(path: Path) -> EvalReport | None:
     this version (then it is evaluated again). Python's JSON: a report may hold `Infinity`."""
     try:
         return msgspec.convert(json.loads(path.read_text()), EvalReport)
-    except (OSError, ValueError):  # absent, not JSON, or another shape (msgspec.ValidationError)
+    except (OSError, ValueError, RecursionError):  # absent, not JSON, another shape, nested too deeply
         return None
 
 

@@ -7,7 +7,7 @@ import msgspec
 import pytest
 
 from cppperf.shared import messages as m
-from cppperf.shared.errors import MalformedMessage
+from cppperf.shared.errors import BadInput, MalformedMessage
 
 COMMIT = m.CommitSelected(
     repo="fmtlib/fmt",
@@ -104,3 +104,15 @@ def test_stable_ids() -> None:
     assert m.instance_id("fmtlib/fmt", "a" * 40) == "fmtlib__fmt-aaaaaaaaaaaa"
     assert m.msg_id(SAMPLES[5]) == "run/gpt/fmtlib__fmt-aaaaaaaaaaaa"
     assert m.msg_id(SAMPLES[0]) == "fmtlib/fmt"
+
+
+@pytest.mark.parametrize("iid", ["", ".", "..", "../x", "a/b", "/etc/passwd", "a\0b", "x" * 231, "é" * 116])
+def test_an_instance_id_is_one_file_name(iid: str) -> None:
+    with pytest.raises(BadInput, match="not an instance id"):
+        m.check_instance_id(iid)
+
+
+def test_every_instance_id_the_system_makes_is_accepted() -> None:
+    longest = m.instance_id("o" * 39 + "/" + "n" * 100, "a" * 40)
+    for iid in (m.instance_id("fmtlib/fmt", "a" * 40), m.instance_id("local/..", "b" * 40), longest):
+        assert m.check_instance_id(iid) == iid
