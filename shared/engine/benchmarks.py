@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -221,11 +222,15 @@ def discover(
     *,
     limit: int,
     only: Iterable[str] | None = None,
+    data_dirs: Mapping[str, str] | None = None,
 ) -> Discovered:
     """The workloads of `targets` (read from one side's file API) on every side: `build_roots`
     is each side's build tree as its runs see it, `run_on` runs a command there untimed. Each
     side lists its benchmarks; the ones on every side are probed once per side; at most `limit`
-    are kept (`only`: just these names, e.g. the evaluator's instance's benchmarks)."""
+    are kept, spread over the benchmark functions (`spread`; `only`: just these names, e.g. the
+    evaluator's instance's benchmarks). A benchmark that crashes in the build tree is probed once
+    more in `data_dirs[side]` (the project's tests' working directory: snappy's benchmarks read
+    `testdata/` relative to the source tree, where its test runs) and timed there if it runs."""
     wanted = set(only) if only is not None else None
     if wanted is not None:  # a target holding none of the wanted benchmarks is not even listed
         targets = [t for t in targets if any(n.startswith(workload_name(t.target, "")) for n in wanted)]
@@ -266,27 +271,62 @@ def discover(
     for n in sorted(set.union(set(), *names_by_side.values()) - everywhere):
         missing = next(side for side, names in names_by_side.items() if n not in names)
         found.skipped.append(SkippedBenchmark(name=n, reason=BenchmarkSkip.ONE_SIDE_ONLY, side=missing))
-    kept = sorted(everywhere)
-    for n in kept[limit:]:
+    kept = spread(sorted(everywhere), limit)
+    for n in sorted(everywhere - set(kept)):
         found.skipped.append(
             SkippedBenchmark(name=n, reason=BenchmarkSkip.OVER_LIMIT, detail=f"limit {limit}")
         )
-    timed: list[str] = []
-    for n in kept[:limit]:
-        problem = next(
-            (
-                p
-                for side in build_roots
-                if (p := probe_problem(run_on[side](_probe(found.by_side[side][n])), n, side))
-            ),
-            None,
-        )
-        if problem is None:
-            timed.append(n)
-        else:
-            found.skipped.append(problem)
+    timed = [n for n in kept if _timeable(found, n, run_on, data_dirs)]
     found.by_side = {side: {n: tests[n] for n in timed} for side, tests in found.by_side.items()}
     return found
+
+
+def _timeable(
+    found: Discovered, name: str, run_on: Mapping[str, Run], data_dirs: Mapping[str, str] | None
+) -> bool:
+    """Whether the workload runs on every side (probed; a crash in the build tree probed once
+    more in `data_dirs`, where it is then timed); why not goes to `found.skipped`."""
+    cases = {side: tests[name] for side, tests in found.by_side.items()}
+    problem = _probe_sides(cases, run_on, name)
+    if problem is not None and problem.reason == BenchmarkSkip.CRASHED and data_dirs:
+        moved = {side: replace(case, cwd=data_dirs[side]) for side, case in cases.items()}
+        if moved != cases and _probe_sides(moved, run_on, name) is None:
+            for side, case in moved.items():
+                found.by_side[side][name] = case
+            return True
+    if problem is not None:
+        found.skipped.append(problem)
+    return problem is None
+
+
+def _probe_sides(
+    cases: Mapping[str, TestCase], run_on: Mapping[str, Run], name: str
+) -> SkippedBenchmark | None:
+    """The first side's reason the workload cannot be timed (None: it runs on every side)."""
+    for side, t in cases.items():
+        problem = probe_problem(run_on[side](_probe(t)), name, side)
+        if problem is not None:
+            return problem
+    return None
+
+
+def spread(names: list[str], limit: int) -> list[str]:
+    """At most `limit` of `names` (sorted), taken in turn from each benchmark function (a
+    workload's name up to the benchmark's first `/`: `bench:t/BM_UFlat/3` is of `BM_UFlat`):
+    a limit keeps some arguments of every function rather than the first functions whole
+    (snappy lists 12 inputs per function; by name alone its 50 were all decompression)."""
+    families: dict[str, list[str]] = {}
+    for n in names:
+        families.setdefault(
+            n[len(PREFIX) :].split("/", 2)[0] + "/" + benchmark_of(n).split("/")[0], []
+        ).append(n)
+    picked: list[str] = []
+    queues = list(families.values())
+    while len(picked) < limit and any(queues):
+        for q in queues:
+            if q and len(picked) < limit:
+                picked.append(q.pop(0))
+    return sorted(picked)
 
 
 def _probe(t: TestCase) -> TestCase:
@@ -376,9 +416,22 @@ def find(
         bench_settings(settings),
         limit=settings.max_benchmarks,
         only=only,
+        data_dirs=tests_dirs(backend, sides) if targets else None,
     )
     found.skipped[:0] = skipped
     return found
+
+
+def tests_dirs(backend: Backend, sides: Sequence[str]) -> dict[str, str] | None:
+    """Per side, the working directory most of the project's CTest tests run in (None when a
+    side has no test with one)."""
+    dirs: dict[str, str] = {}
+    for side in sides:
+        cwds = Counter(t.cwd for t in backend.tests(side) if t.cwd)
+        if not cwds:
+            return None
+        dirs[side] = cwds.most_common(1)[0][0]
+    return dirs
 
 
 BROKEN_ON_SIDE = frozenset(

@@ -587,3 +587,47 @@ def test_a_benchmark_broken_on_every_side_is_not_the_agents_tree() -> None:
         ("bench:fmt/*", BenchmarkSkip.LIST_FAILED),
         ("bench:fmt/BM_a", BenchmarkSkip.ONE_SIDE_ONLY),
     ]
+
+
+def test_a_limit_spreads_over_the_functions_and_data_readers_run_where_the_tests_do() -> None:
+    """snappy: 12 inputs per benchmark function, more than `builder.max_benchmarks` in all, and
+    each reads `testdata/<file>` relative to the source tree, where its CTest test runs. By name
+    alone the limit kept only the first functions (all decompression) and every one of them
+    crashed in the build tree ("testdata/html: No such file or directory"): none was timed.
+    Now the limit takes some inputs of every function, and a benchmark that crashes in the build
+    tree is probed once more in the tests' working directory and timed there; one that crashes
+    there too is still skipped as crashed."""
+    funcs = {"BM_UFlat": 12, "BM_ZFlat": 12, "BM_UValidate": 12, "BM_ZFlatAll": 1}
+    names = [f"{f}/{i}" if n > 1 else f for f, n in funcs.items() for i in range(n)]
+
+    def run_for(side: str) -> Any:
+        def run(t: Case) -> RunResult:
+            if "--benchmark_list_tests=true" in t.command:
+                return RunResult(0, 0.1, 0.1, "\n".join(names) + "\n", False, False)
+            bench = next(n for n in names if f"--benchmark_filter=^{ere_escape(n)}$" in t.command)
+            if bench == "BM_UValidate/1" or (bench != "BM_ZFlatAll" and t.cwd != f"/src/{side}"):
+                return RunResult(1, 0.1, 0.1, "testdata/html: No such file or directory\n", False, False)
+            return RunResult(0, 0.1, 0.1, _gb_json(_it(bench, 10.0, 10.0)), False, False)
+
+        return run
+
+    sides = {"old": "/src/old/build", "new": "/src/new/build"}
+    found = discover(
+        [BenchTarget("snappy_benchmark", "snappy_benchmark", "google-benchmark")],
+        sides,
+        {side: run_for(side) for side in sides},
+        BenchSettings(repetitions=3, min_time=0.01, timeout=10),
+        limit=10,
+        data_dirs={"old": "/src/old", "new": "/src/new"},
+    )
+    kept = {x.name for x in found.skipped if x.reason != BenchmarkSkip.OVER_LIMIT} | set(found.common)
+    assert len(kept) == 10 and sum(x.reason == BenchmarkSkip.OVER_LIMIT for x in found.skipped) == 27
+    assert {n.split("/")[1] for n in kept} == set(funcs)  # every function, not the first ones whole
+    assert "bench:snappy_benchmark/BM_ZFlatAll" in found.common
+    crashed = [x.name for x in found.skipped if x.reason == BenchmarkSkip.CRASHED]
+    assert crashed == ["bench:snappy_benchmark/BM_UValidate/1"]
+    assert len(found.common) == 9
+    for side, root in sides.items():
+        cwds = {n: t.cwd for n, t in found.by_side[side].items()}
+        assert cwds.pop("bench:snappy_benchmark/BM_ZFlatAll") == root  # runs where it always did
+        assert set(cwds.values()) == {f"/src/{side}"}  # the data readers: where the tests run
