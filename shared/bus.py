@@ -218,7 +218,12 @@ class Bus:
                 server=safe_url(nc.connected_url.geturl()) if nc.connected_url else "",
             )
 
+        told: list[bool] = []
+
         async def error(exc: Exception) -> None:
+            if not lost and not told:  # still connecting: say once that it waits (it retries forever)
+                told.append(True)
+                log.warning("nats_waiting_for_server", connection=name, server=safe_url(url))
             log.debug("nats_error", connection=name, error=str(exc) or type(exc).__name__)
 
         register_url(url)

@@ -248,7 +248,9 @@ class BuilderSettings(msgspec.Struct, kw_only=True):
     benchmark_repetitions: int = 5
     benchmark_min_time: float = 0.05
     benchmark_timeout: float = 120.0
-    max_benchmarks: int = 50  # per instance (spread over the benchmark functions); the others are recorded as skipped
+    max_benchmarks: int = (
+        50  # per instance (spread over the benchmark functions); the others are recorded as skipped
+    )
 
     def effective_build_type(self) -> str:
         return "Debug" if self.profile == "paper" else self.build_type
