@@ -75,15 +75,23 @@ async def as_user(secured: SecuredBus, who: str) -> NatsClient:
     return await nats.connect(secured.url, allow_reconnect=False, **credential_options(secured.creds(who)))
 
 
-async def server_refuses(secured: SecuredBus, who: str, *, publish: str = "", subscribe: str = "") -> str:
-    """The server's error when `who` publishes to / subscribes to a subject ("" when allowed).
-    nats-py closes the connection on a permissions error, so each try gets its own."""
+async def server_refuses(
+    secured: SecuredBus,
+    who: str,
+    *,
+    publish: str = "",
+    subscribe: str = "",
+    body: bytes = b"{}",
+    queue: str = "",
+) -> str:
+    """The server's error when `who` publishes `body` to / subscribes (in `queue`) to a subject
+    ("" when allowed). nats-py closes the connection on a permissions error, so each try gets its own."""
     nc = await as_user(secured, who)
     try:
         if publish:
-            await nc.publish(publish, b"{}")
+            await nc.publish(publish, body)
         else:
-            await nc.subscribe(subscribe)
+            await nc.subscribe(subscribe, queue=queue)
         with contextlib.suppress(Exception):
             await nc.flush(timeout=1)
         await asyncio.sleep(0.05)
