@@ -282,6 +282,10 @@ class EvaluatorSettings(msgspec.Struct, kw_only=True):
     # an `opt` decided on exact counts is confirmed by native CPU time: original and agent, this
     # many rounds (the first a warm-up) on the timing core; not faster natively = not opt
     confirm_runs: int = 8
+    # short tests get more confirmation rounds: as many as the warm-up says fit in this many
+    # seconds (0: always confirm_runs), at most confirm_max_runs
+    confirm_seconds: float = 60.0
+    confirm_max_runs: int = 31
 
 
 class Settings(msgspec.Struct, kw_only=True):
@@ -566,6 +570,11 @@ def _validate_ranges(s: Settings) -> None:
         raise _bad(
             "evaluator.confirm_runs",
             f"{s.evaluator.confirm_runs}; must be >= 6 (a warm-up and five rounds to decide on)",
+        )
+    if s.evaluator.confirm_max_runs < s.evaluator.confirm_runs:
+        raise _bad(
+            "evaluator.confirm_max_runs",
+            f"{s.evaluator.confirm_max_runs}; must be >= evaluator.confirm_runs ({s.evaluator.confirm_runs})",
         )
 
 

@@ -30,7 +30,7 @@ import json
 import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
@@ -41,7 +41,7 @@ from msgspec import UNSET
 from cppperf.services.evaluator.apply import apply_patch
 from cppperf.services.evaluator.checks import check_patch, check_tree, snapshot
 from cppperf.services.evaluator.instances import EvalInstance, load_instance
-from cppperf.services.evaluator.score import score
+from cppperf.services.evaluator.score import Score, score
 from cppperf.services.evaluator.verdict import (
     apply_verdict,
     build_verdict,
@@ -573,8 +573,9 @@ def _run(  # noqa: PLR0911 - one verdict per stage that can stop an evaluation
     # counts can be made to disagree with the work, time cannot: an opt on counts is timed too
     # every counted test (one the count leaves alone may be slower natively), when one improved
     counted = [n for n in timed if not is_benchmark(n)]
-    if opt and exact and any(sc.per_test[n].agent_improved for n in counted):
-        step = _confirm(s, counted, workloads, backend, limits, phase)
+    on_counts = [n for n in counted if sc.per_test[n].agent_improved]
+    if opt and exact and on_counts:
+        step = _confirm(s, counted, on_counts, workloads, backend, limits, phase)
         if isinstance(step, EvalReport):  # a run failed natively that passed counted
             return msgspec.structs.replace(step, **info)
         confirmation, confirm_samples = step
@@ -624,16 +625,20 @@ def _unconfirmed(c: NativeConfirmation) -> str:
 def _confirm(
     s: Settings,
     tests: list[str],
+    on_counts: list[str],
     workloads: dict[str, dict[str, TestCase]],
     backend: Backend,
     limits: Callable[[TestCase, int | None, bool], Limits],
     phase: Phase,
 ) -> tuple[NativeConfirmation, dict[str, dict[str, list[float]]]] | EvalReport:
     """Confirm an `opt` decided on exact counts by native CPU time: the three trees,
-    `evaluator.confirm_runs` interleaved rounds (the first a warm-up) on a leased timing core,
-    without Valgrind, scored as a timed evaluation is (`score`): confirmed when that is `opt`
-    too — the agent significantly faster than the original on one of `tests` (every counted
-    test), slower on none, and not clearly slower than the expert on any. A patch that detects
+    `evaluator.confirm_runs` interleaved rounds (the first a warm-up; short tests get more, as
+    many as fit in `evaluator.confirm_seconds`, at most `evaluator.confirm_max_runs`, fixed from
+    the warm-up's durations) on a leased timing core, without Valgrind, scored as a timed
+    evaluation is (`score`): confirmed when that is `opt` too — the agent significantly faster
+    than the original on one of `on_counts` (the tests its counts improved: the hypotheses the
+    counted runs chose, corrected over that family alone), slower on none of `tests` (every
+    counted test), and not clearly slower than the expert on any. A patch that detects
     Valgrind (its client request, its preload library, its mappings, …) and does less work
     there counts like a faster one but runs like the original (or like a lesser patch); whatever
     the means, the time shows it. A test failing natively: its verdict."""
@@ -651,6 +656,8 @@ def _confirm(
             run_one,
             rounds=ev.confirm_runs,
             warmup=1,
+            budget=ev.confirm_seconds,
+            max_rounds=ev.confirm_max_runs,
             seed=s.builder.seed + 1,
             sides=SIDES,
             progress=lambda d, t: phase("confirm", d, t),
@@ -664,26 +671,47 @@ def _confirm(
         why = f"test {f.test} failed natively during the confirmation of its counts (round {f.round})"
         return _verdict(timing_verdict(f.side, timed_out=f.timed_out), why, tests_pass=False)
     kept = {n: dict(meas.samples[n].by_metric(meas.metric_of(n))) for n in tests}  # warm-up dropped
-    timed = score(
-        kept,
-        alpha=s.builder.alpha,
-        min_improvement=s.builder.min_improvement,
-        opt_fraction=ev.opt_fraction,
-        resamples=s.builder.bootstrap_resamples,
-        seed=s.builder.seed,
-    )
-    per = timed.per_test
-    confirmation = NativeConfirmation(
-        rounds=ev.confirm_runs,
-        confirmed=timed.opt,
+    return native_verdict(s, kept, on_counts, rounds=meas.rounds, leased_core=pin), kept
+
+
+def native_verdict(
+    s: Settings,
+    kept: Mapping[str, Mapping[str, list[float]]],
+    on_counts: list[str],
+    *,
+    rounds: int,
+    leased_core: int | None,
+) -> NativeConfirmation:
+    """The confirmation's decision on native samples (`kept[test][side]`, every counted test):
+    confirmed when the agent is significantly faster than the original on one of `on_counts`
+    — corrected over that family alone: the counted runs chose these hypotheses on other data —,
+    significantly slower on none of `kept` (corrected over all of them), and not clearly slower
+    than the expert on any."""
+
+    def timed_score(names: Collection[str]) -> Score:
+        return score(
+            {n: kept[n] for n in names},
+            alpha=s.builder.alpha,
+            min_improvement=s.builder.min_improvement,
+            opt_fraction=s.evaluator.opt_fraction,
+            resamples=s.builder.bootstrap_resamples,
+            seed=s.builder.seed,
+        )
+
+    every, family = timed_score(kept), timed_score([n for n in on_counts if n in kept])
+    per = every.per_test
+    improved = [n for n, v in family.per_test.items() if v.agent_improved]
+    short = [n for n, v in per.items() if not v.within_opt_fraction]
+    return NativeConfirmation(
+        rounds=rounds,
+        confirmed=bool(improved) and not every.agent_regressed and not short,
         speedup={n: round(v.agent_speedup, 4) for n, v in per.items()},
         expert_speedup={n: round(v.expert_speedup, 4) for n, v in per.items()},
-        improved=[n for n, v in per.items() if v.agent_improved],
+        improved=improved,
         regressed=[n for n, v in per.items() if v.agent_regressed],
-        short_of_expert=[n for n, v in per.items() if not v.within_opt_fraction],
-        leased_core=pin,
+        short_of_expert=short,
+        leased_core=leased_core,
     )
-    return confirmation, kept
 
 
 class SummaryBlock(msgspec.Struct, kw_only=True):

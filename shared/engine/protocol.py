@@ -21,6 +21,7 @@ import contextlib
 import math
 import random
 import statistics
+import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
@@ -244,9 +245,11 @@ def _run_sides(
     sides: list[SideName],
     r: int,
     shortest: dict[str, float],
+    warm: dict[str, float] | None = None,
 ) -> RunFailure | None:
     """One round of one test: each side once (a sample of `repeats` runs); warm-up runs only
-    teach how long the test is."""
+    teach how long the test is (`shortest` run; `warm`: the seconds they took, overheads in)."""
+    started = time.monotonic()
     for side in sides:
         res = repeated(run_one, side, name, meas.repeats[name])
         if not res.ok:
@@ -255,7 +258,41 @@ def _run_sides(
             meas.samples[name].add(side, res)
         else:
             shortest[name] = min(shortest.get(name, math.inf), _length(res))
+    if r < meas.warmup and warm is not None:
+        warm[name] = warm.get(name, 0.0) + time.monotonic() - started
     return None
+
+
+def budgeted_rounds(per_round: float, *, budget: float, warmup: int, at_least: int, at_most: int) -> int:
+    """The rounds (warm-up included) whose kept rounds, `per_round` seconds each, take about
+    `budget` seconds; within [`at_least`, `at_most`] (`at_most` below `at_least`: `at_least`)."""
+    want = warmup + math.ceil(budget / per_round) if per_round > 0 else at_most
+    return max(at_least, min(want, at_most))
+
+
+def _after_warmup(
+    meas: Measurement,
+    shortest: dict[str, float],
+    warm: dict[str, float],
+    warm_repeats: dict[str, int],
+    floor: float,
+    max_repeats: int,
+    pinned: Mapping[str, int],
+    budget: float,
+    max_rounds: int,
+) -> None:
+    """Each test's runs per sample from its shortest warm-up run (`floor` 0: kept as they are);
+    with a `budget`, `meas.rounds` grown to fill it: a kept round costs each test's warm-up
+    seconds per run times its runs per sample now."""
+    if floor > 0:
+        meas.repeats = {
+            n: pinned.get(n) or repeats_for(shortest.get(n, floor), floor, max_repeats) for n in meas.samples
+        }
+    if budget > 0:
+        per_round = sum(d / meas.warmup / warm_repeats[n] * meas.repeats[n] for n, d in warm.items())
+        meas.rounds = budgeted_rounds(
+            per_round, budget=budget, warmup=meas.warmup, at_least=meas.rounds, at_most=max_rounds
+        )
 
 
 def measure(
@@ -277,11 +314,18 @@ def measure(
     repeats: dict[str, int] | None = None,
     turn: Turn | None = None,
     pinned: Mapping[str, int] | None = None,
+    budget: float = 0.0,
+    max_rounds: int = 0,
 ) -> Measurement:
     """Run the rounds. `repeats` fixes the runs per sample (confirmation runs reuse the main
     protocol's); else tests shorter than `floor` get theirs from the warm-up runs, except those
     in `pinned`, which keep their own count (benchmarks: their sample is their own timing).
-    `turn`: the timing-core lease each round (and the calibration) runs under."""
+    `turn`: the timing-core lease each round (and the calibration) runs under.
+
+    `budget` (seconds, with a warm-up): short tests get more rounds — after the warm-up, as many
+    kept rounds as the warm-up says fit in `budget` (each test's warm-up duration times its
+    repeats per sample), never fewer than `rounds`, at most `max_rounds`. The count is fixed
+    from the warm-up's durations alone, before any kept sample: it cannot depend on the outcome."""
     pinned = pinned or {}
     turn = turn or contextlib.nullcontext
     rng = random.Random(seed)
@@ -307,24 +351,28 @@ def measure(
     active = list(tests)
     total = rounds * len(tests)
     done = 0
-    for r in range(rounds):
+    warm: dict[str, float] = {}  # test -> seconds its warm-up runs took (all sides, with overheads)
+    warm_repeats = dict(meas.repeats)
+    r = 0
+    while r < rounds:
         order = active[:]
         rng.shuffle(order)
         with turn():
             for name in order:
                 order_sides = list(sides)
                 rng.shuffle(order_sides)
-                meas.failure = _run_sides(meas, run_one, name, order_sides, r, shortest)
+                meas.failure = _run_sides(meas, run_one, name, order_sides, r, shortest, warm)
                 if meas.failure is not None:
                     return meas
                 rounds_run[name] += 1
                 done += 1
                 if progress:
                     progress(done, total)
-        if r == warmup - 1 and floor > 0 and repeats is None:
-            meas.repeats = {
-                n: pinned.get(n) or repeats_for(shortest.get(n, floor), floor, max_repeats) for n in tests
-            }
+        if r == warmup - 1:
+            learn = floor if repeats is None else 0.0
+            _after_warmup(meas, shortest, warm, warm_repeats, learn, max_repeats, pinned, budget, max_rounds)
+            total += (meas.rounds - rounds) * len(tests)
+            rounds = meas.rounds
         kept = r + 1 - warmup
         if early_stop and kept >= min_rounds and set(sides) == {"old", "new"}:
             for name in _settle(meas, active, min_improvement, seed + r):
@@ -332,6 +380,7 @@ def measure(
                 done += rounds - r - 1
         if not active:
             break
+        r += 1
     if progress:
         progress(total, total)
     meas.decide_metrics()
