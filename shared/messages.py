@@ -85,6 +85,24 @@ def check_instance_id(iid: str) -> str:
     return iid
 
 
+# a run id names the folder OUT/runs/<run_id> and the report <model>.<run_id>.json as it is: `.`
+# and `_` at either end would be stripped there (`pipeline.safe_name`), so `x`, `_x`, `x.` would
+# share one run
+RUN_ID: Final = re.compile(r"(?![._])[A-Za-z0-9._-]{1,128}(?<![._])")
+
+
+def check_run_id(run_id: str) -> str:
+    """`run_id` when it names its run folder unchanged, else BadInput (refused, never rewritten):
+    1-128 of [A-Za-z0-9._-], not starting or ending with `.` or `_` (so never empty, `.`, `..`)."""
+    if RUN_ID.fullmatch(run_id):
+        return run_id
+    shown = run_id if len(run_id) <= 60 else f"{run_id[:60]}… ({len(run_id)} characters)"
+    raise BadInput(
+        f"not a run id: {shown!r} (1-128 of [A-Za-z0-9._-], not starting or ending with `.` or `_`: "
+        "it names the folder OUT/runs/<run_id>)"
+    )
+
+
 def _id_part(part: str) -> str:
     return part.replace("%", "%25").replace("/", "%2F")
 

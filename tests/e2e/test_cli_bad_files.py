@@ -113,6 +113,28 @@ def test_an_instance_id_that_is_a_path_is_refused(tmp_path: Path, iid: str, verb
     assert not (tmp_path / "r.html").exists()
 
 
+@pytest.mark.parametrize("run_id", ["", "..", "_x", "a/b", "r\u00e9"])
+@pytest.mark.parametrize(
+    "verb",
+    [
+        ["evaluate", "--instance", GOOD, "--patch", "{tmp}/p.diff"],
+        ["evaluate", "--predictions", "empty", "--instance-ids", GOOD],
+    ],
+)
+def test_a_run_id_that_cannot_name_its_folder_is_refused(
+    tmp_path: Path, run_id: str, verb: list[str]
+) -> None:
+    """Before: `--run-id ""` ran as the run `model`, `_x` as `x`, `a/b` as `a_b`, silently."""
+    out = tmp_path / "out"
+    write_bare_instance(out, GOOD)
+    (tmp_path / "p.diff").write_text("")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in verb]
+    res = run(*args, "--run-id", run_id, "--out", str(out))
+    assert res.returncode == USAGE, res.stderr
+    assert one_line(res).startswith("error: not a run id: ")
+    assert not (out / "runs").exists()
+
+
 @pytest.mark.parametrize(
     ("body", "why"), [("[1]", "not a heartbeat object"), ('{"at": "x"}', "not a heartbeat")]
 )

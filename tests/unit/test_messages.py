@@ -6,6 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from cppperf.services.evaluator.pipeline import safe_name
 from cppperf.shared import messages as m
 from cppperf.shared.errors import BadInput, MalformedMessage
 
@@ -110,6 +111,21 @@ def test_stable_ids() -> None:
 def test_an_instance_id_is_one_file_name(iid: str) -> None:
     with pytest.raises(BadInput, match="not an instance id"):
         m.check_instance_id(iid)
+
+
+@pytest.mark.parametrize(
+    "run_id", ["", ".", "..", "_", "_x", "x_", ".x", "x.", "a/b", "a b", "a\0b", "r\u00e9", "x" * 129, "x\n"]
+)
+def test_a_run_id_that_would_be_renamed_is_refused(run_id: str) -> None:
+    """Before: `evaluate --run-id ""` (or `..`, `_x`, `a/b`) ran under another folder name
+    (`model`, `x`, `a_b`) without a word."""
+    with pytest.raises(BadInput, match="not a run id"):
+        m.check_run_id(run_id)
+
+
+@pytest.mark.parametrize("run_id", ["default", "r1", "demo.v2", "a-b_c.d", "-x", "x-", "7", "x" * 128])
+def test_a_run_id_names_its_folder_unchanged(run_id: str) -> None:
+    assert m.check_run_id(run_id) == run_id and safe_name(run_id) == run_id
 
 
 def test_every_instance_id_the_system_makes_is_accepted() -> None:
