@@ -132,3 +132,40 @@ def test_every_instance_id_the_system_makes_is_accepted() -> None:
     longest = m.instance_id("o" * 39 + "/" + "n" * 100, "a" * 40)
     for iid in (m.instance_id("fmtlib/fmt", "a" * 40), m.instance_id("local/..", "b" * 40), longest):
         assert m.check_instance_id(iid) == iid
+
+
+@pytest.mark.parametrize(
+    "repo", ["", "o", "o/", "/r", "o/r/x", "./r", "o/..", "o/r\0", "o\n/r", "o/r\x7f", "o/" + "n" * 215]
+)
+def test_a_name_no_repository_can_have_is_refused(repo: str) -> None:
+    with pytest.raises(BadInput, match="not a repository id"):
+        m.check_repo_id(repo)
+
+
+def test_every_repository_id_the_system_makes_is_accepted() -> None:
+    longest = "o" * 39 + "/" + "n" * 100
+    for repo in (
+        "fmtlib/fmt",
+        "local/demo",
+        "local/my project",
+        "url/0123456789ab",
+        longest,
+        "o/" + "n" * 214,
+    ):
+        assert m.check_repo_id(repo) == repo
+        m.check_instance_id(m.instance_id(repo, "a" * 40))  # its instance ids name a file
+
+
+@pytest.mark.parametrize(
+    "sha", ["", "HEAD", "a" * 39, "A" * 40, "--output=/tmp/x", "a" * 40 + "\n", "a" * 41]
+)
+def test_a_sha_that_is_not_a_full_commit_name_is_refused(sha: str) -> None:
+    with pytest.raises(BadInput, match="not a commit sha"):
+        m.check_sha(sha)
+
+
+def test_decode_refuses_a_consumed_message_whose_id_no_worker_can_process() -> None:
+    good = m.RepoFound(repo="o/r", url="/src/r")
+    assert m.decode(m.encode(good), m.RepoFound) == good
+    with pytest.raises(MalformedMessage, match=r"RepoFound\.repo: not a repository id: 'o/r\\x00'"):
+        m.decode(m.encode(m.RepoFound(repo="o/r\0", url="/src/r")), m.RepoFound)
