@@ -176,8 +176,9 @@ def compose_env(
             text = url
         elif key == "CPPPERF_BUS_CREDS":
             text = str(creds)
-        elif key == "CPPPERF_BUILDER_LEASE_DIR":
-            text = "/tmp/cppperf-leases"  # noqa: S108 - the host's pool, as compose mounts it
+        elif key == "CPPPERF_BUILDER_LEASE_DIR":  # the host's pool, as compose mounts it: this
+            # shell's (a test run's own), else the host default
+            text = os.environ.get("CPPPERF_BUILDER_LEASE_DIR") or "/tmp/cppperf-leases"  # noqa: S108
         elif key == "CPPPERF_HEALTH_DIR":
             text = str(root / "health" / service)
         elif key == "CPPPERF_GITHUB_TOKENS":

@@ -200,7 +200,9 @@ def evaluate_rows(
 ) -> list[EvalReport]:
     """Every row's report, in order: over the bus when `settings.nats_url` is set (`run` runs the
     coroutine: the CLI's handles Ctrl-C), else here, `max_workers` at a time (finished reports
-    are reused unless `force`). `on_done(n)` after each report."""
+    are reused unless `force`). `on_done(n)` after each report. A `run_id` that cannot name its
+    run folder unchanged is BadInput (`messages.check_run_id`), before anything is sent or run."""
+    m.check_run_id(run_id)
     if settings.nats_url:
         reports = run(evaluate_over_bus(settings.nats_url, rows, run_id, creds=creds, on_done=on_done))
         keep_reports(settings, run_id, reports)

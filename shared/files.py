@@ -19,7 +19,12 @@ def write_atomic(path: Path, data: str | bytes, *, mode: int | None = None) -> P
 
     A symlink is written through (its target is replaced, the link stays); a target that is not a
     regular file or folder (`/dev/stdout`, a FIFO, a device) is written into, never replaced by a
-    regular file; a folder is IsADirectoryError."""
+    regular file; a folder is IsADirectoryError.
+
+    Durable once it returns: the temporary file is fsynced before the rename and the folder after
+    it (and every folder this call created, up to the first that existed), so a crash or power loss
+    leaves the old file or the new one, never an empty or half one (ext4/xfs may otherwise commit
+    the rename before the data). A filesystem that cannot fsync a folder (EINVAL) is not an error."""
     try:
         st = os.stat(path)  # follows symlinks
     except FileNotFoundError:
@@ -32,6 +37,7 @@ def write_atomic(path: Path, data: str | bytes, *, mode: int | None = None) -> P
         return path
     if path.is_symlink():
         path = Path(os.path.realpath(path))
+    created = _missing_folders(path.parent)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = ""
     try:  # a KeyboardInterrupt right after mkstemp must not leave the temporary file either
@@ -39,13 +45,45 @@ def write_atomic(path: Path, data: str | bytes, *, mode: int | None = None) -> P
         with os.fdopen(fd, "wb") as fh:
             fh.write(data.encode() if isinstance(data, str) else data)
             os.fchmod(fh.fileno(), 0o666 & ~_umask() if mode is None else mode)
+            fh.flush()
+            os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         if tmp:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
         raise
+    for folder in [path.parent, *(p.parent for p in created)]:  # the new entry, then new folders'
+        _fsync_folder(folder)
     return path
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """`folder` and its ancestors that do not exist yet, deepest first (what `mkdir(parents=True)`
+    is about to create: each one's entry in its own parent must reach the disk too)."""
+    missing: list[Path] = []
+    while not folder.exists() and folder.parent != folder:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def _fsync_folder(folder: Path) -> None:
+    """fsync a folder so a rename or a creation in it is on disk; a filesystem that cannot
+    (EINVAL, ENOTSUP on some network and FUSE mounts) is left as it is."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        if e.errno in (errno.EACCES, errno.EPERM):  # a folder we may write into but not read
+            return
+        raise
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
 
 
 def _umask() -> int:

@@ -1,9 +1,10 @@
 """Liveness: is this service really consuming? Probed in-process, published as a heartbeat file.
 
 A service is healthy when its NATS connections are up, every subscriber's pull loop is running
-and has returned from a fetch recently (or is busy with a message), and its durable consumer
-answers on the server. The probe runs every `bus.health_interval` seconds and writes
-`<health_dir>/<service>.json` (`{"ok", "reason", "at", "pid", "subscribers"}`) atomically;
+and has returned from a fetch recently (or is busy with a message), its durable consumer
+answers on the server, and every check it added (`Liveness.check`: the evaluator's agents' API on
+its own connection) passes. The probe runs every `bus.health_interval` seconds and writes
+`<health_dir>/<service>.json` (`{"ok", "reason", "at", "pid", "subscribers", "checks"}`) atomically;
 `cppperf health SERVICE --max-age S` reads it: unhealthy when `ok` is false or the file is older
 than S seconds (the process is hung or gone). A probe that finds the durable consumer missing
 re-creates it once with a `consumer_reprovisioned` log line (the service owns its consumer).
@@ -12,10 +13,10 @@ re-creates it once with a `consumer_reprovisioned` log line (the service owns it
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,14 +72,43 @@ class Tracked:
         return None
 
 
+@dataclass(frozen=True)
+class Check:
+    """Something of one service outside its subscribers that must work for it to be healthy (a
+    connection of its own): `problem()` is None when it does, else why not."""
+
+    service: str
+    name: str
+    problem: Callable[[], str | None]
+
+
 @dataclass
 class Liveness:
     trackers: list[Tracked] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
 
     def track(self, subject: str, service: str, subscriber: Any, pull_timeout: float) -> Tracked:
         t = Tracked(subject, service, subscriber, pull_timeout)
         self.trackers.append(t)
         return t
+
+    def check(self, service: str, name: str, problem: Callable[[], str | None]) -> Check:
+        """Add `problem` to `service`'s health: its heartbeat is unhealthy while it says why."""
+        c = Check(service, name, problem)
+        self.checks.append(c)
+        return c
+
+    def states(self, service: str) -> list[tuple[str, str | None]]:
+        """(name, problem or None) of each of `service`'s checks; a check that raises says so."""
+        states: list[tuple[str, str | None]] = []
+        for c in self.checks:
+            if c.service != service:
+                continue
+            try:
+                states.append((c.name, c.problem()))
+            except Exception as exc:
+                states.append((c.name, f"{c.name}: check failed: {str(exc) or type(exc).__name__}"))
+        return states
 
     @property
     def in_flight(self) -> int:
@@ -116,9 +146,13 @@ def heartbeat_path(health_dir: Path, service: str) -> Path:
     return health_dir / f"{service}.json"
 
 
-def write_heartbeat(health_dir: Path, service: str, reason: str | None, liveness: Liveness) -> None:
+def write_heartbeat(health_dir: Path, service: str, reason: str | None, liveness: Liveness) -> str | None:
+    """`service`'s heartbeat: unhealthy for the process-wide `reason`, else for the first of its
+    own checks that fails (returned); each check's state is listed under `checks`."""
     health_dir.mkdir(parents=True, exist_ok=True)
     now = time.monotonic()
+    states = liveness.states(service)
+    reason = reason or next((why for _, why in states if why), None)
     data = {
         "service": service,
         "ok": reason is None,
@@ -129,11 +163,13 @@ def write_heartbeat(health_dir: Path, service: str, reason: str | None, liveness
             {"subject": t.subject, "in_flight": t.in_flight, "last_fetch_age": round(now - t.last_fetch, 1)}
             for t in liveness.trackers
         ],
+        "checks": [{"name": name, "ok": why is None, "reason": why or ""} for name, why in states],
     }
     path = heartbeat_path(health_dir, service)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
+    return reason
 
 
 async def heartbeat_loop(
@@ -147,6 +183,7 @@ async def heartbeat_loop(
 ) -> None:
     """Probe and write each service's heartbeat file every `interval` seconds, for ever."""
     last: str | None = ""
+    own_last: dict[str, str | None] = {}  # each service's own checks, logged when they change
     while True:
         try:
             liveness.attach_all()
@@ -157,8 +194,16 @@ async def heartbeat_loop(
             (log.info if reason is None else log.warning)("liveness", healthy=reason is None, reason=reason)
             last = reason
         for service in services:
-            with contextlib.suppress(OSError):
-                write_heartbeat(health_dir, service, reason, liveness)
+            try:
+                said = write_heartbeat(health_dir, service, reason, liveness)
+            except OSError:
+                continue
+            own = said if reason is None else own_last.get(service)
+            if own != own_last.get(service):
+                (log.info if own is None else log.warning)(
+                    "liveness", service=service, healthy=own is None, reason=own
+                )
+                own_last[service] = own
         await asyncio.sleep(interval)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
 import msgspec
@@ -83,6 +84,70 @@ def check_instance_id(iid: str) -> str:
             f"at most {MAX_INSTANCE_ID_BYTES} bytes)"
         )
     return iid
+
+
+# a run id names the folder OUT/runs/<run_id> and the report <model>.<run_id>.json as it is: `.`
+# and `_` at either end would be stripped there (`pipeline.safe_name`), so `x`, `_x`, `x.` would
+# share one run
+RUN_ID: Final = re.compile(r"(?![._])[A-Za-z0-9._-]{1,128}(?<![._])")
+
+
+def check_run_id(run_id: str) -> str:
+    """`run_id` when it names its run folder unchanged, else BadInput (refused, never rewritten):
+    1-128 of [A-Za-z0-9._-], not starting or ending with `.` or `_` (so never empty, `.`, `..`)."""
+    if RUN_ID.fullmatch(run_id):
+        return run_id
+    shown = run_id if len(run_id) <= 60 else f"{run_id[:60]}… ({len(run_id)} characters)"
+    raise BadInput(
+        f"not a run id: {shown!r} (1-128 of [A-Za-z0-9._-], not starting or ending with `.` or `_`: "
+        "it names the folder OUT/runs/<run_id>)"
+    )
+
+
+# `owner/name` becomes `owner__name-<sha12>`: the instance id must still fit MAX_INSTANCE_ID_BYTES
+MAX_REPO_ID_BYTES: Final = MAX_INSTANCE_ID_BYTES - len("_-") - 12
+SHA: Final = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")  # a full SHA-1 or SHA-256 object name
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _shown(value: str) -> str:
+    return repr(value if len(value) <= 60 else f"{value[:60]}… ({len(value)} characters)")
+
+
+def check_repo_id(repo: str) -> str:
+    """`repo` when it can be a repository id (`owner/name`, `local/<folder>`), else BadInput: one
+    `/` between a non-empty owner and name, neither `.` nor `..`, no NUL or other control
+    character, at most MAX_REPO_ID_BYTES (its instance ids must name a file)."""
+    owner, _, name = repo.partition("/")
+    size = len(repo.encode(errors="surrogateescape"))
+    if (
+        not owner
+        or not name
+        or "/" in name
+        or {owner, name} & {".", ".."}
+        or _CONTROL.search(repo)
+        or size > MAX_REPO_ID_BYTES
+    ):
+        raise BadInput(
+            f"not a repository id: {_shown(repo)} (owner/name: one `/`, no NUL or control "
+            f"character, at most {MAX_REPO_ID_BYTES} bytes)"
+        )
+    return repo
+
+
+def check_sha(sha: str) -> str:
+    """`sha` when it is a full commit name (40 or 64 lower-case hex digits), else BadInput (a
+    `--option` or a NUL would reach git's command line)."""
+    if not SHA.fullmatch(sha):
+        raise BadInput(f"not a commit sha: {_shown(sha)} (40 or 64 lower-case hex digits)")
+    return sha
+
+
+def check_text(text: str) -> str:
+    """`text` (a clone URL or path) when it has no NUL or other control character, else BadInput."""
+    if _CONTROL.search(text):
+        raise BadInput(f"{_shown(text)} holds a NUL or control character")
+    return text
 
 
 def _id_part(part: str) -> str:
@@ -351,7 +416,9 @@ def encode(msg: msgspec.Struct) -> bytes:
 def decode(data: bytes, typ: type[M]) -> M:
     """Decode with the type's prebuilt decoder; any failure becomes `MalformedMessage`, an
     unknown `schema_version` `UnsupportedSchema` (checked before the fields, whose meaning may
-    have changed in that version)."""
+    have changed in that version), a name or id no worker can process (a repository id with a
+    NUL, a sha that is not one, a run id that cannot name its folder: `check_ids`)
+    `MalformedMessage` naming the field."""
     try:
         result: M = _DECODERS[typ].decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:  # deep nesting: recursion
@@ -362,6 +429,7 @@ def decode(data: bytes, typ: type[M]) -> M:
     version = getattr(result, "schema_version", SCHEMA_VERSION)
     if version not in READABLE_SCHEMA_VERSIONS:
         raise _unsupported(typ, version)
+    check_ids(result)
     return result
 
 
@@ -385,6 +453,61 @@ def _unsupported(typ: type[msgspec.Struct], version: object) -> UnsupportedSchem
         f"{typ.__name__} has schema_version {version}; this worker reads version {known} "
         "(upgrade the worker, or replay the message once one that reads it runs)"
     )
+
+
+def _ids(msg: msgspec.Struct) -> list[tuple[str, Callable[[str], str], str]]:  # noqa: PLR0911 - one per type
+    """(field, check, value) for every name or id of a consumed message a worker builds a path, a
+    key or a command line from; a value that fails its check can never be processed."""
+    match msg:
+        case RepoCandidate() | RepoFound():
+            head = getattr(msg, "head_sha", None)
+            return [
+                ("repo", check_repo_id, msg.repo),
+                ("url", check_text, msg.url),
+                *([("head_sha", check_sha, head)] if head is not None else []),
+            ]
+        case CommitSelected():
+            return [
+                ("repo", check_repo_id, msg.repo),
+                ("url", check_text, msg.url),
+                ("sha", check_sha, msg.sha),
+                ("parent", check_sha, msg.parent),
+            ]
+        case CommitClassified():
+            return [(f"commit.{f}", check, v) for f, check, v in _ids(msg.commit)]
+        case PatchBuilt():
+            return [
+                ("instance_id", check_instance_id, msg.instance_id),
+                ("repo", check_repo_id, msg.repo),
+                ("sha", check_sha, msg.sha),
+                ("parent", check_sha, msg.parent),
+            ]
+        case EvalRequested():
+            # instance_id is judged by the evaluator (an `unknown-instance` answer, see verdict.py)
+            return [
+                ("run_id", check_run_id, msg.run_id),
+                *([("agent", _check_agent, msg.agent)] if msg.agent else []),
+            ]
+        case ValidateRequested():
+            return [("instance_id", check_instance_id, msg.instance_id)]
+    return []
+
+
+def _check_agent(agent: str) -> str:
+    if not AGENT_NAME.fullmatch(agent):
+        raise BadInput(f"not an agent name: {_shown(agent)} ([a-z0-9][a-z0-9_-]{{0,31}})")
+    return agent
+
+
+def check_ids(msg: msgspec.Struct) -> None:
+    """MalformedMessage naming the first field of `msg` whose name or id can never be processed
+    (`decode` calls it: the worker dead-letters such a message at its first delivery, never
+    retrying it `bus.max_deliver` times as if something were down)."""
+    for field, check, value in _ids(msg):
+        try:
+            check(value)
+        except BadInput as exc:
+            raise MalformedMessage(f"{type(msg).__name__}.{field}: {exc}") from None
 
 
 def msg_id(msg: msgspec.Struct) -> str:

@@ -32,6 +32,33 @@ from cppperf.shared.store import Store
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
+# The timing-core lease directory of this test run: the user's CPPPERF_BUILDER_LEASE_DIR (read
+# before any test clears CPPPERF_*), else one folder per pytest session (`session_lease_dir`), never
+# the host-wide /tmp/cppperf-leases a benchmark beside the suite holds.
+USER_LEASE_DIR = os.environ.get("CPPPERF_BUILDER_LEASE_DIR", "")
+_lease_dir: list[Path] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_lease_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One lease directory for the whole run, shared by every test and every process it starts (so
+    tests about leases between processes still meet in it): in-process, the default `builder.lease_dir`
+    points at it; `_isolated_dirs` exports it to subprocesses."""
+    from cppperf.shared.engine import leases
+
+    path = Path(USER_LEASE_DIR) if USER_LEASE_DIR else tmp_path_factory.getbasetemp() / "leases"
+    path.mkdir(parents=True, exist_ok=True)
+    _lease_dir[:] = [path]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(leases, "DEFAULT_LEASE_DIR", str(path))
+        yield path
+    _lease_dir.clear()
+
+
+def run_lease_dir() -> str:
+    """This run's lease directory (`session_lease_dir`), for settings built without the fixture."""
+    return str(_lease_dir[0]) if _lease_dir else (USER_LEASE_DIR or "")
+
 
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
@@ -40,19 +67,26 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNa
 
 
 @pytest.fixture(autouse=True)
-def _isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Keep every test's data (embedded NATS store, mirrors, work dirs) inside its tmp_path."""
+def _isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, session_lease_dir: Path) -> None:
+    """Keep every test's data (embedded NATS store, mirrors, work dirs) inside its tmp_path; the
+    one CPPPERF_* setting kept is this run's lease directory, for the processes a test starts."""
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     for key in list(os.environ):
         if key.startswith("CPPPERF_"):
             monkeypatch.delenv(key)
+    monkeypatch.setenv("CPPPERF_BUILDER_LEASE_DIR", str(session_lease_dir))
 
 
 def make_settings(tmp_path: Path, **overrides: object) -> Settings:
     base: dict[str, object] = {
         "out_dir": str(tmp_path / "out"),
         "bus": {"ack_wait": 5.0, "max_deliver": 3, "nak_delay": 0.2},
-        "builder": {"runs": 11, "early_stop_min_rounds": 6, "work_dir": str(tmp_path / "work")},
+        "builder": {
+            "runs": 11,
+            "early_stop_min_rounds": 6,
+            "work_dir": str(tmp_path / "work"),
+            "lease_dir": run_lease_dir(),  # this run's, not the host's (`session_lease_dir`)
+        },
         "mining": {"mirror_dir": str(tmp_path / "mirrors")},
     }
     for k, v in overrides.items():

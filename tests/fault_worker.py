@@ -67,7 +67,8 @@ def fake_build(marker_dir: Path, sleep: float) -> Any:
 async def main(
     stop: asyncio.Event, url: str, marker_dir: Path, sleep: float, overrides: dict[str, Any]
 ) -> None:
-    settings = load_settings(env={}, nats_url=url, **overrides)
+    lease = {k: v for k, v in os.environ.items() if k == "CPPPERF_BUILDER_LEASE_DIR"}  # the test run's
+    settings = load_settings(env=lease, nats_url=url, **overrides)
     build = fake_build(marker_dir, sleep)
 
     class StandInOps(EngineOps):

@@ -46,6 +46,24 @@ def _records(out_dir: Path) -> list[InstanceRecord]:
     return records
 
 
+def _export_records(out_dir: Path, what: str) -> list[InstanceRecord]:
+    """The records an export (`dataset export`, `report --all`) is made of, read before anything is
+    written. A store that holds no instance is a wrong --out, not an empty dataset: no
+    OUT/instances folder is refused (exit 2), one with no instance record in it is exit 1; the
+    target is neither created nor overwritten."""
+    store = out_dir / "instances"
+    if not store.is_dir():
+        raise _fail(
+            f"no instance store at {store}: nothing to {what} (--out names the folder "
+            "`cppperf build`, `mine` or `dataset import` wrote into)",
+            EXIT_USAGE,
+        )
+    records = _records(out_dir)
+    if not records:
+        raise _fail(f"no instance record in {store}: nothing to {what}")
+    return records
+
+
 def _set_or_none(value: object) -> object:
     """A published key's value, None when the file lacks it (`UNSET`)."""
     return None if value is UNSET else value
@@ -177,7 +195,8 @@ def dataset_export(
     config: Config = None,
 ) -> None:
     """Export instances: SWE-bench-like JSONL for agents, or files in the published format.
-    Files are written whole or not at all.
+    Files are written whole or not at all. An --out with no instance record is an error (nothing
+    is written); filters that match none write an empty export with a warning.
 
     \b
     Example:
@@ -195,7 +214,16 @@ def dataset_export(
         raise _fail(f"cannot write {target}: no folder {target.parent}", EXIT_USAGE)
     s = _settings(config, out_dir=str(out_dir) if out_dir else None)
     flt = _filters(repo, significant_only, since, until, multi_file, single_file)
-    records = [r for r in _records(Path(s.out_dir)) if flt.match(r)]
+    stored = _export_records(Path(s.out_dir), "export")
+    records = [r for r in stored if flt.match(r)]
+    if not records:  # asked for by the filters: written, but never without a word
+        console.print(
+            f"warning: none of the {len(stored)} instance(s) in {Path(s.out_dir) / 'instances'} "
+            "matches the filters: the export is empty",
+            soft_wrap=True,
+            markup=False,
+            highlight=False,
+        )
     try:
         if fmt == "jsonl":
             write_atomic(target, "".join(json.dumps(swebench_row(r)) + "\n" for r in records))
@@ -371,7 +399,7 @@ def dataset_report(
         _write_page(dest, text)
         out.print(f"wrote {dest} ({len(text) // 1024} KiB)")
         return
-    records = _records(Path(s.out_dir))
+    records = _export_records(Path(s.out_dir), "report")
     folder = dest.with_name(dest.stem + "_instances")
     written = _write_instance_pages(records, folder) if pages else 0
     text = page(

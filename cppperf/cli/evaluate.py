@@ -32,6 +32,7 @@ from cppperf.cli.common import (
 from cppperf.cli.predictions import PSEUDO, pseudo_predictions
 from cppperf.shared.domain import EvalVerdict
 from cppperf.shared.errors import CppPerfError
+from cppperf.shared.messages import check_run_id
 
 FIELDS = ("instance_id", "model_name_or_path", "model_patch")
 
@@ -129,7 +130,12 @@ def evaluate(  # noqa: PLR0912, PLR0915 - one verb, its input checks and its two
     ] = None,
     model: Annotated[str, typer.Option("--model", help="the model's name for --instance/--patch")] = "manual",
     run_id: Annotated[
-        str, typer.Option("--run-id", help="the run's name: OUT/runs/<run_id>/ holds its reports")
+        str,
+        typer.Option(
+            "--run-id",
+            help="the run's name: OUT/runs/<run_id>/ holds its reports (1-128 of [A-Za-z0-9._-], "
+            "not starting or ending with . or _)",
+        ),
     ] = "default",
     max_workers: Annotated[int, typer.Option("--max-workers", min=1, help="local parallel evaluations")] = 1,
     runs: Runs = None,
@@ -183,6 +189,7 @@ def evaluate(  # noqa: PLR0912, PLR0915 - one verb, its input checks and its two
     from cppperf.services.evaluator.pipeline import EvalRequest, run_dir, summarize
     from cppperf.services.evaluator.runreport import build_run_report, describe, report_path
 
+    check_run_id(run_id)  # it names OUT/runs/<run_id>: refused, never rewritten
     if (predictions is None) == (instance is None):
         raise typer.BadParameter("give either --instance with --patch, or --predictions")
     if instance is not None and patch is None:

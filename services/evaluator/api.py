@@ -52,6 +52,22 @@ class AgentApi:
     def start(self) -> None:
         self.task = asyncio.create_task(self._subscribe(), name="evaluator-api")
 
+    def problem(self) -> str | None:
+        """None while the agents' API is subscribed on a connected connection, else why not (a
+        check of the evaluator's heartbeat: `register` adds it to `ctx.liveness`)."""
+        task = self.task
+        if task is None:
+            return "agents' API (eval.api) not started"
+        if task.done() and not task.cancelled() and (exc := task.exception()) is not None:
+            return f"agents' API (eval.api) cannot subscribe: {str(exc) or type(exc).__name__}"
+        if self.bus is None or self.sub is None:
+            return "agents' API (eval.api) connecting"
+        if self.bus.nc.is_closed:
+            return "agents' API connection (evaluator-api) closed: agents get no answer"
+        if not self.bus.nc.is_connected:
+            return "agents' API connection (evaluator-api) down (reconnecting)"
+        return None
+
     async def subscribed(self) -> None:
         """Returns once the subscription is in place (raises what subscribing raised; the next
         call, `run_services` retrying, subscribes afresh)."""

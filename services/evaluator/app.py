@@ -13,6 +13,7 @@ from typing import Protocol
 from faststream.nats import NatsBroker
 
 from cppperf.services.evaluator import gateway
+from cppperf.services.evaluator.api import QUEUE as API_QUEUE
 from cppperf.services.evaluator.api import AgentApi
 from cppperf.services.evaluator.handlers import (
     EvaluatorOps,
@@ -74,5 +75,6 @@ def register(broker: NatsBroker, ctx: ServiceContext, *, ops: Ops | None = None)
     gate = gateway.RateGate(rate) if rate > 0 else None  # 0: no limit
 
     api = AgentApi(ctx, gate)
+    ctx.liveness.check("evaluator", API_QUEUE, api.problem)  # its own connection: in the heartbeat
     api.start()
     return Wired(fair, api)  # `run_services` closes both on the way out

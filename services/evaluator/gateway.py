@@ -30,7 +30,7 @@ from cppperf.shared import messages as m
 from cppperf.shared.buckets import EVALUATIONS
 from cppperf.shared.bus import WORK_QUEUES
 from cppperf.shared.domain import EvalReport, EvaluationState, EvalVerdict, to_json_dict
-from cppperf.shared.errors import CppPerfError
+from cppperf.shared.errors import BadInput, CppPerfError
 from cppperf.shared.logging import get_logger
 from cppperf.shared.service import ServiceContext
 
@@ -75,6 +75,12 @@ def dedup_id(agent: str, req: m.AgentSubmit) -> str:
 
 
 def _check_token(what: str, value: str) -> str | None:
+    if what == "run_id":  # it names the run's folder: the stricter rule the CLI applies too
+        try:
+            m.check_run_id(value)
+        except BadInput as exc:
+            return f"{exc} (refused, not rewritten)"
+        return None
     if m.TOKEN.fullmatch(value):
         return None
     return f"{what} {value[:80]!r} is not [A-Za-z0-9._-]{{1,128}} (refused, not rewritten)"

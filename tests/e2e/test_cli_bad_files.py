@@ -113,6 +113,73 @@ def test_an_instance_id_that_is_a_path_is_refused(tmp_path: Path, iid: str, verb
     assert not (tmp_path / "r.html").exists()
 
 
+@pytest.mark.parametrize("run_id", ["", "..", "_x", "a/b", "r\u00e9"])
+@pytest.mark.parametrize(
+    "verb",
+    [
+        ["evaluate", "--instance", GOOD, "--patch", "{tmp}/p.diff"],
+        ["evaluate", "--predictions", "empty", "--instance-ids", GOOD],
+    ],
+)
+def test_a_run_id_that_cannot_name_its_folder_is_refused(
+    tmp_path: Path, run_id: str, verb: list[str]
+) -> None:
+    """Before: `--run-id ""` ran as the run `model`, `_x` as `x`, `a/b` as `a_b`, silently."""
+    out = tmp_path / "out"
+    write_bare_instance(out, GOOD)
+    (tmp_path / "p.diff").write_text("")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in verb]
+    res = run(*args, "--run-id", run_id, "--out", str(out))
+    assert res.returncode == USAGE, res.stderr
+    assert one_line(res).startswith("error: not a run id: ")
+    assert not (out / "runs").exists()
+
+
+EXPORTS = [
+    ["dataset", "export", "{tmp}/tasks.jsonl"],
+    ["dataset", "export", "--format", "cppperf-db", "{tmp}/pub"],
+    ["dataset", "report", "--all", "{tmp}/all.html"],
+]
+
+
+@pytest.mark.parametrize("verb", EXPORTS)
+@pytest.mark.parametrize(
+    ("store", "code", "why"),
+    [
+        ("missing", USAGE, "error: no instance store at {out}/instances: nothing to "),
+        ("empty", FAILURES, "error: no instance record in {out}/instances: nothing to "),
+    ],
+)
+def test_an_export_of_a_store_without_instances_is_refused(
+    tmp_path: Path, verb: list[str], store: str, code: int, why: str
+) -> None:
+    """Before: `dataset export X --out /typo` said `exported 0 instance(s)` and exit 0, having
+    replaced X with an empty file."""
+    out = tmp_path / "typo"
+    if store == "empty":
+        (out / "instances").mkdir(parents=True)
+    args = [a.replace("{tmp}", str(tmp_path)) for a in verb]
+    target = Path(args[-1])
+    if target.suffix:  # a file from an earlier export is neither replaced nor emptied
+        target.write_text("precious\n")
+    res = run(*args, "--out", str(out))
+    assert res.returncode == code, res.stderr
+    assert one_line(res).startswith(why.replace("{out}", str(out)))
+    assert target.read_text() == "precious\n" if target.suffix else not target.exists()
+    assert store == "empty" or not out.exists()  # a typo'd --out is not created either
+
+
+def test_an_export_whose_filters_match_nothing_is_written_with_a_warning(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    write_bare_instance(out, GOOD)
+    res = run("dataset", "export", str(tmp_path / "t.jsonl"), "--repo", "no/such", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    assert one_line(res) == (
+        f"warning: none of the 1 instance(s) in {out}/instances matches the filters: the export is empty"
+    )
+    assert (tmp_path / "t.jsonl").read_text() == ""
+
+
 @pytest.mark.parametrize(
     ("body", "why"), [("[1]", "not a heartbeat object"), ('{"at": "x"}', "not a heartbeat")]
 )

@@ -758,7 +758,7 @@ def test_report_into_a_missing_folder_refuses_and_creates_nothing(tmp_path: Path
     res = cli("dataset", "report", "--all", str(tmp_path / "no" / "dir" / "x.html"), "--out", str(tmp_path))
     assert res.exit_code == 2 and "no folder" in res.output
     assert not (tmp_path / "no").exists()
-    ok = cli("dataset", "report", "--all", str(tmp_path / "x.html"), "--out", str(tmp_path))
+    ok = cli("dataset", "report", "--all", str(tmp_path / "x.html"), "--out", str(_store_with(tmp_path)))
     assert ok.exit_code == 0, ok.output
     assert (tmp_path / "x.html").stat().st_mode & 0o777 == 0o644  # readable by the people it is for
 

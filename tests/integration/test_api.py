@@ -14,6 +14,7 @@ import pytest
 import cppperf
 from cppperf.api import ScanProgress, typed
 from cppperf.shared.domain import EvalReport, EvalVerdict, InstanceMeta, Verdict
+from cppperf.shared.errors import BadInput
 from cppperf.shared.service import ServiceContext
 from tests.conftest import make_settings
 from tests.e2e.test_cli_inputs import _store_with, cli
@@ -71,6 +72,16 @@ def test_evaluate_returns_the_typed_report(tmp_path: Path) -> None:
     assert report.verdict is EvalVerdict.EMPTY_PATCH and report.opt is False and report.instance_id == iid
     on_disk = json.loads((out_dir / "runs" / "default" / "manual" / iid / "report.json").read_text())
     assert on_disk["verdict"] == report.verdict.value  # the same report the CLI writes
+
+
+def test_evaluate_refuses_a_run_id_that_would_be_renamed(tmp_path: Path) -> None:
+    """Before: run_id ".." wrote under OUT/runs/model, "_x" under OUT/runs/x."""
+    out_dir = _store_with(tmp_path)
+    iid = "someowner__a-rather-long-repository-name-" + "b" * 12
+    for run_id in ("", "..", "_x", "a/b"):
+        with pytest.raises(BadInput, match="not a run id"):
+            cppperf.evaluate(iid, "", run_id=run_id, out_dir=out_dir)
+    assert not (out_dir / "runs").exists()
 
 
 def test_typed_keeps_declared_keys_and_types_nested_values() -> None:

@@ -567,6 +567,7 @@ BAD_BODIES: list[tuple[str, bytes, str]] = [
     ("results", json.dumps({"run_id": ">"}).encode(), "refused, not rewritten"),
     ("results", json.dumps({"run_id": "*"}).encode(), "refused, not rewritten"),
     ("results", json.dumps({"run_id": "r" * 129}).encode(), "refused, not rewritten"),
+    ("results", json.dumps({"run_id": ".."}).encode(), "refused, not rewritten"),
     ("delete", b"{}", "is not eval.api"),  # a verb the gateway does not have
     ("SUBMIT", b"{}", "is not eval.api"),
 ]
@@ -580,6 +581,10 @@ BAD_FIELDS = [
     {"run_id": "\uff52"},  # fullwidth r
     {"run_id": "r\u0000"},
     {"run_id": "a/b"},
+    {"run_id": ""},  # run folders named as given: these would have been renamed (`model`, `r`)
+    {"run_id": ".."},
+    {"run_id": "_r"},
+    {"run_id": "r."},
     {"model": "../../../etc/passwd"},
     {"model": "m\nx"},
     {"instance_id": "$KV.instances.x"},

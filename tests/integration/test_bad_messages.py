@@ -1,5 +1,6 @@
 """Messages of the right shape that can never succeed: a payload reference the object store does
-not hold, an instance id that is a path. On a real nats-server, each is dead-lettered at the first
+not hold, an instance id that is a path, a repository name with a NUL, a sha that is an option, a
+run id that cannot name its folder. On a real nats-server, each is dead-lettered at the first
 delivery with the reason (never retried `bus.max_deliver` times as if the store were down); the
 handlers refuse before any file is touched."""
 
@@ -28,6 +29,7 @@ from cppperf.shared.errors import BadInput
 from cppperf.shared.service import ServiceContext, subscribe
 from tests.conftest import make_settings
 from tests.fakes import FakeContext, write_bare_instance
+from tests.integration.test_faults import consume_all
 from tests.integration.test_handlers import commit
 from tests.integration.test_validate_bus import RECORD, FakeValidator
 
@@ -81,6 +83,121 @@ async def test_a_diff_ref_not_in_the_store_is_dead_lettered_at_the_first_deliver
     )
     assert m.decode(rec.letter.payload, m.CommitSelected) == missing
     assert await ctx.store.get("commits", missing.id) is None  # nothing recorded as classified
+
+
+IID = "o__r-aaaaaaaaaaaa"
+UNPROCESSABLE: list[tuple[str, msgspec.Struct, str]] = [
+    (m.REPO_FOUND, m.RepoFound(repo="o/r\0x", url="/tmp/r"), "RepoFound.repo: not a repository id"),
+    (m.REPO_FOUND, m.RepoFound(repo="o/r/x", url="/tmp/r"), "RepoFound.repo: not a repository id"),
+    (m.REPO_FOUND, m.RepoFound(repo="o/..", url="/tmp/r"), "RepoFound.repo: not a repository id"),
+    (
+        m.REPO_FOUND,
+        m.RepoFound(repo="o/r", url="/tmp/r", head_sha="HEAD"),
+        "RepoFound.head_sha: not a commit sha",
+    ),
+    (
+        m.REPO_CANDIDATE,
+        m.RepoCandidate(repo="noslash", url="/tmp/r"),
+        "RepoCandidate.repo: not a repository id",
+    ),
+    (m.REPO_CANDIDATE, m.RepoCandidate(repo="o/r", url="/tmp/r\0"), "RepoCandidate.url: "),
+    (m.REPO_CANDIDATE, m.RepoCandidate(repo="o/" + "n" * 300, url="/tmp/r"), "RepoCandidate.repo: "),
+    (
+        m.COMMIT_SELECTED,
+        msgspec.structs.replace(commit(), sha="--output=/tmp/x"),
+        "CommitSelected.sha: not a commit sha",
+    ),
+    (m.COMMIT_SELECTED, msgspec.structs.replace(commit(), repo="o\n/r"), "CommitSelected.repo: "),
+    (
+        m.COMMIT_CLASSIFIED,
+        m.CommitClassified(
+            commit=msgspec.structs.replace(commit(), parent="b" * 39), label=True, backend="h"
+        ),
+        "CommitClassified.commit.parent: not a commit sha",
+    ),
+    (
+        m.EVAL_REQUESTED,
+        m.EvalRequested(request_id="r1", run_id="", model="m", instance_id=IID),
+        "EvalRequested.run_id: not a run id",
+    ),
+    (
+        m.EVAL_REQUESTED,
+        m.EvalRequested(request_id="r2", run_id="_r", model="m", instance_id=IID),
+        "EvalRequested.run_id: not a run id",
+    ),
+    (
+        m.EVAL_REQUESTED,
+        m.EvalRequested(request_id="r3", run_id="r", model="m", instance_id=IID, agent="Bob.x"),
+        "EvalRequested.agent: not an agent name",
+    ),
+    (
+        m.VALIDATE_REQUESTED,
+        m.ValidateRequested(instance_id="../x"),
+        "ValidateRequested.instance_id: not an instance id",
+    ),
+]
+
+
+async def test_names_and_ids_no_worker_can_process_are_dead_lettered_at_the_first_delivery(
+    ctx: ServiceContext,
+) -> None:
+    """Before: a repository name with a NUL on repo.found reached the filter, whose mirror path
+    raised ValueError (embedded null byte), taken for a passing fault and retried
+    `bus.max_deliver` times; a sha `--output=…` reached git's command line; run id "" ran as
+    the run `model`."""
+    for n, (subject, msg, _) in enumerate(UNPROCESSABLE):
+        await ctx.bus.publish_raw(subject, m.encode(msg), msg_id=f"bad-{n}")
+    seen: list[object] = []
+
+    async def work(item: object) -> None:
+        seen.append(item)
+
+    async def all_dead() -> bool:
+        return len(await ctx.bus.dead_letters()) == len(UNPROCESSABLE)
+
+    await consume_all(ctx, work, all_dead)
+    assert seen == []  # no handler ran
+    letters = {rec.letter.msg_id: rec.letter for rec in await ctx.bus.dead_letters()}
+    for n, (subject, _, why) in enumerate(UNPROCESSABLE):
+        letter = letters[f"bad-{n}"]
+        assert (letter.subject, letter.attempts, letter.error_type) == (subject, 1, "MalformedMessage")
+        assert letter.error.startswith(why), (why, letter.error)
+
+
+async def test_every_id_the_pipeline_makes_is_processed(ctx: ServiceContext) -> None:
+    """The same subjects with the names and ids producers write (local/<folder>, a folder name
+    with a space, full shas, an agent's run) reach the work, none is dead-lettered."""
+    good: list[tuple[str, msgspec.Struct]] = [
+        (m.REPO_FOUND, m.RepoFound(repo="local/my project", url="/tmp/my project", head_sha="c" * 40)),
+        (m.REPO_CANDIDATE, m.RepoCandidate(repo="url/0123456789ab", url="https://example.org/x.git")),
+        (m.COMMIT_SELECTED, commit()),
+        (
+            m.COMMIT_CLASSIFIED,
+            m.CommitClassified(
+                commit=msgspec.structs.replace(commit(), sha="d" * 64), label=True, backend="h"
+            ),
+        ),
+        (
+            m.EVAL_REQUESTED,
+            m.EvalRequested(
+                request_id="r", run_id="demo.v2", model="org/model", instance_id=IID, agent="bob"
+            ),
+        ),
+        (m.VALIDATE_REQUESTED, m.ValidateRequested(instance_id=IID)),
+    ]
+    for n, (subject, msg) in enumerate(good):
+        await ctx.bus.publish_raw(subject, m.encode(msg), msg_id=f"good-{n}")
+    seen: list[object] = []
+
+    async def work(item: object) -> None:
+        seen.append(item)
+
+    async def all_seen() -> bool:
+        return len(seen) == len(good)
+
+    await consume_all(ctx, work, all_seen)
+    assert await ctx.bus.dead_letters() == []
+    assert sorted(map(repr, seen)) == sorted(repr(msg) for _, msg in good)
 
 
 @pytest.mark.parametrize("iid", ["../escaped", "a/b", "x" * 300])

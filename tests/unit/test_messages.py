@@ -6,6 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from cppperf.services.evaluator.pipeline import safe_name
 from cppperf.shared import messages as m
 from cppperf.shared.errors import BadInput, MalformedMessage
 
@@ -112,7 +113,59 @@ def test_an_instance_id_is_one_file_name(iid: str) -> None:
         m.check_instance_id(iid)
 
 
+@pytest.mark.parametrize(
+    "run_id", ["", ".", "..", "_", "_x", "x_", ".x", "x.", "a/b", "a b", "a\0b", "r\u00e9", "x" * 129, "x\n"]
+)
+def test_a_run_id_that_would_be_renamed_is_refused(run_id: str) -> None:
+    """Before: `evaluate --run-id ""` (or `..`, `_x`, `a/b`) ran under another folder name
+    (`model`, `x`, `a_b`) without a word."""
+    with pytest.raises(BadInput, match="not a run id"):
+        m.check_run_id(run_id)
+
+
+@pytest.mark.parametrize("run_id", ["default", "r1", "demo.v2", "a-b_c.d", "-x", "x-", "7", "x" * 128])
+def test_a_run_id_names_its_folder_unchanged(run_id: str) -> None:
+    assert m.check_run_id(run_id) == run_id and safe_name(run_id) == run_id
+
+
 def test_every_instance_id_the_system_makes_is_accepted() -> None:
     longest = m.instance_id("o" * 39 + "/" + "n" * 100, "a" * 40)
     for iid in (m.instance_id("fmtlib/fmt", "a" * 40), m.instance_id("local/..", "b" * 40), longest):
         assert m.check_instance_id(iid) == iid
+
+
+@pytest.mark.parametrize(
+    "repo", ["", "o", "o/", "/r", "o/r/x", "./r", "o/..", "o/r\0", "o\n/r", "o/r\x7f", "o/" + "n" * 215]
+)
+def test_a_name_no_repository_can_have_is_refused(repo: str) -> None:
+    with pytest.raises(BadInput, match="not a repository id"):
+        m.check_repo_id(repo)
+
+
+def test_every_repository_id_the_system_makes_is_accepted() -> None:
+    longest = "o" * 39 + "/" + "n" * 100
+    for repo in (
+        "fmtlib/fmt",
+        "local/demo",
+        "local/my project",
+        "url/0123456789ab",
+        longest,
+        "o/" + "n" * 214,
+    ):
+        assert m.check_repo_id(repo) == repo
+        m.check_instance_id(m.instance_id(repo, "a" * 40))  # its instance ids name a file
+
+
+@pytest.mark.parametrize(
+    "sha", ["", "HEAD", "a" * 39, "A" * 40, "--output=/tmp/x", "a" * 40 + "\n", "a" * 41]
+)
+def test_a_sha_that_is_not_a_full_commit_name_is_refused(sha: str) -> None:
+    with pytest.raises(BadInput, match="not a commit sha"):
+        m.check_sha(sha)
+
+
+def test_decode_refuses_a_consumed_message_whose_id_no_worker_can_process() -> None:
+    good = m.RepoFound(repo="o/r", url="/src/r")
+    assert m.decode(m.encode(good), m.RepoFound) == good
+    with pytest.raises(MalformedMessage, match=r"RepoFound\.repo: not a repository id: 'o/r\\x00'"):
+        m.decode(m.encode(m.RepoFound(repo="o/r\0", url="/src/r")), m.RepoFound)
