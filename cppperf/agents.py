@@ -64,9 +64,9 @@ def write_creds(path: Path, name: str, seed: str) -> None:
 def agent_permissions(name: str) -> str:
     """What an agent may do: call the evaluator's API on its own name, read its own inbox and
     its own announcements. Nothing else (no JetStream, no KV, no other agent's subjects)."""
-    api = m.eval_api_subject(name, "*")
+    api = ", ".join(f'"{m.eval_api_subject(name, verb)}"' for verb in m.AGENT_VERBS)
     return (
-        f'{{publish: {{allow: ["{api}"]}}, '
+        f"{{publish: {{allow: [{api}]}}, "
         f'subscribe: {{allow: ["{agent_inbox(name)}.>", "{m.eval_completed_subject(name)}"]}}}}'
     )
 

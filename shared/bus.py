@@ -55,6 +55,52 @@ from cppperf.shared.store import NOT_PROVISIONED, Action, open_blobs
 log = get_logger(__name__)
 
 
+class TolerantClient(NatsClient):
+    """nats-py's client, but a message whose header block or subject does not parse is not fatal.
+
+    nats-py decodes a message's subject, reply and header status line as UTF-8 inside its read
+    loop, and that loop stops at the first exception (logged, never restarted) while the
+    connection still looks connected: everything after it is never read. Agents' bytes reach the
+    evaluator's API connection (`evaluator-api`) as they were sent: one request from one agent
+    with a header line `NATS/1.0 \\xff` (or, while agents could publish `eval.api.<name>.*`, a
+    verb of non-UTF-8 bytes) left every agent unanswered until the connection was replaced
+    (README: "How an agent's request is made safe"). Here a header block that does not parse is
+    no headers, a subject that is not UTF-8 is decoded with replacement characters (so the
+    gateway refuses it by name), and a reply subject that is not UTF-8 drops the message (no one
+    could be answered on it)."""
+
+    async def _process_headers(self, headers: bytes) -> dict[str, str] | None:
+        try:
+            return await super()._process_headers(headers)
+        except Exception as exc:  # any parse failure: the message keeps no headers
+            log.warning("nats_bad_headers", error=str(exc) or type(exc).__name__, size=len(headers or b""))
+            return None
+
+    def _build_message(
+        self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: dict[str, str] | None
+    ) -> Msg | None:
+        try:
+            reply_text = reply.decode()
+        except UnicodeDecodeError:
+            log.warning("nats_bad_reply_subject", subject=subject.decode(errors="replace")[:200])
+            return None
+        return self.msg_class(
+            subject=subject.decode(errors="replace"),
+            reply=reply_text,
+            data=data,
+            headers=headers,
+            _client=self,
+            _sid=sid,
+        )
+
+
+async def tolerant_connect(servers: str | list[str], **options: Any) -> NatsClient:
+    """`nats.connect` with a `TolerantClient` (every connection of the services and the CLI)."""
+    nc = TolerantClient()
+    await nc.connect(servers, **options)
+    return nc
+
+
 @dataclass(frozen=True)
 class WorkQueue:
     subject: str
@@ -227,7 +273,7 @@ class Bus:
             log.debug("nats_error", connection=name, error=str(exc) or type(exc).__name__)
 
         register_url(url)
-        nc = await nats.connect(
+        nc = await tolerant_connect(
             servers(url),
             name=name,
             max_reconnect_attempts=-1,

@@ -36,6 +36,9 @@ EVAL_COMPLETED: Final = "eval.completed"
 VALIDATE_REQUESTED: Final = "validate.requested"  # gold validation of a stored instance (evaluator)
 DLQ_PREFIX: Final = "dlq."
 EVAL_API: Final = "eval.api"  # eval.api.<agent>.{submit,result,results}: the agents' request-reply API
+# the API's verbs: an agent may publish exactly these three subjects (deploy/nats/agents.conf),
+# never `eval.api.<agent>.*`, whose last token could be any bytes (not UTF-8, control characters)
+AGENT_VERBS: Final = ("submit", "result", "results")
 LOCAL_AGENT: Final = "local"  # the agent of requests on an open (unauthenticated) bus
 AGENT_NAME: Final = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")  # one NATS subject token, no dots
 TOKEN: Final = re.compile(r"[A-Za-z0-9._-]{1,128}")  # run_id and model from an agent

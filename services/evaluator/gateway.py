@@ -35,7 +35,7 @@ from cppperf.shared.logging import get_logger
 from cppperf.shared.service import ServiceContext
 
 log = get_logger(__name__)
-VERBS = ("submit", "result", "results")
+VERBS = m.AGENT_VERBS
 MAX_REPORT_REPLY = 512 * 1024  # a larger report is answered as its summary (`truncated: true`)
 
 

@@ -153,6 +153,8 @@ def test_agents_conf_puts_every_agent_in_its_own_account(tmp_path: Path) -> None
     text = conf.read_text()
     assert text.count("agent_alice: {users: [") == 1 and text.count("agent_bob: {users: [") == 1
     assert '"eval.api.bob.*"' in text and '"eval.completed.bob"' in text
+    # bob may publish the API's three verbs, not `eval.api.bob.*` (a verb of any bytes)
+    assert 'publish: {allow: ["eval.api.bob.submit", "eval.api.bob.result", "eval.api.bob.results"]}' in text
     assert "eval.api.*.*" not in text  # each imports only its own API
     assert text.count("limits: {max_connections: 16, max_subscriptions: 128}") == 2  # each its own share
     # an agents.conf of the older one-account format is read, and rewritten per agent
@@ -1029,3 +1031,74 @@ def test_compose_publishes_no_nats_or_monitor_port() -> None:
     for name, node in nodes.items():
         assert not node.get("ports"), name
         assert "network_mode" not in node, name  # `host` would expose 8222 as well
+
+
+# ------------------------------------------------ bytes nats-py cannot parse (a deaf evaluator-api)
+async def raw_publish(secured: SecuredBus, who: str, subject: bytes, header: bytes, body: bytes) -> bytes:
+    """One HPUB from `who`, written on a socket byte for byte (nats-py builds only well-formed
+    headers and UTF-8 subjects): what the server answered (`-ERR …` or nothing before PONG)."""
+    host, port = secured.url.removeprefix("nats://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        info = json.loads((await reader.readline()).split(b" ", 1)[1])
+        key = nkeys.from_seed(read_creds(secured.creds(who))[1].encode())
+        sig = base64.urlsafe_b64encode(key.sign(info["nonce"].encode())).decode().rstrip("=")
+        hello = {"verbose": False, "pedantic": False, "headers": True, "protocol": 1}
+        hello |= {"nkey": key.public_key.decode(), "sig": sig, "lang": "raw", "version": "0"}
+        writer.write(b"CONNECT " + json.dumps(hello).encode() + b"\r\nPING\r\n")
+        assert (await asyncio.wait_for(reader.readline(), 5)).startswith(b"PONG")
+        head = b"HPUB %s _INBOX_%s.raw %d %d\r\n" % (
+            subject,
+            who.encode(),
+            len(header),
+            len(header) + len(body),
+        )
+        writer.write(head + header + body + b"\r\nPING\r\n")
+        answer = b""
+        while not answer.endswith(b"PONG\r\n") and b"-ERR" not in answer:
+            line = await asyncio.wait_for(reader.readline(), 5)
+            if not line:
+                break
+            answer += line if not line.startswith(b"INFO") else b""
+        return answer
+    finally:
+        writer.close()
+
+
+BAD_HEADERS = [
+    b"NATS/1.0 \xff\xfe\xfd\r\n\r\n",  # a status line that is not UTF-8
+    b"NATS/1.0 503 \xff\xfe\r\nx: y\r\n\r\n",  # a description that is not UTF-8
+    b"NATS/1.0 \r\n\r\n",
+]
+
+
+async def test_a_header_nats_py_cannot_parse_does_not_deafen_the_api(
+    secured: SecuredBus, evaluator: Any
+) -> None:
+    """nats-py parses a message's header block inside its read loop, which stops for good at the
+    first exception while the connection still looks connected: one request of bob's with a
+    status line that is not UTF-8 left every agent's request unanswered (alice's timed out). The
+    evaluator's connections parse such a block as no headers: bob's malformed request is read
+    (and refused like any body), and alice is answered right after each."""
+    for header in BAD_HEADERS:
+        assert b"-ERR" not in await raw_publish(secured, "bob", b"eval.api.bob.results", header, b"{}")
+        async with await AgentClient.connect(secured.url, secured.creds("alice"), request_timeout=5) as alice:
+            assert await asyncio.wait_for(alice.results("r1"), 10) == [], header
+
+
+async def test_an_api_subject_nats_py_cannot_decode_is_refused_and_does_not_deafen_the_api(
+    secured: SecuredBus, evaluator: Any
+) -> None:
+    """`eval.api.bob.*` let bob publish a verb of any bytes; nats-py decodes a subject as UTF-8 in
+    its read loop, so `eval.api.bob.\\xff` stopped the evaluator's API for every agent. Now bob may
+    publish only the three verbs (the server refuses the rest), and the evaluator's connection
+    reads a subject that is not UTF-8 (here from the admin, who may publish anything) as text the
+    gateway refuses."""
+    for subject in (b"eval.api.bob.\xff", b"eval.api.bob.x", b"eval.api.bob.submit\xc3"):
+        answer = await raw_publish(secured, "bob", subject, b"NATS/1.0\r\n\r\n", b"{}")
+        assert b"permissions violation for publish" in answer.lower(), subject
+    assert b"-ERR" not in await raw_publish(
+        secured, "admin", b"eval.api.bob.\xff", b"NATS/1.0\r\n\r\n", b"{}"
+    )
+    async with await AgentClient.connect(secured.url, secured.creds("alice"), request_timeout=5) as alice:
+        assert await asyncio.wait_for(alice.results("r1"), 10) == []
