@@ -500,13 +500,11 @@ async def test_no_agent_request_makes_the_evaluator_write_the_instances_bucket(
     assert sorted(verdicts) == sorted([".", "..", "a..b", f"{INSTANCE}.x", INSTANCE]), verdicts
     assert sorted(r.instance_id for r in ops.ran) == sorted(verdicts)
     assert verdicts[INSTANCE] == "opt"
-    bob = await as_user(secured, "bob")
-    try:
-        for verb in ("validate", "validate_requested"):
-            body = m.encode(m.ValidateRequested(instance_id=INSTANCE))
-            assert not (await ask(bob, f"eval.api.bob.{verb}", body)).ok
-    finally:
-        await bob.close()
+    for verb in ("validate", "validate_requested"):  # no such verb: the server refuses it
+        body = m.encode(m.ValidateRequested(instance_id=INSTANCE))
+        assert "for publish" in await server_refuses(
+            secured, "bob", publish=f"eval.api.bob.{verb}", body=body
+        )
     assert (await ctx.bus.js.stream_info("KV_instances")).state.last_seq == before
     stored = await ctx.store.get("instances", INSTANCE) or {}
     assert stored.get("oracle") == "ctest" and json.loads(stored["record"]) == record
@@ -570,9 +568,10 @@ BAD_BODIES: list[tuple[str, bytes, str]] = [
     ("results", json.dumps({"run_id": "*"}).encode(), "refused, not rewritten"),
     ("results", json.dumps({"run_id": "r" * 129}).encode(), "refused, not rewritten"),
     ("results", json.dumps({"run_id": ".."}).encode(), "refused, not rewritten"),
-    ("delete", b"{}", "is not eval.api"),  # a verb the gateway does not have
-    ("SUBMIT", b"{}", "is not eval.api"),
 ]
+# verbs the gateway does not have: the server refuses them from an agent (it may publish only
+# the three), and the gateway still refuses them from whoever may publish them (the admin)
+BAD_VERBS = ("delete", "SUBMIT", "validate")
 
 
 def submit_body(**fields: str) -> bytes:
@@ -634,6 +633,15 @@ async def test_gateway_refuses_malformed_requests_before_any_write(
         assert answer.ok and answer.id.startswith("bob.r/") and not answer.duplicate
     finally:
         await bob.close()
+    admin = await as_user(secured, "admin")
+    try:
+        for verb in BAD_VERBS:
+            subject = f"eval.api.bob.{verb}"
+            assert "for publish" in await server_refuses(secured, "bob", publish=subject), verb
+            refusal = await ask(admin, subject, b"{}")
+            assert not refusal.ok and "is not eval.api" in refusal.error, (verb, refusal.error)
+    finally:
+        await admin.close()
     assert await queued(ctx) == 1  # only the one valid request was ever written
     async with await AgentClient.connect(secured.url, secured.creds("alice")) as alice:
         eid = await alice.submit(INSTANCE, "fast", run_id="r", model="m")  # not a "duplicate" of bob's
