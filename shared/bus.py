@@ -69,6 +69,13 @@ class TolerantClient(NatsClient):
     gateway refuses it by name), and a reply subject that is not UTF-8 drops the message (no one
     could be answered on it)."""
 
+    @property
+    def reading(self) -> bool:
+        """Whether the read loop runs (it ends, for good, at an exception it does not expect;
+        while reconnecting it is replaced)."""
+        task = self._reading_task
+        return task is not None and not task.done()
+
     async def _process_headers(self, headers: bytes) -> dict[str, str] | None:
         try:
             return await super()._process_headers(headers)

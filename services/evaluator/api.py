@@ -14,6 +14,15 @@ let one agent's burst of 20 000 requests queue ~13 s in front of another agent's
 request over the agent's rate (`gateway.RateGate`) costs a dictionary lookup and one small reply,
 so a flood drains at wire speed and the others' requests are answered in their turn. The body
 stays bytes (`gateway.answer` decodes it: no decoder of FastStream's parses an agent's bytes).
+
+Each agent has a lane of its own: the subscription's callback only files a request into its
+agent's queue (`LANE_DEPTH` deep: past it the request is refused at once) and one task per agent
+answers that agent's requests in order, beside the other agents' tasks (`LANE_BYTES` bounds the
+bytes a lane holds too: 64 requests of 900 kB would be 58 MB per agent). A request's cost is not
+its count: `results` on a run of 3000 evaluations reads 3000 records (~2.4 s), and while the
+callback answered each request itself, ten such requests of bob's (well under his rate) held
+every other agent's request longer than its reply route lives (`response_threshold`): alice got
+no answer at all. Now they hold only bob's own lane.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from nats.aio.subscription import Subscription
 
 from cppperf.services.evaluator import gateway
 from cppperf.shared import messages as m
-from cppperf.shared.bus import Bus
+from cppperf.shared.bus import Bus, TolerantClient
 from cppperf.shared.logging import get_logger
 from cppperf.shared.service import ServiceContext
 from cppperf.shared.tasks import stop_task
@@ -37,6 +46,10 @@ QUEUE = "evaluator-api"
 # this is dropped unanswered (its reply routes expire on the server: `response_threshold`)
 PENDING_MSGS = 20_000
 PENDING_BYTES = 64 * 1024 * 1024
+# requests, and bytes of them, one agent may have waiting for its lane's answer; the next is
+# refused at once (a lane holds what nats-py's pending limits no longer count)
+LANE_DEPTH = 64
+LANE_BYTES = 4 * 1024 * 1024
 
 
 class AgentApi:
@@ -48,11 +61,14 @@ class AgentApi:
         self.bus: Bus | None = None
         self.sub: Subscription | None = None
         self.task: asyncio.Task[None] | None = None
+        self.lanes: dict[str, asyncio.Queue[Msg]] = {}  # agent -> its requests not answered yet
+        self.workers: dict[str, asyncio.Task[None]] = {}  # agent -> the task answering its lane
+        self.lane_bytes: dict[str, int] = {}  # agent -> bytes of the requests in its lane
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._subscribe(), name="evaluator-api")
 
-    def problem(self) -> str | None:
+    def problem(self) -> str | None:  # noqa: PLR0911 - one reason per state
         """None while the agents' API is subscribed on a connected connection, else why not (a
         check of the evaluator's heartbeat: `register` adds it to `ctx.liveness`)."""
         task = self.task
@@ -66,6 +82,9 @@ class AgentApi:
             return "agents' API connection (evaluator-api) closed: agents get no answer"
         if not self.bus.nc.is_connected:
             return "agents' API connection (evaluator-api) down (reconnecting)"
+        if isinstance(self.bus.nc, TolerantClient) and not self.bus.nc.reading:
+            # connected, but nothing is read any more (nats-py's read loop ended at an exception)
+            return "agents' API connection (evaluator-api) stopped reading: agents get no answer"
         return None
 
     async def subscribed(self) -> None:
@@ -92,11 +111,50 @@ class AgentApi:
         self.bus = bus
 
     async def on_request(self, msg: Msg) -> None:
+        """File the request into its agent's lane (a subject that names no agent is refused here)."""
+        who = gateway.agent_of(msg.subject)
+        if who is None:
+            await self.serve(msg)
+            return
+        agent = who[0]
+        if self.gate is not None and not self.gate.allow(agent):  # over its rate: refused at once
+            await self._respond(msg, gateway.too_fast(self.gate, agent))
+            return
+        lane = self.lanes.get(agent)
+        if lane is None:
+            lane = self.lanes[agent] = asyncio.Queue(maxsize=LANE_DEPTH)
+            self.workers[agent] = asyncio.create_task(self._drain(agent, lane), name=f"evaluator-api-{agent}")
+        held = self.lane_bytes.get(agent, 0)
+        if lane.full() or (held and held + len(msg.data) > LANE_BYTES):
+            await self._respond(
+                msg,
+                gateway.refused(
+                    f"{lane.qsize()} requests ({held} bytes) of {agent} wait for an answer: slow down"
+                ),
+            )
+            return
+        self.lane_bytes[agent] = held + len(msg.data)
+        lane.put_nowait(msg)
+
+    async def _drain(self, agent: str, lane: asyncio.Queue[Msg]) -> None:
+        while True:
+            msg = await lane.get()
+            try:
+                await self.serve(msg, gated=True)
+            finally:
+                self.lane_bytes[agent] -= len(msg.data)
+
+    async def serve(self, msg: Msg, *, gated: bool = False) -> None:
+        """Answer one request (`gated`: its rate was checked when it was filed)."""
         try:
-            reply = await gateway.answer(self.ctx, msg.subject, msg.data, self.gate)
+            reply = await gateway.answer(self.ctx, msg.subject, msg.data, None if gated else self.gate)
         except Exception as exc:  # a bus error mid-answer: the agent gets a refusal, not silence
             log.warning("agent_request_failed", subject=msg.subject[:200], error=str(exc))
             reply = gateway.refused("the evaluator cannot serve this request now: ask again")
+        await self._respond(msg, reply)
+
+    @staticmethod
+    async def _respond(msg: Msg, reply: m.AgentAnswer) -> None:
         if msg.reply:  # NATS's reply subject: back into the asker's own account, whatever the body says
             with contextlib.suppress(Exception):  # the connection is away: the agent's request times out
                 await msg.respond(m.encode(reply))
@@ -108,6 +166,11 @@ class AgentApi:
             with contextlib.suppress(Exception):
                 await self.sub.unsubscribe()
             self.sub = None
+        for worker in self.workers.values():  # after the subscription: no request opens a lane now
+            await stop_task(worker)
+        self.workers.clear()
+        self.lanes.clear()
+        self.lane_bytes.clear()
         if self.bus is not None:
             await self.bus.close()
             self.bus = None

@@ -58,6 +58,10 @@ def refused(error: str) -> m.AgentAnswer:
     return m.AgentAnswer(ok=False, error=error)
 
 
+def too_fast(gate: RateGate, agent: str) -> m.AgentAnswer:
+    return refused(f"more than {gate.rate:g} requests a second from {agent}: slow down")
+
+
 def agent_of(subject: str) -> tuple[str, str] | None:
     """(agent, verb) of `eval.api.<agent>.<verb>`, or None for anything else."""
     parts = subject.split(".")
@@ -219,7 +223,7 @@ async def answer(
         return refused(f"{subject[:200]!r} is not eval.api.<agent>.<submit|result|results>")
     agent, verb = who
     if gate is not None and not gate.allow(agent):
-        return refused(f"more than {gate.rate:g} requests a second from {agent}: slow down")
+        return too_fast(gate, agent)
     try:
         if verb == "submit":
             return await submit(ctx, agent, data)

@@ -22,6 +22,7 @@ from nats.aio.msg import Msg
 from cppperf.agents import AGENT_LIMITS, add_agent, agent_entry, list_agents, new_key, remove_agent, render
 from cppperf.client import AgentClient, Refused
 from cppperf.runtime import connect
+from cppperf.services.evaluator.api import LANE_BYTES, LANE_DEPTH
 from cppperf.services.evaluator.gateway import dedup_id
 from cppperf.services.evaluator.instances import EvalInstance
 from cppperf.services.evaluator.pipeline import EvalRequest
@@ -1110,3 +1111,71 @@ async def test_an_api_subject_nats_py_cannot_decode_is_refused_and_does_not_deaf
     )
     async with await AgentClient.connect(secured.url, secured.creds("alice"), request_timeout=5) as alice:
         assert await asyncio.wait_for(alice.results("r1"), 10) == []
+
+
+# ------------------------------------------------------ one agent's costly requests hold only its own
+async def test_costly_requests_of_one_agent_do_not_hold_another_agents_answer(
+    secured: SecuredBus, tmp_path: Path
+) -> None:
+    """A request's cost is not its count: `results` on a run of 2000 evaluations reads 2000
+    records (seconds). An agent gets there by submitting instance ids that do not exist (each an
+    `unknown-instance` evaluation of milliseconds, 16 at a time); written here directly as the
+    evaluator would. While the API answered requests one after the other, ten such requests of
+    bob's — under his rate — kept alice's request waiting past her client's timeout (and past the
+    reply route's `response_threshold`: she got no answer at all). Each agent has its own lane
+    now: alice is answered at once while bob's run is read, and bob's requests past his lane's
+    depth or bytes are refused at once ("slow down"). No rate gate here (`agent_api_rate` 0), so
+    every request reaches the lanes."""
+    async with evaluator_service(secured, tmp_path, FakeOps(), agent_api_rate=0) as ctx:
+        await flood_costly_results(secured, ctx)
+
+
+async def flood_costly_results(secured: SecuredBus, ctx: ServiceContext) -> None:
+    report = json.dumps({"verdict": "unknown-instance", "opt": False, "reason": "no such instance"})
+    for i in range(2000):
+        iid = f"local__demo-{i:012x}"
+        state = {"verdict": "unknown-instance", "run_id": "big", "model": "m", "instance_id": iid}
+        await ctx.store.put(
+            "evaluations",
+            m.evaluation_id(m.agent_run("bob", "big"), "m", iid),
+            state
+            | {
+                "agent": "bob",
+                "report": report,
+            },
+        )
+    bob = await as_user(secured, "bob")
+    got, on = sink()
+    try:
+        await bob.subscribe("_INBOX_bob.flood", cb=on)
+        body = json.dumps({"run_id": "big"}).encode()
+        for _ in range(10):
+            await bob.publish("eval.api.bob.results", body, reply="_INBOX_bob.flood")
+        await bob.flush()
+        async with await AgentClient.connect(secured.url, secured.creds("alice"), request_timeout=5) as alice:
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            assert await asyncio.wait_for(alice.results("r1"), 10) == []
+            assert loop.time() - start < 3
+
+        async def refusals(wanted: int) -> int:
+            for _ in range(100):
+                if sum(b"wait for an answer: slow down" in data for _, data in got) >= wanted:
+                    break
+                await asyncio.sleep(0.05)
+            return sum(b"wait for an answer: slow down" in data for _, data in got)
+
+        # more bytes than bob's lane holds (behind his costly `results`): refused at once
+        big = b" " * (700 * 1024)
+        for _ in range(LANE_BYTES // len(big) + 3):
+            await bob.publish("eval.api.bob.submit", big, reply="_INBOX_bob.flood")
+        await bob.flush()
+        assert await refusals(1) >= 1
+        # more requests than bob's lane holds: the rest is refused at once
+        before = await refusals(0)
+        for _ in range(LANE_DEPTH + 10):
+            await bob.publish("eval.api.bob.result", b'{"id": "bob.x/m/i"}', reply="_INBOX_bob.flood")
+        await bob.flush()
+        assert await refusals(before + 10) >= before + 10
+    finally:
+        await bob.close()

@@ -67,6 +67,40 @@ async def test_a_dead_agents_api_connection_makes_the_evaluator_unhealthy(
         assert beat["checks"][0]["ok"] is False and "closed" in beat["checks"][0]["reason"]
 
 
+@pytest.mark.nats
+@pytest.mark.usefixtures("ctx")  # the session's bus, wiped and provisioned
+async def test_an_api_connection_that_stopped_reading_makes_the_evaluator_unhealthy(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """nats-py's read loop ends for good at an exception it does not expect, and the connection
+    still says connected: a request an agent crafted once left every agent unanswered that way
+    while the heartbeat said healthy (tests/integration/test_attack_agent.py). The loop's end is
+    simulated here (its task cancelled); the heartbeat turns unhealthy with the reason."""
+    settings = make_settings(
+        tmp_path, nats_url=nats_server.url, health_dir=str(tmp_path / "health"), bus={"health_interval": 0.2}
+    )
+    hdir = settings.health_path()
+    wired: list[evaluator_app.Wired] = []
+
+    def register(broker: Any, ctx: ServiceContext) -> evaluator_app.Wired:
+        wired.append(evaluator_app.register(broker, ctx, ops=NeverCalled()))
+        return wired[-1]
+
+    async with run_services(settings, nats_server.url, ["evaluator"], register={"evaluator": register}):
+        await until(lambda: _true(health.check(hdir, "evaluator", 5)[0]), what="healthy")
+        api_bus = wired[0].api.bus
+        assert api_bus is not None and api_bus.nc.is_connected
+        reader = api_bus.nc._reading_task  # the read loop, as nats-py runs it
+        assert reader is not None
+        reader.cancel()
+        await until(lambda: _true(not health.check(hdir, "evaluator", 5)[0]), what="unhealthy")
+        assert api_bus.nc.is_connected  # what the check used to rely on alone
+        assert health.check(hdir, "evaluator", 5) == (
+            False,
+            "evaluator: agents' API connection (evaluator-api) stopped reading: agents get no answer",
+        )
+
+
 def test_a_services_own_check_marks_only_that_service(tmp_path: Path) -> None:
     live = Liveness()
     down: list[str] = []
