@@ -121,8 +121,16 @@ class AgentClient:
         return (await self._ask("result", m.AgentQuery(id=evaluation_id))).result
 
     async def results(self, run_id: str) -> list[dict[str, Any]]:
-        """A summary row (id, instance_id, model, verdict, opt, speed-ups) per finished evaluation."""
-        return (await self._ask("results", m.AgentQuery(run_id=run_id))).results
+        """A summary row (id, instance_id, model, verdict, opt, speed-ups) per finished evaluation
+        (every page: the evaluator answers a large run in pages of up to 512 KiB)."""
+        rows: list[dict[str, Any]] = []
+        after = ""
+        while True:
+            page = await self._ask("results", m.AgentQuery(run_id=run_id, after=after))
+            rows.extend(page.results)
+            if not page.more or not page.results:
+                return rows
+            after = str(page.results[-1]["id"])
 
     async def wait(
         self, evaluation_id: str, *, poll: float = 1.0, max_wait: float | None = None

@@ -342,6 +342,7 @@ class AgentQuery(_Msg, frozen=True, kw_only=True):
 
     id: str = ""
     run_id: str = ""
+    after: str = ""  # results: only the ids after this one (the last id of the previous page)
 
 
 class AgentAnswer(_Msg, frozen=True, kw_only=True):
@@ -354,6 +355,7 @@ class AgentAnswer(_Msg, frozen=True, kw_only=True):
     status: str = ""  # submit: queued | result: done | pending
     result: dict[str, Any] | None = None
     results: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    more: bool = False  # results: rows beyond this page (ask again with `after` = its last id)
 
 
 class DeadLetter(_Msg, frozen=True, kw_only=True):

@@ -19,6 +19,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -37,6 +38,7 @@ from cppperf.shared.service import ServiceContext
 log = get_logger(__name__)
 VERBS = m.AGENT_VERBS
 MAX_REPORT_REPLY = 512 * 1024  # a larger report is answered as its summary (`truncated: true`)
+MAX_RESULTS_REPLY = 512 * 1024  # `results` rows per page: a reply must fit NATS's max payload
 
 
 class RateGate:
@@ -196,7 +198,9 @@ async def result(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:
 
 
 async def results(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:
-    """Every finished evaluation of one of the agent's runs, summarized (full report: `result`)."""
+    """Every finished evaluation of one of the agent's runs, summarized (full report: `result`),
+    in id order, one page per reply: past `MAX_RESULTS_REPLY` the answer says `more` and the
+    agent asks again with `after` (a run of thousands once got no answer: over 1 MiB)."""
     try:
         q = m.decode(data, m.AgentQuery)
     except CppPerfError as exc:
@@ -204,14 +208,20 @@ async def results(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer
     if error := _check_token("run_id", q.run_id):
         return refused(error)
     prefix = m.evaluation_id(m.agent_run(agent, q.run_id), "x", "x").rsplit("/", 2)[0] + "/"
-    rows: list[ResultSummary] = []
+    rows: list[dict[str, Any]] = []
+    size = 0
     for eid in sorted(await ctx.store.ids(EVALUATIONS.name, under=agent)):  # only this agent's keys
-        if not eid.startswith(prefix):
+        if not eid.startswith(prefix) or eid <= q.after:
             continue
         report = await _report(ctx, eid)
-        if report is not None:
-            rows.append(_summary(eid, report))
-    return m.AgentAnswer(ok=True, results=[to_json_dict(r) for r in rows])
+        if report is None:
+            continue
+        row = to_json_dict(_summary(eid, report))
+        size += len(json.dumps(row)) + 2
+        if size > MAX_RESULTS_REPLY and rows:  # a page per reply: the rest after this page's last id
+            return m.AgentAnswer(ok=True, results=rows, more=True)
+        rows.append(row)
+    return m.AgentAnswer(ok=True, results=rows)
 
 
 async def answer(

@@ -1179,3 +1179,33 @@ async def flood_costly_results(secured: SecuredBus, ctx: ServiceContext) -> None
         assert await refusals(before + 10) >= before + 10
     finally:
         await bob.close()
+
+
+async def test_results_of_a_run_larger_than_one_reply_come_in_pages(
+    secured: SecuredBus, evaluator: Any
+) -> None:
+    """`results` answered a whole run in one reply; past NATS's 1 MiB payload the reply could not
+    be sent and the agent got no answer at all (its client timed out, every time). Now a reply
+    holds a page (`MAX_RESULTS_REPLY`), says `more`, and the next page starts `after` its last id;
+    the client reads every page."""
+    ctx, _ = evaluator
+    reason = "no such instance " + "x" * 400
+    report = json.dumps({"verdict": "unknown-instance", "opt": False, "reason": reason})
+    ids = []
+    for i in range(2500):  # ~1.4 MB of rows
+        iid = f"local__demo-{i:012x}"
+        ids.append(m.evaluation_id(m.agent_run("bob", "big"), "m", iid))
+        state = {"verdict": "unknown-instance", "run_id": "big", "model": "m", "instance_id": iid}
+        await ctx.store.put("evaluations", ids[-1], state | {"agent": "bob", "report": report})
+    bob = await as_user(secured, "bob")
+    try:
+        raw = await bob.request("eval.api.bob.results", json.dumps({"run_id": "big"}).encode(), timeout=30)
+        first = m.decode(raw.data, m.AgentAnswer)
+        assert first.ok and first.more and 0 < len(first.results) < len(ids)
+        assert len(raw.data) < 1024 * 1024
+    finally:
+        await bob.close()
+    async with await AgentClient.connect(secured.url, secured.creds("bob"), request_timeout=30) as client:
+        rows = await client.results("big")
+    assert [r["id"] for r in rows] == sorted(ids)
+    assert all(r["reason"] == reason for r in rows)
