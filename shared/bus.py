@@ -102,7 +102,8 @@ class TolerantClient(NatsClient):
 
 
 async def tolerant_connect(servers: str | list[str], **options: Any) -> NatsClient:
-    """`nats.connect` with a `TolerantClient` (every connection of the services and the CLI)."""
+    """`nats.connect` with a `TolerantClient` (every `Bus.connect`: the evaluator's API connection,
+    the only one agents' bytes reach, and the services' and the CLI's own)."""
     nc = TolerantClient()
     await nc.connect(servers, **options)
     return nc
