@@ -29,13 +29,21 @@ from msgspec import UNSET
 
 from cppperf.services.evaluator import gold
 from cppperf.services.evaluator.instances import EvalInstance, from_record
-from cppperf.services.evaluator.pipeline import EvalRequest, as_json, evaluate_report, patch_sha256
+from cppperf.services.evaluator.pipeline import (
+    EvalRequest,
+    as_json,
+    cannot_grade,
+    evaluate_report,
+    patch_sha256,
+    refused_report,
+)
 from cppperf.shared import buckets
 from cppperf.shared import messages as m
 from cppperf.shared.buckets import EVALUATIONS, INSTANCES
 from cppperf.shared.domain import (
     EvalReport,
     EvaluationState,
+    EvalVerdict,
     InstanceRecord,
     InstanceState,
     Verdict,
@@ -157,8 +165,14 @@ async def on_request(ctx: StageContext, ops: EvaluatorOps, msg: m.EvalRequested)
     instance = await _instance(ctx, msg.instance_id)
     # an agent's run is keyed under the agent: its run dir and record are `<agent>.<run_id>`
     run_id = m.agent_run(msg.agent, msg.run_id)
-    req = EvalRequest(run_id=run_id, model=msg.model, instance_id=msg.instance_id, patch=patch)
-    report = await asyncio.to_thread(ops.evaluate, req, instance)
+    req = EvalRequest(
+        run_id=run_id, model=msg.model, instance_id=msg.instance_id, patch=patch, proven_only=bool(msg.agent)
+    )
+    why = None if instance is None else cannot_grade(instance, proven_only=req.proven_only)
+    if why is not None:  # known from the bucket's record: no tree is built, no worker is busied
+        report = refused_report(req, EvalVerdict.INSTANCE_BROKEN, why)
+    else:
+        report = await asyncio.to_thread(ops.evaluate, req, instance)
     done = completed(msg, report)
     text, ref = await ctx.store.inline_or_ref(f"report/{req.id}", json.dumps(done.report))
     state = to_struct(

@@ -30,6 +30,8 @@ class EvalInstance:
     # gold validation's verdict on it (`cppperf.oracle`): "" until validated, `none` when it cannot
     # grade (the expert's patch is not opt, or a comment-only patch is)
     oracle: str = ""
+    # the builder's verdict on it (`cppperf.verdict`: improved, not-improved, …); "" when unknown
+    verdict: str = ""
 
     @property
     def multi_file(self) -> bool:
@@ -55,6 +57,7 @@ def from_record(rec: InstanceRecord) -> EvalInstance:
         date=ci.commit_date or "",
         metric=ours.metric or "",
         oracle="" if ours.oracle is UNSET or ours.oracle is None else str(ours.oracle),
+        verdict=str(ours.verdict),
     )
 
 

@@ -61,6 +61,7 @@ from cppperf.shared.domain import (
     NativeConfirmation,
     Oracle,
     SkippedBenchmark,
+    Verdict,
 )
 from cppperf.shared.engine.backend import Backend, SideName, build_sides, export_tree
 from cppperf.shared.engine.backends import make_backend
@@ -92,6 +93,10 @@ class EvalRequest:
     model: str
     instance_id: str
     patch: str
+    # an agent's request (the bus): only an instance proven improved grades it — a not-improved
+    # one was never gold-validated and its expert's speed-up, the bar an `opt` is held to, is not
+    # significant. The CLI grades named unproven ids on purpose (cli/predictions.py).
+    proven_only: bool = False
 
     @property
     def id(self) -> str:
@@ -237,6 +242,36 @@ def on_metric(s: Settings, inst: EvalInstance) -> Settings:
     return msgspec.structs.replace(s, builder=msgspec.structs.replace(s.builder, metric=metric))
 
 
+def cannot_grade(inst: EvalInstance, *, proven_only: bool) -> str | None:
+    """Why `inst` grades nobody (`instance-broken`), or None: its gold validation found no oracle
+    (an agent would pick exactly these); or, for an agent's request (`proven_only`), it is not
+    proven improved."""
+    if inst.oracle == Oracle.NONE:
+        return (
+            f"instance {inst.instance_id} cannot grade: its gold validation found no workload on which "
+            "the expert's patch is opt and a comment-only patch is not (oracle none)"
+        )
+    if proven_only and inst.verdict != Verdict.IMPROVED:
+        return (
+            f"instance {inst.instance_id} cannot grade: it is {inst.verdict or 'of no known verdict'}, "
+            "not proven improved (agents are graded only on proven instances)"
+        )
+    return None
+
+
+def refused_report(req: EvalRequest, verdict: EvalVerdict, reason: str) -> EvalReport:
+    """The report of a request answered without evaluating it (nothing built, nothing written)."""
+    return _verdict(
+        verdict,
+        reason,
+        instance_id=req.instance_id,
+        run_id=req.run_id,
+        model=req.model,
+        evaluation_id=req.id,
+        patch_sha256=patch_sha256(req.patch),
+    )
+
+
 def _evaluate(
     req: EvalRequest,
     s: Settings,
@@ -250,12 +285,9 @@ def _evaluate(
         inst = instance or load_instance(req.instance_id, Path(s.out_dir))
     except Exception as exc:
         return _verdict(EvalVerdict.UNKNOWN_INSTANCE, str(exc))
-    if inst.oracle == Oracle.NONE and not validating:  # an agent would pick exactly these
-        return _verdict(
-            EvalVerdict.INSTANCE_BROKEN,
-            f"instance {inst.instance_id} cannot grade: its gold validation found no workload on which "
-            "the expert's patch is opt and a comment-only patch is not (oracle none)",
-        )
+    why = None if validating else cannot_grade(inst, proven_only=req.proven_only)
+    if why is not None:
+        return _verdict(EvalVerdict.INSTANCE_BROKEN, why)
     s = on_metric(s, inst)
     base = {"multi_file": inst.multi_file, "files": inst.files}
     rules = Rules.from_settings(s.mining)

@@ -1211,32 +1211,39 @@ async def test_results_of_a_run_larger_than_one_reply_come_in_pages(
     assert all(r["reason"] == reason for r in rows)
 
 
-@pytest.mark.xfail(
-    reason="not fixed (a policy call for the lead): the evaluator grades an agent's patch on any record "
-    "of the instances bucket, proven or not; a not-improved instance is never gold-validated (validate "
-    "refuses it), so it is never `oracle: none` either, and its expert's speed-up — the bar an `opt` "
-    "must reach 95 % of — is not significant. The CLI keeps named non-proven ids on purpose "
-    "(cli/predictions.py); for agents the gateway or handler would refuse them",
-    strict=True,
-)
 async def test_an_agent_gets_no_score_on_an_instance_that_is_not_proven(
     secured: SecuredBus, evaluator: Any, tmp_path: Path
 ) -> None:
+    """A not-improved instance was never gold-validated and its expert's speed-up (the bar an
+    `opt` is held to) is not significant: an agent is not graded on it (`instance-broken`, no
+    evaluation run); a proven one beside it is."""
     _, ops = evaluator
-    iid = "local__demo-222222222222"
-    record = {
-        "metadata": {"repository_name": "local/demo", "repository": "/nowhere"},
-        "commit_info": {"old_sha": "b" * 40, "new_sha": "2" * 40, "patch": ["d"], "files_changed": []},
-        "tests": {"tests": []},
-        "cppperf": {"instance_id": iid, "verdict": "not-improved"},
-    }
+
+    def record(iid: str, verdict: str) -> dict[str, Any]:
+        return {
+            "metadata": {"repository_name": "local/demo", "repository": "/nowhere"},
+            "commit_info": {
+                "old_sha": "b" * 40,
+                "new_sha": iid[-12:] * 3 + "0" * 4,
+                "patch": ["d"],
+                "files_changed": [],
+            },
+            "tests": {"tests": []},
+            "cppperf": {"instance_id": iid, "verdict": verdict},
+        }
+
+    unproven, proven = "local__demo-222222222222", "local__demo-333333333333"
     async with connect(settings_as(secured, tmp_path / "builder", "builder"), secured.url) as bctx:
-        state = {"stage": "built", "verdict": "not-improved", "record": json.dumps(record)}
-        await bctx.store.put("instances", iid, state)
+        for iid, verdict in ((unproven, "not-improved"), (proven, "improved")):
+            state = {"stage": "built", "verdict": verdict, "record": json.dumps(record(iid, verdict))}
+            await bctx.store.put("instances", iid, state)
     async with await AgentClient.connect(secured.url, secured.creds("bob")) as bob:
-        try:
-            eid = await bob.submit(iid, "fast", run_id="np", model="m")
-        except Refused:
-            return  # refused before anything is queued: what is wanted
-        verdict = (await bob.wait(eid, poll=0.1, max_wait=90))["verdict"]
-    assert verdict in {"unknown-instance", "instance-broken"} and iid not in {r.instance_id for r in ops.ran}
+        refused = await bob.wait(
+            await bob.submit(unproven, "fast", run_id="np", model="m"), poll=0.1, max_wait=90
+        )
+        graded = await bob.wait(
+            await bob.submit(proven, "fast", run_id="np", model="m"), poll=0.1, max_wait=90
+        )
+    ran = {r.instance_id for r in ops.ran}
+    assert refused["verdict"] == "instance-broken" and unproven not in ran, refused
+    assert graded["verdict"] != "instance-broken" and proven in ran, graded

@@ -9,6 +9,7 @@ runs are untimed, on the build cores, before the timing core is leased."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import json
 import os
@@ -218,6 +219,27 @@ def _unbuilt(tmp_path: Path, **evaluator: object) -> tuple[Settings, EvalInstanc
         "o__n-0123456789ab", "o/n", "file:///nowhere", "a" * 40, "b" * 40, "", files=["src/core.cpp"]
     )
     return settings, inst
+
+
+def test_an_agents_request_grades_only_a_proven_instance(tmp_path: Path) -> None:
+    """`proven_only` (every agent's request over the bus): an instance that is not proven improved,
+    or whose verdict is unknown, is `instance-broken` before anything is built; the CLI's request
+    (no `proven_only`) and a proven instance go on to the patch checks."""
+    settings, inst = _unbuilt(tmp_path, max_patch_bytes=200)
+    big = core_patch(core(1) + "// " + "x" * 300 + "\n")
+    for verdict in ("not-improved", "rejected", ""):
+        inst = dataclasses.replace(inst, verdict=verdict)
+        rep = evaluate(
+            EvalRequest("t", f"a{verdict}", inst.instance_id, big, proven_only=True), settings, instance=inst
+        )
+        assert rep["verdict"] == "instance-broken" and "not proven improved" in rep["reason"], rep
+    assert (
+        evaluate(EvalRequest("t", "cli", inst.instance_id, big), settings, instance=inst)["verdict"]
+        == "too-large"
+    )
+    inst = dataclasses.replace(inst, verdict="improved")
+    rep = evaluate(EvalRequest("t", "ok", inst.instance_id, big, proven_only=True), settings, instance=inst)
+    assert rep["verdict"] == "too-large"
 
 
 def test_an_over_long_patch_is_too_large(tmp_path: Path) -> None:
