@@ -5,7 +5,9 @@ reason, while it is down; a service's own check never marks another service of t
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import pytest
 from cppperf.runtime import run_services
 from cppperf.services.evaluator import app as evaluator_app
 from cppperf.shared import health
+from cppperf.shared.bus import Bus
 from cppperf.shared.embedded import EmbeddedNats
 from cppperf.shared.health import Liveness, write_heartbeat
 from cppperf.shared.service import ServiceContext
@@ -35,11 +38,9 @@ async def _true(value: bool) -> bool:
     return value
 
 
-@pytest.mark.nats
-@pytest.mark.usefixtures("ctx")  # the session's bus, wiped and provisioned
-async def test_a_dead_agents_api_connection_makes_the_evaluator_unhealthy(
-    nats_server: EmbeddedNats, tmp_path: Path
-) -> None:
+@contextlib.asynccontextmanager
+async def healthy_evaluator(nats_server: EmbeddedNats, tmp_path: Path) -> AsyncIterator[tuple[Path, Bus]]:
+    """An evaluator service whose heartbeat said healthy: its health folder and its agents' API bus."""
     settings = make_settings(
         tmp_path, nats_url=nats_server.url, health_dir=str(tmp_path / "health"), bus={"health_interval": 0.2}
     )
@@ -52,10 +53,19 @@ async def test_a_dead_agents_api_connection_makes_the_evaluator_unhealthy(
 
     async with run_services(settings, nats_server.url, ["evaluator"], register={"evaluator": register}):
         await until(lambda: _true(health.check(hdir, "evaluator", 5)[0]), what="healthy")
+        api_bus = wired[0].api.bus
+        assert api_bus is not None and api_bus.nc.is_connected
+        yield hdir, api_bus
+
+
+@pytest.mark.nats
+@pytest.mark.usefixtures("ctx")  # the session's bus, wiped and provisioned
+async def test_a_dead_agents_api_connection_makes_the_evaluator_unhealthy(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    async with healthy_evaluator(nats_server, tmp_path) as (hdir, api_bus):
         beat = json.loads(health.heartbeat_path(hdir, "evaluator").read_text())
         assert beat["checks"] == [{"name": "evaluator-api", "ok": True, "reason": ""}]
-        api_bus = wired[0].api.bus
-        assert api_bus is not None
         await api_bus.nc.close()  # the API's own connection dies; the service's stays up
 
         await until(lambda: _true(not health.check(hdir, "evaluator", 5)[0]), what="unhealthy")
@@ -76,20 +86,7 @@ async def test_an_api_connection_that_stopped_reading_makes_the_evaluator_unheal
     still says connected: a request an agent crafted once left every agent unanswered that way
     while the heartbeat said healthy (tests/integration/test_attack_agent.py). The loop's end is
     simulated here (its task cancelled); the heartbeat turns unhealthy with the reason."""
-    settings = make_settings(
-        tmp_path, nats_url=nats_server.url, health_dir=str(tmp_path / "health"), bus={"health_interval": 0.2}
-    )
-    hdir = settings.health_path()
-    wired: list[evaluator_app.Wired] = []
-
-    def register(broker: Any, ctx: ServiceContext) -> evaluator_app.Wired:
-        wired.append(evaluator_app.register(broker, ctx, ops=NeverCalled()))
-        return wired[-1]
-
-    async with run_services(settings, nats_server.url, ["evaluator"], register={"evaluator": register}):
-        await until(lambda: _true(health.check(hdir, "evaluator", 5)[0]), what="healthy")
-        api_bus = wired[0].api.bus
-        assert api_bus is not None and api_bus.nc.is_connected
+    async with healthy_evaluator(nats_server, tmp_path) as (hdir, api_bus):
         reader = api_bus.nc._reading_task  # the read loop, as nats-py runs it
         assert reader is not None
         reader.cancel()
