@@ -31,7 +31,7 @@ def trees(old: float, new: float, seed: int) -> dict[str, list[float]]:
 
 
 def fourteen_tests(fast: float) -> dict[str, dict[str, list[float]]]:
-    """One test `fast` times faster natively, thirteen unchanged (bkcrack 446f2c14's shape)."""
+    """One test `fast` times faster natively, thirteen unchanged."""
     kept = {f"same{i:02d}": trees(1.0, 1.0, 10 * i) for i in range(13)}
     kept["fast"] = trees(1.0, 1.0 / fast, 999)
     return kept
