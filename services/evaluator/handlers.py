@@ -166,9 +166,9 @@ async def on_request(ctx: StageContext, ops: EvaluatorOps, msg: m.EvalRequested)
     # an agent's run is keyed under the agent: its run dir and record are `<agent>.<run_id>`
     run_id = m.agent_run(msg.agent, msg.run_id)
     req = EvalRequest(
-        run_id=run_id, model=msg.model, instance_id=msg.instance_id, patch=patch, proven_only=bool(msg.agent)
+        run_id=run_id, model=msg.model, instance_id=msg.instance_id, patch=patch, for_agent=bool(msg.agent)
     )
-    why = None if instance is None else cannot_grade(instance, proven_only=req.proven_only)
+    why = None if instance is None else cannot_grade(instance, for_agent=req.for_agent)
     if why is not None:  # known from the bucket's record: no tree is built, no worker is busied
         report = refused_report(req, EvalVerdict.INSTANCE_BROKEN, why)
     else:

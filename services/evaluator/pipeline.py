@@ -95,8 +95,9 @@ class EvalRequest:
     patch: str
     # an agent's request (the bus): only an instance proven improved grades it — a not-improved
     # one was never gold-validated and its expert's speed-up, the bar an `opt` is held to, is not
-    # significant. The CLI grades named unproven ids on purpose (cli/predictions.py).
-    proven_only: bool = False
+    # significant (the CLI grades named unproven ids on purpose: cli/predictions.py); and a
+    # reason it gets names no path of this host
+    for_agent: bool = False
 
     @property
     def id(self) -> str:
@@ -242,16 +243,16 @@ def on_metric(s: Settings, inst: EvalInstance) -> Settings:
     return msgspec.structs.replace(s, builder=msgspec.structs.replace(s.builder, metric=metric))
 
 
-def cannot_grade(inst: EvalInstance, *, proven_only: bool) -> str | None:
+def cannot_grade(inst: EvalInstance, *, for_agent: bool) -> str | None:
     """Why `inst` grades nobody (`instance-broken`), or None: its gold validation found no oracle
-    (an agent would pick exactly these); or, for an agent's request (`proven_only`), it is not
+    (an agent would pick exactly these); or, for an agent's request (`for_agent`), it is not
     proven improved."""
     if inst.oracle == Oracle.NONE:
         return (
             f"instance {inst.instance_id} cannot grade: its gold validation found no workload on which "
             "the expert's patch is opt and a comment-only patch is not (oracle none)"
         )
-    if proven_only and inst.verdict != Verdict.IMPROVED:
+    if for_agent and inst.verdict != Verdict.IMPROVED:
         return (
             f"instance {inst.instance_id} cannot grade: it is {inst.verdict or 'of no known verdict'}, "
             "not proven improved (agents are graded only on proven instances)"
@@ -284,8 +285,12 @@ def _evaluate(
     try:
         inst = instance or load_instance(req.instance_id, Path(s.out_dir))
     except Exception as exc:
+        if req.for_agent:  # the record's path and the reader's error are this host's business
+            return _verdict(
+                EvalVerdict.UNKNOWN_INSTANCE, f"unknown instance {req.instance_id!r}: no readable record"
+            )
         return _verdict(EvalVerdict.UNKNOWN_INSTANCE, str(exc))
-    why = None if validating else cannot_grade(inst, proven_only=req.proven_only)
+    why = None if validating else cannot_grade(inst, for_agent=req.for_agent)
     if why is not None:
         return _verdict(EvalVerdict.INSTANCE_BROKEN, why)
     s = on_metric(s, inst)

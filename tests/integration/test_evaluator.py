@@ -222,15 +222,15 @@ def _unbuilt(tmp_path: Path, **evaluator: object) -> tuple[Settings, EvalInstanc
 
 
 def test_an_agents_request_grades_only_a_proven_instance(tmp_path: Path) -> None:
-    """`proven_only` (every agent's request over the bus): an instance that is not proven improved,
+    """`for_agent` (every agent's request over the bus): an instance that is not proven improved,
     or whose verdict is unknown, is `instance-broken` before anything is built; the CLI's request
-    (no `proven_only`) and a proven instance go on to the patch checks."""
+    (no `for_agent`) and a proven instance go on to the patch checks."""
     settings, inst = _unbuilt(tmp_path, max_patch_bytes=200)
     big = core_patch(core(1) + "// " + "x" * 300 + "\n")
     for verdict in ("not-improved", "rejected", ""):
         inst = dataclasses.replace(inst, verdict=verdict)
         rep = evaluate(
-            EvalRequest("t", f"a{verdict}", inst.instance_id, big, proven_only=True), settings, instance=inst
+            EvalRequest("t", f"a{verdict}", inst.instance_id, big, for_agent=True), settings, instance=inst
         )
         assert rep["verdict"] == "instance-broken" and "not proven improved" in rep["reason"], rep
     assert (
@@ -238,8 +238,22 @@ def test_an_agents_request_grades_only_a_proven_instance(tmp_path: Path) -> None
         == "too-large"
     )
     inst = dataclasses.replace(inst, verdict="improved")
-    rep = evaluate(EvalRequest("t", "ok", inst.instance_id, big, proven_only=True), settings, instance=inst)
+    rep = evaluate(EvalRequest("t", "ok", inst.instance_id, big, for_agent=True), settings, instance=inst)
     assert rep["verdict"] == "too-large"
+
+
+def test_an_agent_is_told_an_instance_is_unknown_without_this_hosts_paths(tmp_path: Path) -> None:
+    settings, inst = _unbuilt(tmp_path)
+    bad = Path(settings.out_dir) / "instances" / "o__n-0123456789ab.json"
+    bad.parent.mkdir(parents=True)
+    for state in ("absent", "unreadable"):
+        if state == "unreadable":
+            bad.write_text("{not json")
+        agent = evaluate(EvalRequest("t", "a", inst.instance_id, "p", for_agent=True), settings)
+        assert agent["verdict"] == "unknown-instance" and str(tmp_path) not in agent["reason"], agent
+        assert "no readable record" in agent["reason"]
+        cli = evaluate(EvalRequest("t", "c", inst.instance_id, "p"), settings)  # the CLI's user: the path
+        assert cli["verdict"] == "unknown-instance" and str(bad) in cli["reason"], cli
 
 
 def test_an_over_long_patch_is_too_large(tmp_path: Path) -> None:
