@@ -447,13 +447,20 @@ def test_predictions_over_the_bus_with_two_workers(
         logs = [w.communicate(timeout=60)[1] for w in workers]
     assert cli.returncode == 0, cli.stderr[-3000:]
     result = json.loads(cli.stdout)
-    assert sorted(r["instance_id"] for r in result["reports"]) == sorted(i for i, _ in ids)
-    assert all(r["tests_pass"] for r in result["reports"])
+    by_id = {r["instance_id"]: r for r in result["reports"]}
+    assert sorted(by_id) == sorted(i for i, _ in ids)
+    (perf, _), *unproven = ids
+    assert by_id[perf]["tests_pass"]
+    # the CLI over the bus is an agent, and an agent is graded only on proven instances: the noop
+    # and regression records are answered from the record, nothing built (README: cannot grade)
+    for iid, _ in unproven:
+        assert by_id[iid]["verdict"] == "instance-broken" and "not proven" in by_id[iid]["reason"]
+        assert "tests_pass" not in by_id[iid]
     # an open bus has one agent, `local`: its runs are keyed under it (README: agents on the bus)
     done = sorted((tmp_path / "worker-runs" / f"local.{run_id}" / "agent-x").glob("*/report.json"))
-    assert len(done) == 3  # each instance evaluated exactly once across the two workers
+    assert [d.parent.name for d in done] == [perf]  # the proven one evaluated once across the workers
     handled = sum(log.decode().count('"event": "handled"') for log in logs)
-    assert handled == 3
+    assert handled == 3  # every request handled exactly once
     assert (tmp_path / "cli-runs" / run_id / "agent-x.summary.json").is_file()
 
 
