@@ -46,11 +46,9 @@ def _records(out_dir: Path) -> list[InstanceRecord]:
     return records
 
 
-def _export_records(out_dir: Path, what: str) -> list[InstanceRecord]:
-    """The records an export (`dataset export`, `report --all`) is made of, read before anything is
-    written. A store that holds no instance is a wrong --out, not an empty dataset: no
-    OUT/instances folder is refused (exit 2), one with no instance record in it is exit 1; the
-    target is neither created nor overwritten."""
+def _store_records(out_dir: Path, what: str) -> list[InstanceRecord]:
+    """The records of the store under `out_dir`; a missing OUT/instances folder is a wrong --out
+    (a typo), refused with one line (exit 2) instead of reading as an empty dataset."""
     store = out_dir / "instances"
     if not store.is_dir():
         raise _fail(
@@ -58,9 +56,17 @@ def _export_records(out_dir: Path, what: str) -> list[InstanceRecord]:
             "`cppperf build`, `mine` or `dataset import` wrote into)",
             EXIT_USAGE,
         )
-    records = _records(out_dir)
+    return _records(out_dir)
+
+
+def _export_records(out_dir: Path, what: str) -> list[InstanceRecord]:
+    """The records an export (`dataset export`, `report --all`) is made of, read before anything is
+    written. A store that holds no instance is a wrong --out, not an empty dataset: no
+    OUT/instances folder is refused (exit 2), one with no instance record in it is exit 1; the
+    target is neither created nor overwritten."""
+    records = _store_records(out_dir, what)
     if not records:
-        raise _fail(f"no instance record in {store}: nothing to {what}")
+        raise _fail(f"no instance record in {out_dir / 'instances'}: nothing to {what}")
     return records
 
 
@@ -252,7 +258,7 @@ def dataset_list(
     """A table of instances (filters as for export); --json: one JSON array."""
     s = _settings(config, out_dir=str(out_dir) if out_dir else None)
     flt = _filters(repo, significant_only, since, until, multi_file, single_file)
-    rows = [_summary(r) for r in _records(Path(s.out_dir)) if flt.match(r)]
+    rows = [_summary(r) for r in _store_records(Path(s.out_dir), "list") if flt.match(r)]
     if as_json:
         print_json(rows)
         return
@@ -479,7 +485,7 @@ def dataset_stats(out_dir: OutDir = None, as_json: AsJson = False, config: Confi
     repos: Counter[str] = Counter()
     oracles: Counter[str] = Counter()
     n = significant = single = 0
-    for r in _records(Path(s.out_dir)):
+    for r in _store_records(Path(s.out_dir), "count"):
         ours = r.cppperf
         n += 1
         verdicts[str(ours.verdict)] += 1

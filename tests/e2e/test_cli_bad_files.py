@@ -169,6 +169,21 @@ def test_an_export_of_a_store_without_instances_is_refused(
     assert store == "empty" or not out.exists()  # a typo'd --out is not created either
 
 
+@pytest.mark.parametrize("verb", [["dataset", "list"], ["dataset", "stats"], ["dataset", "stats", "--json"]])
+def test_listing_a_store_that_is_not_there_is_refused(tmp_path: Path, verb: list[str]) -> None:
+    """Before: `dataset list|stats --out /typo` printed 0 instances and exit 0; an empty store
+    (the folder is there) still lists 0."""
+    out = tmp_path / "typo"
+    res = run(*verb, "--out", str(out))
+    assert res.returncode == USAGE, res.stderr
+    assert one_line(res).startswith(f"error: no instance store at {out}/instances: nothing to ")
+    assert not out.exists()
+    (out / "instances").mkdir(parents=True)
+    res = run(*verb, "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "0" in res.stdout
+
+
 def test_an_export_whose_filters_match_nothing_is_written_with_a_warning(tmp_path: Path) -> None:
     out = tmp_path / "out"
     write_bare_instance(out, GOOD)
