@@ -4,6 +4,7 @@ keys and agents made by `cppperf.agents` (the code `cppperf agents add` runs).""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 import shutil
@@ -12,6 +13,8 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from nats.js.errors import APIError
 
 from cppperf.agents import SERVICE_USERS, add_agent, service_keys
 from cppperf.runtime import run_services
@@ -117,14 +120,30 @@ def as_user(
     )
 
 
+def _removals_pending(secured: SecuredBus) -> list[Path]:
+    """Stream folders nats-server is still removing: a deleted stream's folder is renamed to
+    `.NAME` and removed by a background goroutine (filestore `Delete`)."""
+    return [p for p in secured.server.store_dir.glob("jetstream/*/streams/.*") if p.is_dir()]
+
+
 async def fresh_bus(secured: SecuredBus, tmp_path: Path, *, wipe: bool = True) -> list[Provisioned]:
-    """As admin: every stream deleted (`wipe`), then `cppperf bus provision`'s code."""
+    """As admin: every stream deleted (`wipe`) and its folder gone from the store, then
+    `cppperf bus provision`'s code. A server-side failure carries the server's own line (its log
+    says why a store could not be created; the client only gets `error creating store`)."""
     bus = await Bus.connect(secured.url, as_user(secured, tmp_path, "admin").bus)
     try:
         if wipe:
             for info in await bus.js.streams_info():
                 await bus.js.delete_stream(info.config.name)
-        return await provision_all(bus)
+            deadline = time.monotonic() + 30
+            while _removals_pending(secured) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        try:
+            return await provision_all(bus)
+        except APIError as exc:
+            log = secured.server.log_path.read_text(errors="replace").splitlines()
+            why = [line for line in log if "failed" in line or "[ERR]" in line][-3:]
+            raise AssertionError(f"provisioning the test bus failed: {exc}; server: {why}") from exc
     finally:
         await bus.close()
 
