@@ -270,6 +270,10 @@ class EvaluatorSettings(msgspec.Struct, kw_only=True):
     opt_fraction: float = 0.95
     agent_max_pending: int = 16  # an agent's requests queued or running; the next is refused
     agent_max_patch_bytes: int = 512 * 1024  # an agent's inline patch (checked before any write)
+    # evaluations the evaluator keeps for one agent (its keys of `evaluations`, its folders under
+    # runs/) plus those queued; a submit that would add another is refused (0: no limit). Asking
+    # again for an id it has (same run, model and instance) is always accepted: it replaces one.
+    agent_max_evaluations: int = 10_000
     agent_api_rate: float = (
         20.0  # an agent's API requests a second (bursts of 2x; 0: no limit); more are refused
     )

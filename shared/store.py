@@ -274,6 +274,27 @@ class Store:
 
         return [decode_key(k) for k in await self._on_kv(bucket, op)]
 
+    async def count(self, bucket: str, *, under: str) -> int:
+        """How many ids `ids(bucket, under=under)` lists, counted by the server without sending
+        one: an ephemeral pull consumer over the keys `<under>.>` (last per key) and its pending
+        count. Nothing pulls it; the server removes it after a second (a service may not delete
+        consumers)."""
+
+        async def op(kv: KeyValue) -> int:
+            await kv.status()  # a missing bucket raises what `_on_kv` re-creates it on
+            config = js_api.ConsumerConfig(
+                filter_subject=f"$KV.{bucket}.{encode_key(under)}.>",
+                deliver_policy=js_api.DeliverPolicy.LAST_PER_SUBJECT,
+                ack_policy=js_api.AckPolicy.NONE,
+                inactive_threshold=1.0,
+                mem_storage=True,
+                num_replicas=1,
+            )
+            info = await self.js.add_consumer(f"KV_{bucket}", config)
+            return int(info.num_pending or 0)
+
+        return await self._on_kv(bucket, op)
+
     async def all(self, bucket: str) -> list[dict[str, Any]]:
         out = []
         for item_id in await self.ids(bucket):

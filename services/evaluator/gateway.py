@@ -99,6 +99,25 @@ async def pending(ctx: ServiceContext, agent: str) -> int:
     return int((info.state.subjects or {}).get(subject, 0))
 
 
+async def over_quota(ctx: ServiceContext, agent: str, evaluation_id: str, queued: int) -> str | None:
+    """Why a submit would be one evaluation too many for `agent` (None when it is not): each new
+    (run, model, instance) is a key of `evaluations` and a folder under runs/, kept for good, and
+    cheap to make (`unknown-instance` takes milliseconds), so without a cap one agent could fill
+    the bucket every agent and the services write (`bus.kv_max_bytes`) or the evaluator's disk.
+    An id the agent has is always accepted (the new evaluation replaces it)."""
+    limit = ctx.settings.evaluator.agent_max_evaluations
+    if limit <= 0 or await ctx.store.get(EVALUATIONS.name, evaluation_id) is not None:
+        return None
+    held = await ctx.store.count(EVALUATIONS.name, under=agent) + queued
+    if held < limit:
+        return None
+    return (
+        f"{held} evaluations of {agent} kept or queued (limit {limit}): a new run, model or "
+        "instance is refused; asking again for one you have replaces it (the operator can raise "
+        "evaluator.agent_max_evaluations or remove old runs)"
+    )
+
+
 async def submit(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:  # noqa: PLR0911 - one refusal per check
     ev = ctx.settings.evaluator
     if len(data) > ev.agent_max_patch_bytes + 64 * 1024:
@@ -118,8 +137,11 @@ async def submit(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:
         return refused(
             f"{queued} requests of {agent} pending (limit {ev.agent_max_pending}): wait for results"
         )
+    eid = m.evaluation_id(m.agent_run(agent, req.run_id), req.model, req.instance_id)
+    if error := await over_quota(ctx, agent, eid, queued):
+        return refused(error)
     msg = m.EvalRequested(
-        request_id=m.evaluation_id(m.agent_run(agent, req.run_id), req.model, req.instance_id),
+        request_id=eid,
         agent=agent,
         run_id=req.run_id,
         model=req.model,

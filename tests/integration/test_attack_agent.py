@@ -1247,3 +1247,52 @@ async def test_an_agent_gets_no_score_on_an_instance_that_is_not_proven(
     ran = {r.instance_id for r in ops.ran}
     assert refused["verdict"] == "instance-broken" and unproven not in ran, refused
     assert graded["verdict"] != "instance-broken" and proven in ran, graded
+
+
+# ------------------------------------------------------------------- shared state an agent fills
+QUOTA = 5  # agent_max_evaluations in the test below
+
+
+async def test_an_agent_cannot_fill_the_shared_evaluations_bucket_with_new_ids(
+    secured: SecuredBus, tmp_path: Path
+) -> None:
+    """Every new (run, model, instance) of an agent is one more key of `evaluations` and one more
+    folder under runs/ (its patch.diff of up to 512 KiB, its report.json), kept for good; an
+    instance id that does not exist is answered `unknown-instance` in milliseconds, so under its
+    rate and pending cap bob could still add a few a second for ever, until the bucket — one for
+    every agent and the services, `bus.kv_max_bytes`, refusing writes when full — or the
+    evaluator's disk is full and nobody's evaluation can be recorded. The evaluations an agent
+    has (stored and queued) are capped (`agent_max_evaluations`): a submit that would add one more
+    is refused, whichever part of the id is new; asking again for an id it has (a new patch)
+    replaces that evaluation and is accepted; another agent is not affected."""
+    ops = FakeOps()
+    async with (
+        evaluator_service(
+            secured,
+            tmp_path,
+            ops,
+            agent_max_pending=CAP,
+            agent_max_patch_bytes=PATCH_CAP,
+            agent_max_evaluations=QUOTA,
+        ) as ctx,
+        await AgentClient.connect(secured.url, secured.creds("bob")) as bob,
+    ):
+        first = [await bob.submit(f"nope__x-{i:012d}", "p", run_id=f"r{i}", model="m") for i in range(CAP)]
+        for eid in first:  # queued ones count too: the next two fill the quota, then they are done
+            await bob.wait(eid, poll=0.05, max_wait=30)
+        for i in range(CAP, QUOTA):
+            await bob.wait(await bob.submit(f"nope__x-{i:012d}", "p", run_id=f"r{i}"), poll=0.05, max_wait=30)
+        for run_id, model, instance in (
+            ("r99", "m", INSTANCE),
+            ("r0", "m2", "nope__x-000000000000"),
+            ("r0", "m", INSTANCE),
+        ):
+            with pytest.raises(Refused, match=f"{QUOTA} evaluations of bob"):
+                await bob.submit(instance, "p", run_id=run_id, model=model)
+        again = await bob.submit("nope__x-000000000000", "another patch", run_id="r0", model="m")
+        assert (await bob.wait(again, poll=0.05, max_wait=30))["verdict"] == "correct"
+        async with await AgentClient.connect(secured.url, secured.creds("alice")) as alice:
+            done = await alice.wait(await alice.submit(INSTANCE, "fast", run_id="a"), poll=0.05, max_wait=30)
+            assert done["verdict"] == "opt"
+        assert len(await ctx.store.ids("evaluations", under="bob")) == QUOTA
+
