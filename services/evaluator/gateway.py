@@ -25,6 +25,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 from nats.js.errors import APIError, NotFoundError
 
+from cppperf.services.evaluator.handlers import agent_view
 from cppperf.services.evaluator.pipeline import patch_sha256
 from cppperf.shared import buckets
 from cppperf.shared import messages as m
@@ -186,7 +187,9 @@ async def _report(ctx: ServiceContext, evaluation_id: str) -> EvalReport | None:
         report = msgspec.convert(json.loads(text), EvalReport)
     except ValueError:  # not JSON or not a report (msgspec.ValidationError): say so, do not fail
         report = EvalReport(verdict=state.verdict, reason="the stored report is unreadable")
-    return msgspec.structs.replace(report, verdict=state.verdict, opt=state.opt)
+    # an agent's reports are stored without the expert's files (`handlers.agent_view`); one
+    # stored before that is read the same way
+    return msgspec.structs.replace(agent_view(report), verdict=state.verdict, opt=state.opt)
 
 
 def _summary(evaluation_id: str, report: EvalReport) -> ResultSummary:

@@ -118,10 +118,25 @@ def without_samples(report: EvalReport) -> EvalReport:
     return msgspec.structs.replace(report, **dict.fromkeys(SAMPLE_KEYS, UNSET))
 
 
-def wire_report(report: EvalReport) -> dict[str, Any]:
+# what a report takes from the expert's commit, not from the agent's patch: the files the expert
+# changed are half of the hidden answer (where to look), and every report had them, even that of
+# an empty patch answered in milliseconds. An agent's report never carries them (its announcement,
+# the bucket's copy, `result`); the report on the evaluator's disk keeps them for the operator.
+# `multi_file` (one bit: the expert changed more than one file) stays: the run report's
+# single/multi-file split (the paper's Table 2) is made from it.
+EXPERT_FIELDS: Final = ("files",)
+
+
+def agent_view(report: EvalReport) -> EvalReport:
+    """`report` as an agent may see it: without `EXPERT_FIELDS`."""
+    return msgspec.structs.replace(report, **dict.fromkeys(EXPERT_FIELDS, UNSET))
+
+
+def wire_report(report: EvalReport, *, for_agent: bool = False) -> dict[str, Any]:
     """The one place the report becomes the bus's JSON (`EvalCompleted.report`, a wire boundary;
-    the `evaluations` bucket and `evaluate --json` hold the same), without the samples."""
-    return as_json(without_samples(report))
+    the `evaluations` bucket and `evaluate --json` hold the same), without the samples; an
+    agent's (`for_agent`) without what only the expert's commit knows (`agent_view`)."""
+    return as_json(without_samples(agent_view(report) if for_agent else report))
 
 
 def completed(msg: m.EvalRequested, report: EvalReport) -> m.EvalCompleted:
@@ -133,7 +148,7 @@ def completed(msg: m.EvalRequested, report: EvalReport) -> m.EvalCompleted:
         instance_id=msg.instance_id,
         verdict=str(report.verdict),
         opt=report.opt,
-        report=wire_report(report),
+        report=wire_report(report, for_agent=bool(msg.agent)),
     )
 
 

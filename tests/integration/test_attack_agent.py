@@ -1296,3 +1296,66 @@ async def test_an_agent_cannot_fill_the_shared_evaluations_bucket_with_new_ids(
             assert done["verdict"] == "opt"
         assert len(await ctx.store.ids("evaluations", under="bob")) == QUOTA
 
+
+# ------------------------------------------------------------------------ the expert's hidden patch
+HOTSPOT = "src/hidden_hotspot_7f3a.cpp"  # a file only the expert's commit names
+
+
+def proven_record(iid: str) -> dict[str, Any]:
+    """A proven (improved) instance whose expert commit changed `HOTSPOT` and one header."""
+    files = [
+        {"filename": HOTSPOT, "status": "modified"},
+        {"filename": "include/hidden_7f3a.h", "status": "modified"},
+    ]
+    return {
+        "metadata": {"repository_name": "local/demo", "repository": "/nowhere"},
+        "commit_info": {"old_sha": "b" * 40, "new_sha": "c" * 40, "patch": ["d"], "files_changed": files},
+        "tests": {"tests": []},
+        "cppperf": {"instance_id": iid, "verdict": "improved"},
+    }
+
+
+async def test_an_agents_answers_do_not_name_the_files_the_expert_changed(
+    secured: SecuredBus, tmp_path: Path
+) -> None:
+    """The expert's patch is the hidden answer; which files it changes is half of it (the agent's
+    whole localisation problem). Every report carried `files` (the expert commit's changed files),
+    even that of a patch refused before anything runs, so an empty patch — answered in
+    milliseconds, nothing built — told an agent where to look on any proven instance. An agent's
+    report (`result`, `results`, `eval.completed.<agent>`) names none of them; the report on the
+    evaluator's disk keeps them (the operator's summary)."""
+    from cppperf.services.evaluator.handlers import PipelineOps
+    from tests.conftest import make_settings
+
+    iid = "local__demo-cccccccccccc"
+    runs = tmp_path / "runs"
+    ops = PipelineOps(make_settings(tmp_path / "eval", evaluator={"runs_dir": str(runs)}))
+    async with evaluator_service(secured, tmp_path, ops):
+        async with connect(settings_as(secured, tmp_path / "builder", "builder"), secured.url) as bctx:
+            state = {"stage": "built", "verdict": "improved", "record": json.dumps(proven_record(iid))}
+            await bctx.store.put("instances", iid, state)
+        nc = await as_user(secured, "bob")
+        announced, on = sink()
+        await nc.subscribe("eval.completed.bob", cb=on)
+        await nc.flush()
+        try:
+            async with await AgentClient.connect(secured.url, secured.creds("bob")) as bob:
+                reports = [
+                    await bob.wait(
+                        await bob.submit(iid, patch, run_id="peek", model=model), poll=0.05, max_wait=60
+                    )
+                    for model, patch in (("empty", ""), ("garbage", "not a diff\n"))
+                ]
+                rows = await bob.results("peek")
+            for _ in range(100):
+                if len(announced) == 2:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            await nc.close()
+    assert [r["verdict"] for r in reports] == ["empty-patch", "malformed-patch"], reports
+    assert len(rows) == 2 and len(announced) == 2
+    for seen in (*map(json.dumps, reports), json.dumps(rows), *(data.decode() for _, data in announced)):
+        assert "hidden_hotspot_7f3a" not in seen and "hidden_7f3a.h" not in seen, seen
+    on_disk = json.loads((runs / "bob.peek" / "empty" / iid / "report.json").read_text())
+    assert on_disk["files"] == [HOTSPOT, "include/hidden_7f3a.h"]
