@@ -20,6 +20,7 @@ evaluator's reason.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -116,9 +117,11 @@ class AgentClient:
         req = m.AgentSubmit(run_id=run_id, model=model, instance_id=instance, patch=patch)
         return (await self._ask("submit", req)).id
 
-    async def result(self, evaluation_id: str) -> dict[str, Any] | None:
-        """The report of a finished evaluation (verdict, opt, speed-ups), None while pending."""
-        return (await self._ask("result", m.AgentQuery(id=evaluation_id))).result
+    async def result(self, evaluation_id: str, *, patch: str | None = None) -> dict[str, Any] | None:
+        """The report of a finished evaluation (verdict, opt, speed-ups), None while pending;
+        with `patch`, None too while the id holds another patch's report (one asked before)."""
+        digest = "" if patch is None else hashlib.sha256(patch.encode("utf-8", "surrogateescape")).hexdigest()
+        return (await self._ask("result", m.AgentQuery(id=evaluation_id, patch_sha256=digest))).result
 
     async def results(self, run_id: str) -> list[dict[str, Any]]:
         """A summary row (id, instance_id, model, verdict, opt, speed-ups) per finished evaluation
@@ -133,11 +136,17 @@ class AgentClient:
             after = str(page.results[-1]["id"])
 
     async def wait(
-        self, evaluation_id: str, *, poll: float = 1.0, max_wait: float | None = None
+        self,
+        evaluation_id: str,
+        *,
+        poll: float = 1.0,
+        max_wait: float | None = None,
+        patch: str | None = None,
     ) -> dict[str, Any]:
-        """Poll `result` until the evaluation is finished."""
+        """Poll `result` until the evaluation is finished (with `patch`: that patch's evaluation,
+        not the report of one submitted before for the same run, model and instance)."""
         async with asyncio.timeout(max_wait):
-            while (report := await self.result(evaluation_id)) is None:  # noqa: ASYNC110 - a remote state
+            while (report := await self.result(evaluation_id, patch=patch)) is None:  # noqa: ASYNC110 - a remote state
                 await asyncio.sleep(poll)
         return report
 
@@ -157,8 +166,8 @@ async def evaluate_predictions(
         for r in rows
     ]
     reports: list[dict[str, Any]] = []
-    for eid in ids:
-        reports.append(await client.wait(eid, poll=poll))
+    for eid, row in zip(ids, rows, strict=True):
+        reports.append(await client.wait(eid, poll=poll, patch=row["model_patch"]))
         if on_done is not None:
             on_done(len(reports))
     return reports

@@ -232,6 +232,9 @@ class EvaluationState(_Value, kw_only=True):
     worker: str = ""
     report: str = ""  # the report JSON (without samples) when small enough to stay inline
     report_ref: str | None = None
+    # the `Nats-Msg-Id` its announcement was published with (one per evaluation: a crash's
+    # re-publish is deduplicated, the next evaluation of the id is not); "" for older records
+    announced: str = ""
 
 
 # --------------------------------------------------------------------- the instance record

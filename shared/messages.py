@@ -343,6 +343,8 @@ class AgentQuery(_Msg, frozen=True, kw_only=True):
     id: str = ""
     run_id: str = ""
     after: str = ""  # results: only the ids after this one (the last id of the previous page)
+    # result: the report only when it is of this patch (`pending` while the id holds another's)
+    patch_sha256: str = ""
 
 
 class AgentAnswer(_Msg, frozen=True, kw_only=True):
@@ -352,7 +354,7 @@ class AgentAnswer(_Msg, frozen=True, kw_only=True):
     error: str = ""
     id: str = ""
     duplicate: bool = False  # the same request (agent, run, model, instance, patch) was queued before
-    status: str = ""  # submit: queued | result: done | pending
+    status: str = ""  # submit: queued | done (this very patch's report is there) | result: done | pending
     result: dict[str, Any] | None = None
     results: list[dict[str, Any]] = msgspec.field(default_factory=list)
     more: bool = False  # results: rows beyond this page (ask again with `after` = its last id)

@@ -75,9 +75,12 @@ def agent_of(subject: str) -> tuple[str, str] | None:
     return parts[2], parts[3]
 
 
-def dedup_id(agent: str, req: m.AgentSubmit) -> str:
-    """The `Nats-Msg-Id` of an agent's request: only the evaluator computes it."""
-    key = "\0".join([agent, req.run_id, req.model, req.instance_id, patch_sha256(req.patch)])
+def dedup_id(agent: str, req: m.AgentSubmit, replaces: str = "") -> str:
+    """The `Nats-Msg-Id` of an agent's request: only the evaluator computes it. `replaces`: the
+    patch hash of the evaluation the id holds now, so A, then B, then A again queues A again
+    (without it the second A was a duplicate of the first for JetStream's whole window, and its
+    answer B's report)."""
+    key = "\0".join([agent, req.run_id, req.model, req.instance_id, patch_sha256(req.patch), replaces])
     return "agent:" + hashlib.sha256(key.encode()).hexdigest()[:40]
 
 
@@ -100,14 +103,14 @@ async def pending(ctx: ServiceContext, agent: str) -> int:
     return int((info.state.subjects or {}).get(subject, 0))
 
 
-async def over_quota(ctx: ServiceContext, agent: str, evaluation_id: str, queued: int) -> str | None:
+async def over_quota(ctx: ServiceContext, agent: str, *, queued: int) -> str | None:
     """Why a submit would be one evaluation too many for `agent` (None when it is not): each new
     (run, model, instance) is a key of `evaluations` and a folder under runs/, kept for good, and
     cheap to make (`unknown-instance` takes milliseconds), so without a cap one agent could fill
     the bucket every agent and the services write (`bus.kv_max_bytes`) or the evaluator's disk.
-    An id the agent has is always accepted (the new evaluation replaces it)."""
+    Asked only for an id the agent does not have (one it has is replaced: always accepted)."""
     limit = ctx.settings.evaluator.agent_max_evaluations
-    if limit <= 0 or await ctx.store.get(EVALUATIONS.name, evaluation_id) is not None:
+    if limit <= 0:
         return None
     held = await ctx.store.count(EVALUATIONS.name, under=agent) + queued
     if held < limit:
@@ -139,7 +142,11 @@ async def submit(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:
             f"{queued} requests of {agent} pending (limit {ev.agent_max_pending}): wait for results"
         )
     eid = m.evaluation_id(m.agent_run(agent, req.run_id), req.model, req.instance_id)
-    if error := await over_quota(ctx, agent, eid, queued):
+    state = await buckets.get(ctx.store, EVALUATIONS, eid)
+    stored = None if state is None else await _report(ctx, eid)
+    if stored is not None and stored.patch_sha256 == patch_sha256(req.patch):  # this very patch: done
+        return m.AgentAnswer(ok=True, id=eid, duplicate=True, status="done")
+    if state is None and (error := await over_quota(ctx, agent, queued=queued)):
         return refused(error)
     msg = m.EvalRequested(
         request_id=eid,
@@ -150,7 +157,10 @@ async def submit(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:
         patch=req.patch,
     )
     try:
-        fresh = await ctx.bus.publish(m.eval_requested_subject(agent), msg, msg_id=dedup_id(agent, req))
+        replaces = "" if stored is None or not stored.patch_sha256 else stored.patch_sha256
+        fresh = await ctx.bus.publish(
+            m.eval_requested_subject(agent), msg, msg_id=dedup_id(agent, req, replaces)
+        )
     except APIError as exc:  # the stream is full (discard: new) or JetStream is unavailable
         log.warning("agent_request_refused", agent=agent, error=str(exc))
         return refused(f"the evaluation queue refused the request: {exc.description or exc}")
@@ -213,8 +223,8 @@ async def result(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:
     if not owns(agent, q.id):
         return refused(f"{q.id[:200]!r} is not an evaluation of {agent}")
     report = await _report(ctx, q.id)
-    if report is None:
-        return m.AgentAnswer(ok=True, id=q.id, status="pending")
+    if report is None or (q.patch_sha256 and report.patch_sha256 != q.patch_sha256):
+        return m.AgentAnswer(ok=True, id=q.id, status="pending")  # (another patch's report: not this one's)
     whole = {**to_json_dict(report), "id": q.id}
     if len(json.dumps(whole)) > MAX_REPORT_REPLY:  # a reply must fit NATS's max payload
         brief = msgspec.structs.replace(_summary(q.id, report), truncated=True)

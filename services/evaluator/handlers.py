@@ -20,6 +20,7 @@ import asyncio
 import json
 import os
 import socket
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol
@@ -173,7 +174,8 @@ async def on_request(ctx: StageContext, ops: EvaluatorOps, msg: m.EvalRequested)
         stored = stored_report(await ctx.store.resolve_text(prior.report, prior.report_ref))
         if stored is not None and stored.patch_sha256 == patch_sha256(patch):  # the same patch, not the id
             done = completed(msg, stored)
-            await ctx.bus.publish(completed_subject(msg), done)  # deduplicated by its id if already there
+            # deduplicated if it was announced already (a crash after the record, before the ack)
+            await ctx.bus.publish(completed_subject(msg), done, msg_id=prior.announced or None)
             if msg.reply_to:
                 await ctx.bus.reply(msg.reply_to, done)
             return "answered-from-store"
@@ -189,6 +191,7 @@ async def on_request(ctx: StageContext, ops: EvaluatorOps, msg: m.EvalRequested)
     else:
         report = await asyncio.to_thread(ops.evaluate, req, instance)
     done = completed(msg, report)
+    announced = f"{done.id}@{uuid.uuid4().hex}"  # this evaluation's announcement, not the id's
     text, ref = await ctx.store.inline_or_ref(f"report/{req.id}", json.dumps(done.report))
     state = to_struct(
         {
@@ -201,11 +204,13 @@ async def on_request(ctx: StageContext, ops: EvaluatorOps, msg: m.EvalRequested)
             "worker": ctx.settings.evaluator.worker_name or WORKER,
             "report": text,
             "report_ref": ref,
+            "announced": announced,
         },
         EvaluationState,
     )
     await buckets.put(ctx.store, EVALUATIONS, req.id, state)
-    await ctx.bus.publish(completed_subject(msg), done)  # after the record: a crash re-publishes from it
+    # after the record: a crash re-publishes from it, with the same id
+    await ctx.bus.publish(completed_subject(msg), done, msg_id=announced)
     if msg.reply_to:
         await ctx.bus.reply(msg.reply_to, done)
     return "evaluated"

@@ -1359,3 +1359,43 @@ async def test_an_agents_answers_do_not_name_the_files_the_expert_changed(
         assert "hidden_hotspot_7f3a" not in seen and "hidden_7f3a.h" not in seen, seen
     on_disk = json.loads((runs / "bob.peek" / "empty" / iid / "report.json").read_text())
     assert on_disk["files"] == [HOTSPOT, "include/hidden_7f3a.h"]
+
+
+# ------------------------------------------------------------------- one id, another patch
+async def test_a_new_patch_for_an_id_gets_its_own_report_and_announcement(
+    secured: SecuredBus, evaluator: tuple[ServiceContext, FakeOps]
+) -> None:
+    """An agent asks for one (run, model, instance) with patch A, then B, then A again (the CLI's
+    `evaluate --predictions` run again after editing a prediction). Each patch's report is that
+    patch's: `wait` took whatever report the id had, so B was answered at once with A's verdict
+    (and `keep_reports` wrote it as B's), and A again was a JetStream duplicate of the first A
+    (`Nats-Msg-Id` from agent, ids and patch, 24 h window): nothing queued, B's verdict returned;
+    and each evaluation is announced, where the announcement's id (the evaluation id) made every
+    one after the first a duplicate, dropped by JetStream."""
+    from cppperf.client import evaluate_predictions
+    from cppperf.services.evaluator.pipeline import patch_sha256
+
+    _, ops = evaluator
+    nc = await as_user(secured, "alice")
+    announced, on = sink()
+    await nc.subscribe("eval.completed.alice", cb=on)
+    await nc.flush()
+    try:
+        async with await AgentClient.connect(secured.url, secured.creds("alice")) as alice:
+            seen = []
+            for patch in ("slow a", "fast b", "slow a"):
+                row = {"instance_id": INSTANCE, "model_name_or_path": "m", "model_patch": patch}
+                async with asyncio.timeout(30):
+                    (report,) = await evaluate_predictions(alice, [row], "again", poll=0.05)
+                seen.append((report["verdict"], report["patch_sha256"] == patch_sha256(patch)))
+            again = await alice.submit(INSTANCE, "slow a", run_id="again", model="m")  # the stored one
+        for _ in range(100):
+            if len(announced) >= 3:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await nc.close()
+    assert seen == [("correct", True), ("opt", True), ("correct", True)]
+    assert [r.patch for r in ops.ran] == ["slow a", "fast b", "slow a"]
+    assert again.endswith(INSTANCE) and len(ops.ran) == 3  # answered from the store, nothing queued
+    assert [json.loads(data)["verdict"] for _, data in announced] == ["correct", "opt", "correct"]
