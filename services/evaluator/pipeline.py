@@ -30,6 +30,7 @@ import json
 import re
 import shutil
 import time
+import uuid
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -314,7 +315,7 @@ def _evaluate(
     if why_not and not docker:
         log.warning("evaluating without the jail (trust_patches)", reason=why_not, evaluation=req.id)
     repo_path = ensure_local(inst.url, inst.repo, s.mirror_dir())
-    ws = s.work_dir() / "eval" / hashlib.sha256(req.id.encode()).hexdigest()[:16]
+    ws = workspace(s, req)
     # local: always sandboxed, jailed when bubblewrap works; docker: see docker_backend.py
     # hardened for agents' code (or an InfraFailure: never a silent unhardened run)
     backend = make_backend(s.builder, ws, source=(repo_path, inst.expert_sha, inst.date), untrusted=True)
@@ -333,9 +334,20 @@ def _evaluate(
             shutil.rmtree(ws, ignore_errors=True)  # the host side too (exports, patch, logs)
 
 
+def workspace(s: Settings, req: EvalRequest) -> Path:
+    """This evaluation's own folder, `work_dir/eval/<hash of the id>-<random>` (not made here: the
+    backend makes it as before). Not the id's alone: an agent repeats an id at will (patches A and
+    B for one run, model and instance at once), and evaluator processes sharing a work dir
+    (`builder.work_dir`) would then build, run and remove their trees in one folder — B's build
+    rewriting the binaries A's tests run."""
+    return (
+        s.work_dir() / "eval" / f"{hashlib.sha256(req.id.encode()).hexdigest()[:16]}-{uuid.uuid4().hex[:12]}"
+    )
+
+
 def keep_workspace(s: Settings, report: EvalReport | None) -> bool:
     """`builder.keep` keeps every workspace; `evaluator.keep_failed` (debugging) those of
-    evaluations that raised or did not end `opt`/`correct`. Else work_dir/eval/<hash> is removed."""
+    evaluations that raised or did not end `opt`/`correct`. Else work_dir/eval/<hash>-<random> is removed."""
     if s.builder.keep:
         return True
     ok = report is not None and report.verdict in (EvalVerdict.OPT, EvalVerdict.CORRECT)

@@ -1399,3 +1399,48 @@ async def test_a_new_patch_for_an_id_gets_its_own_report_and_announcement(
     assert [r.patch for r in ops.ran] == ["slow a", "fast b", "slow a"]
     assert again.endswith(INSTANCE) and len(ops.ran) == 3  # answered from the store, nothing queued
     assert [json.loads(data)["verdict"] for _, data in announced] == ["correct", "opt", "correct"]
+
+
+class _Stopped(Exception):
+    pass
+
+
+def test_two_evaluations_of_one_id_never_share_a_workspace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The workspace (exported trees, builds) was `work_dir/eval/<hash of the evaluation id>`, and
+    the id is the agent's to repeat: bob sends patches A and B for one (run, model, instance) at
+    once, and evaluator processes sharing a work dir (a supported setup: `builder.work_dir`) take
+    one each — both in one folder, B's build (its tree writable while it builds) rewriting the
+    binaries A's correctness or timed runs execute, one's cleanup removing the other's trees. Each
+    evaluation now has a folder of its own; nothing of it outlives it."""
+    from cppperf.services.evaluator import pipeline
+    from tests.conftest import make_settings
+
+    settings = make_settings(tmp_path, evaluator={"runs_dir": str(tmp_path / "runs")})
+    workspaces: list[Path] = []
+
+    def backend(_cfg: object, ws: Path, **_kw: object) -> None:
+        assert ws.parent == settings.work_dir() / "eval"
+        workspaces.append(ws)
+        raise _Stopped
+
+    monkeypatch.setattr(pipeline, "make_backend", backend)
+    monkeypatch.setattr(pipeline, "ensure_local", lambda *_a: tmp_path / "mirror")
+    monkeypatch.setattr(pipeline, "jail_problem", lambda: None)
+    inst = pipeline.EvalInstance(
+        instance_id=INSTANCE,
+        repo="local/demo",
+        url="/nowhere",
+        base_sha="b" * 40,
+        expert_sha="c" * 40,
+        expert_patch="",
+        verdict="improved",
+    )
+    for body in ("a", "b", "a"):
+        patch = f"--- a/src/x.cpp\n+++ b/src/x.cpp\n@@ -1 +1 @@\n-int x;\n+int {body};\n"
+        req = EvalRequest(run_id="bob.r", model="m", instance_id=INSTANCE, patch=patch, for_agent=True)
+        with pytest.raises(_Stopped):
+            pipeline.evaluate_report(req, settings, instance=inst, force=True)
+    assert len(set(workspaces)) == 3, workspaces
+    assert not any(ws.exists() for ws in workspaces)
