@@ -5,11 +5,13 @@ publish only to its own `eval.api.<name>.*` (its own account `agent_<name>`, imp
 from SERVICES), so NATS vouches for the name; nothing in the body says who is asking. The answer
 goes to the request's reply subject, which NATS maps back into the asker's own account (service
 import), never to a subject the body names: whatever reply subject an agent sets, only its own
-subscriptions can receive the answer. Every check runs before anything is read or written: the patch size, the
-`run_id`/`model`/`instance_id` alphabet (refused, never rewritten) and the agent's pending count;
+subscriptions can receive the answer. Every check runs before anything is written, the patch size and
+the `run_id`/`model`/`instance_id` alphabet (refused, never rewritten) before anything is read; then the
+agent's pending count and its evaluations (`over_quota`);
 before those, the agent's request rate (`RateGate`: a flood is refused without any JetStream call,
 so it cannot hold another agent's requests behind it for long).
-The dedup id (`Nats-Msg-Id`) is derived here from agent + run + model + instance + patch hash, so
+The dedup id (`Nats-Msg-Id`) is derived here from agent + run + model + instance + patch hash (+ the hash
+of the patch the id holds now), so
 an agent cannot choose it (nor block another's), and the evaluation is keyed under the agent.
 """
 
@@ -136,16 +138,16 @@ async def submit(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:
     for what, value in (("run_id", req.run_id), ("model", req.model), ("instance_id", req.instance_id)):
         if error := _check_token(what, value):
             return refused(error)
-    queued = await pending(ctx, agent)
-    if queued >= ev.agent_max_pending:
-        return refused(
-            f"{queued} requests of {agent} pending (limit {ev.agent_max_pending}): wait for results"
-        )
     eid = m.evaluation_id(m.agent_run(agent, req.run_id), req.model, req.instance_id)
     state = await buckets.get(ctx.store, EVALUATIONS, eid)
     stored = None if state is None else await _report(ctx, eid)
     if stored is not None and stored.patch_sha256 == patch_sha256(req.patch):  # this very patch: done
         return m.AgentAnswer(ok=True, id=eid, duplicate=True, status="done")
+    queued = await pending(ctx, agent)
+    if queued >= ev.agent_max_pending:
+        return refused(
+            f"{queued} requests of {agent} pending (limit {ev.agent_max_pending}): wait for results"
+        )
     if state is None and (error := await over_quota(ctx, agent, queued=queued)):
         return refused(error)
     msg = m.EvalRequested(
