@@ -76,6 +76,16 @@ class MemoryRecords:
         await self.put(bucket, item_id, current)
         return current
 
+    async def modify(
+        self, bucket: str, item_id: str, change: Callable[[dict[str, Any] | None], dict[str, Any] | None]
+    ) -> dict[str, Any] | None:
+        current = await self.get(bucket, item_id)
+        new = change(None if current is None else dict(current))
+        if new is None:
+            return current
+        await self.put(bucket, item_id, new)
+        return await self.get(bucket, item_id)
+
     async def put_blob(self, name: str, data: bytes) -> str:
         key = encode_key(name)
         self.blobs[key] = data

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -139,8 +140,7 @@ async def submit(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:
         if error := _check_token(what, value):
             return refused(error)
     eid = m.evaluation_id(m.agent_run(agent, req.run_id), req.model, req.instance_id)
-    state = await buckets.get(ctx.store, EVALUATIONS, eid)
-    stored = None if state is None else await _report(ctx, eid)
+    held, stored, replaces = await _held(ctx, eid)
     if stored is not None and stored.patch_sha256 == patch_sha256(req.patch):  # this very patch: done
         return m.AgentAnswer(ok=True, id=eid, duplicate=True, status="done")
     queued = await pending(ctx, agent)
@@ -148,7 +148,7 @@ async def submit(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:
         return refused(
             f"{queued} requests of {agent} pending (limit {ev.agent_max_pending}): wait for results"
         )
-    if state is None and (error := await over_quota(ctx, agent, queued=queued)):
+    if not held and (error := await over_quota(ctx, agent, queued=queued)):
         return refused(error)
     msg = m.EvalRequested(
         request_id=eid,
@@ -159,7 +159,6 @@ async def submit(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:
         patch=req.patch,
     )
     try:
-        replaces = "" if stored is None or not stored.patch_sha256 else stored.patch_sha256
         fresh = await ctx.bus.publish(
             m.eval_requested_subject(agent), msg, msg_id=dedup_id(agent, req, replaces)
         )
@@ -168,6 +167,24 @@ async def submit(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:
         return refused(f"the evaluation queue refused the request: {exc.description or exc}")
     log.info("agent_request_queued", agent=agent, item=msg.id, duplicate=not fresh)
     return m.AgentAnswer(ok=True, id=msg.id, duplicate=not fresh, status="queued")
+
+
+async def _held(ctx: ServiceContext, eid: str) -> tuple[bool, EvalReport | None, str]:
+    """Whether the agent has the evaluation `eid` (a key of `evaluations`), its stored report,
+    and what a new request replaces (`dedup_id`): the stored patch's hash; for a record or
+    report that cannot be read, a value of its own (the first submit's dedup id would make this
+    one a duplicate: answered `queued`, nothing queued, the id stuck unreadable)."""
+    try:
+        state = await buckets.get(ctx.store, EVALUATIONS, eid)
+        stored = None if state is None else await _report(ctx, eid)
+    except (Unreadable, ValueError) as exc:  # msgspec's decode and validation errors are ValueErrors
+        log.warning("stored_evaluation_unreadable", evaluation=eid, error=str(exc))
+        return True, None, f"unreadable:{uuid.uuid4().hex}"
+    if stored is None:
+        return state is not None, None, ""
+    if stored.patch_sha256 and stored.reason != UNREADABLE_REPORT:
+        return True, stored, stored.patch_sha256
+    return True, stored, f"unreadable:{uuid.uuid4().hex}"
 
 
 def owns(agent: str, evaluation_id: str) -> bool:
@@ -189,16 +206,31 @@ class ResultSummary(msgspec.Struct, kw_only=True):
     truncated: bool | UnsetType = UNSET
 
 
+class Unreadable(CppPerfError):
+    """A stored evaluation whose record cannot be read (its KV value is not one)."""
+
+
+UNREADABLE_REPORT = "the stored report is unreadable"
+
+
 async def _report(ctx: ServiceContext, evaluation_id: str) -> EvalReport | None:
-    """The finished report of an evaluation (verdict and `opt` as the bucket records them)."""
-    state = await buckets.get(ctx.store, EVALUATIONS, evaluation_id) or EvaluationState()
+    """The finished report of an evaluation (verdict and `opt` as the bucket records them); a
+    report that cannot be read (not JSON, not a report, its blob gone) says so in `reason`; a
+    record that cannot be read raises `Unreadable`."""
+    try:
+        state = await buckets.get(ctx.store, EVALUATIONS, evaluation_id) or EvaluationState()
+    except ValueError as exc:  # msgspec's decode and validation errors
+        raise Unreadable(
+            f"the stored evaluation {evaluation_id} is unreadable ({exc}): submit its patch again "
+            "to have it evaluated again"
+        ) from exc
     if state.verdict is None:
         return None
-    text = await ctx.store.resolve_text(state.report, state.report_ref)
     try:
+        text = await ctx.store.resolve_text(state.report, state.report_ref)
         report = msgspec.convert(json.loads(text), EvalReport)
-    except ValueError:  # not JSON or not a report (msgspec.ValidationError): say so, do not fail
-        report = EvalReport(verdict=state.verdict, reason="the stored report is unreadable")
+    except (ValueError, RecursionError, BadInput):  # not JSON, not a report, too deep, blob gone
+        report = EvalReport(verdict=state.verdict, reason=UNREADABLE_REPORT)
     # an agent's reports are stored without the expert's files (`handlers.agent_view`); one
     # stored before that is read the same way
     return msgspec.structs.replace(agent_view(report), verdict=state.verdict, opt=state.opt)
@@ -224,7 +256,10 @@ async def result(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:
         return refused(str(exc))
     if not owns(agent, q.id):
         return refused(f"{q.id[:200]!r} is not an evaluation of {agent}")
-    report = await _report(ctx, q.id)
+    try:
+        report = await _report(ctx, q.id)
+    except Unreadable as exc:
+        return refused(str(exc))
     if report is None or (q.patch_sha256 and report.patch_sha256 != q.patch_sha256):
         return m.AgentAnswer(ok=True, id=q.id, status="pending")  # (another patch's report: not this one's)
     whole = {**to_json_dict(report), "id": q.id}
@@ -250,7 +285,11 @@ async def results(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer
     for eid in sorted(await ctx.store.ids(EVALUATIONS.name, under=agent)):  # only this agent's keys
         if not eid.startswith(prefix) or eid <= q.after:
             continue
-        report = await _report(ctx, eid)
+        try:
+            report = await _report(ctx, eid)
+        except Unreadable as exc:  # one broken record does not hide the run (`result` says why)
+            log.warning("stored_evaluation_unreadable", evaluation=eid, error=str(exc))
+            continue
         if report is None:
             continue
         row = to_json_dict(_summary(eid, report))

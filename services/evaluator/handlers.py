@@ -17,6 +17,7 @@ validated again (a redelivery, a second request) unless the request says `force`
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import socket
@@ -52,12 +53,14 @@ from cppperf.shared.domain import (
     record_text,
     to_struct,
 )
-from cppperf.shared.errors import BadInput
+from cppperf.shared.errors import BadInput, TransientError
 from cppperf.shared.files import write_atomic
+from cppperf.shared.logging import get_logger
 from cppperf.shared.ports import StageContext
 from cppperf.shared.settings import Settings
 from cppperf.shared.store import instance_record
 
+log = get_logger(__name__)
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
 Outcome = Literal["answered-from-store", "evaluated"]
 ValidateOutcome = Literal["already-validated", "validated"]
@@ -158,7 +161,7 @@ def stored_report(text: str) -> EvalReport | None:
     the request is evaluated again). Python's JSON: a report may hold `Infinity`."""
     try:
         return msgspec.convert(json.loads(text), EvalReport)
-    except ValueError:  # not JSON, or another shape (msgspec.ValidationError)
+    except (ValueError, RecursionError):  # not JSON, another shape (msgspec.ValidationError), too deep
         return None
 
 
@@ -167,29 +170,48 @@ def completed_subject(msg: m.EvalRequested) -> str:
     return m.eval_completed_subject(msg.agent) if msg.agent else m.EVAL_COMPLETED
 
 
+async def _prior(ctx: StageContext, eid: str) -> tuple[EvaluationState, EvalReport | None]:
+    """The stored evaluation `eid` and its report; the report None when there is none or it
+    cannot be read (a corrupt value or report, its blob gone: then the request is evaluated
+    again and the record rewritten, never dead-lettered unanswered for a store's fault)."""
+    try:
+        prior = await buckets.get(ctx.store, EVALUATIONS, eid) or EvaluationState()
+        if prior.verdict is None or not (prior.report or prior.report_ref):
+            return prior, None
+        text = await ctx.store.resolve_text(prior.report, prior.report_ref)
+    except (ValueError, BadInput) as exc:  # msgspec's decode errors are ValueErrors
+        log.warning("stored_evaluation_unreadable", evaluation=eid, error=str(exc))
+        return EvaluationState(), None
+    return prior, stored_report(text)
+
+
 async def on_request(ctx: StageContext, ops: EvaluatorOps, msg: m.EvalRequested) -> Outcome:
     patch = await _patch(ctx, msg)
-    prior = await buckets.get(ctx.store, EVALUATIONS, msg.id) or EvaluationState()
-    if prior.verdict is not None and (prior.report or prior.report_ref):
-        stored = stored_report(await ctx.store.resolve_text(prior.report, prior.report_ref))
-        if stored is not None and stored.patch_sha256 == patch_sha256(patch):  # the same patch, not the id
-            done = completed(msg, stored)
-            # deduplicated if it was announced already (a crash after the record, before the ack)
-            await ctx.bus.publish(completed_subject(msg), done, msg_id=prior.announced or None)
-            if msg.reply_to:
-                await ctx.bus.reply(msg.reply_to, done)
-            return "answered-from-store"
-    instance = await _instance(ctx, msg.instance_id)
+    prior, stored = await _prior(ctx, msg.id)
+    if stored is not None and stored.patch_sha256 == patch_sha256(patch):  # the same patch, not the id
+        done = completed(msg, stored)
+        # deduplicated if it was announced already (a crash after the record, before the ack)
+        await ctx.bus.publish(completed_subject(msg), done, msg_id=prior.announced or None)
+        if msg.reply_to:
+            await ctx.bus.reply(msg.reply_to, done)
+        return "answered-from-store"
     # an agent's run is keyed under the agent: its run dir and record are `<agent>.<run_id>`
     run_id = m.agent_run(msg.agent, msg.run_id)
     req = EvalRequest(
         run_id=run_id, model=msg.model, instance_id=msg.instance_id, patch=patch, for_agent=bool(msg.agent)
     )
-    why = None if instance is None else cannot_grade(instance, for_agent=req.for_agent)
-    if why is not None:  # known from the bucket's record: no tree is built, no worker is busied
-        report = refused_report(req, EvalVerdict.INSTANCE_BROKEN, why)
+    try:
+        instance = await _instance(ctx, msg.instance_id)
+    except BadInput as exc:  # the agent is answered (its request was fine), the operator told
+        log.warning("instance_record_unreadable", instance=msg.instance_id, error=str(exc))
+        reason = f"unknown instance {msg.instance_id!r}: no readable record" if req.for_agent else str(exc)
+        report = refused_report(req, EvalVerdict.UNKNOWN_INSTANCE, reason)
     else:
-        report = await asyncio.to_thread(ops.evaluate, req, instance)
+        why = None if instance is None else cannot_grade(instance, for_agent=req.for_agent)
+        if why is not None:  # known from the bucket's record: no tree is built, no worker is busied
+            report = refused_report(req, EvalVerdict.INSTANCE_BROKEN, why)
+        else:
+            report = await asyncio.to_thread(ops.evaluate, req, instance)
     done = completed(msg, report)
     announced = f"{done.id}@{uuid.uuid4().hex}"  # this evaluation's announcement, not the id's
     text, ref = await ctx.store.inline_or_ref(f"report/{req.id}", json.dumps(done.report))
@@ -221,7 +243,11 @@ async def on_validate(ctx: StageContext, ops: ValidatorOps, msg: m.ValidateReque
     Bad input (no such instance, not proven improved, an unreadable record) is `BadInput`: the
     worker dead-letters it with this reason."""
     iid = m.check_instance_id(msg.instance_id)  # it names OUT/instances/<id>.json below: one file name
-    state = await buckets.get(ctx.store, INSTANCES, iid) or InstanceState()
+    try:
+        read = await ctx.store.get(INSTANCES.name, iid)  # as stored: compared again before the write
+        state = InstanceState() if read is None else to_struct(read, InstanceState)
+    except ValueError as exc:  # a value that is not JSON, or not an instance's state
+        raise BadInput(f"instance {iid} in the store is unreadable: {exc}") from exc
     if not state.record and not state.record_ref:
         raise BadInput(f"unknown instance {iid!r}: the instances bucket has no record for it")
     if state.verdict != Verdict.IMPROVED:
@@ -236,9 +262,33 @@ async def on_validate(ctx: StageContext, ops: ValidatorOps, msg: m.ValidateReque
     block = gold.stored_validation(validated)
     if block is None:  # the ops broke their contract: not the request's fault (retried, not dead-lettered)
         raise RuntimeError(f"gold validation of {iid} returned a record without its validation")
-    text, ref = await ctx.store.inline_or_ref(f"record/{iid}", record_text(validated, indent=None))
-    await ctx.store.update(INSTANCES.name, iid, record=text, record_ref=ref, oracle=str(block.oracle))
+    body = record_text(validated, indent=None)
+    # a blob of its own (by content): `record/<id>` is the builder's, which a rebuild meanwhile rewrote
+    digest = hashlib.sha256(body.encode()).hexdigest()[:16]
+    text, ref = await ctx.store.inline_or_ref(f"record/{iid}/validated-{digest}", body)
+    if not await _store_validated(ctx, iid, read, record=text, record_ref=ref, oracle=str(block.oracle)):
+        raise TransientError(
+            f"instance {iid} changed while it was validated (rebuilt or removed): the new record "
+            "is kept and validated on the retry"
+        )
     # this node's export, as the builder writes it (OUT/instances/<id>.json)
     path = Path(ctx.settings.out_dir) / "instances" / f"{iid}.json"
     await asyncio.to_thread(write_atomic, path, record_text(validated))
     return "validated"
+
+
+async def _store_validated(
+    ctx: StageContext, iid: str, read: dict[str, Any] | None, **fields: str | None
+) -> bool:
+    """`fields` (the validated record, its oracle) set on the instance's state only if it is the one
+    `read` before the validation (compare-and-set): a record rebuilt meanwhile is not overwritten
+    with the old one, a removed one not brought back as a half record. False when it changed."""
+    unchanged = True
+
+    def change(current: dict[str, Any] | None) -> dict[str, Any] | None:
+        nonlocal unchanged
+        unchanged = current == read
+        return {**current, **fields} if current is not None and unchanged else None
+
+    await ctx.store.modify(INSTANCES.name, iid, change)
+    return unchanged

@@ -1,0 +1,188 @@
+"""Faults in the evaluator's stored state, on a real nats-server (the `ctx` fixture), with stand-ins
+only for the slow work (an evaluation, a gold validation):
+
+- a stored evaluation that cannot be read (its KV value corrupt, its report's blob gone): the
+  request is evaluated again and its record rewritten; the agent's `submit` queues it (a fresh
+  dedup id: the first submit's would be a duplicate, answered `queued` with nothing queued),
+  `result` says what is wrong in one line, `results` lists the rest of the run;
+- an instance record that cannot be read when an agent's request is evaluated: the agent gets a
+  verdict (`unknown-instance`), not silence (a dead letter it never sees);
+- a validated instance whose record changes or is deleted while it is validated: the validation
+  of the old record never overwrites the new one nor brings a deleted one back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from cppperf.services.evaluator import gateway
+from cppperf.services.evaluator.handlers import on_request, on_validate
+from cppperf.shared import buckets
+from cppperf.shared import messages as m
+from cppperf.shared.bus import WORK_QUEUES
+from cppperf.shared.domain import (
+    EvalVerdict,
+    InstanceRecord,
+    InstanceState,
+    Oracle,
+    Stage,
+    Verdict,
+)
+from cppperf.shared.errors import TransientError
+from cppperf.shared.service import ServiceContext
+from cppperf.shared.store import encode_key, instance_record
+from tests.integration.test_bus_auth import FakeOps
+from tests.integration.test_validate_bus import IID, RECORD, FakeValidator
+
+pytestmark = pytest.mark.nats
+AGENT = "bob"
+INSTANCES_BUCKET = buckets.INSTANCES
+
+
+def request(patch: str, run_id: str = "r", model: str = "m") -> m.EvalRequested:
+    eid = m.evaluation_id(m.agent_run(AGENT, run_id), model, IID)
+    return m.EvalRequested(
+        request_id=eid, agent=AGENT, run_id=run_id, model=model, instance_id=IID, patch=patch
+    )
+
+
+async def proven_instance(ctx: ServiceContext) -> None:
+    state = InstanceState(stage=Stage.BUILT, verdict=Verdict.IMPROVED, record=json.dumps(RECORD))
+    await buckets.put(ctx.store, INSTANCES_BUCKET, IID, state)
+
+
+async def corrupt(ctx: ServiceContext, eid: str, how: str) -> None:
+    """Break the stored evaluation `eid`: its KV value not JSON, or its report's blob gone."""
+    if how == "value":
+        kv = await ctx.bus.js.key_value("evaluations")
+        await kv.put(encode_key(eid), b"{not json")
+        return
+    state = await buckets.get(ctx.store, buckets.EVALUATIONS, eid)
+    assert state is not None
+    gone = msgspec.structs.replace(
+        state, report="", report_ref="report/gone-" + hashlib.sha256(eid.encode()).hexdigest()
+    )
+    await buckets.put(ctx.store, buckets.EVALUATIONS, eid, gone)
+
+
+async def queued(ctx: ServiceContext) -> int:
+    stream = WORK_QUEUES[m.EVAL_REQUESTED].stream
+    return int((await ctx.bus.js.stream_info(stream)).state.messages)
+
+
+@pytest.mark.parametrize("how", ["value", "blob"])
+async def test_an_unreadable_stored_evaluation_is_evaluated_again_not_stuck(
+    ctx: ServiceContext, how: str
+) -> None:
+    """The record of an evaluation is read on every redelivery, `submit`, `result` and `results`.
+    One that could not be read (a corrupt value: msgspec's decode error; a report whose blob is
+    gone: BadInput) made a redelivery a dead letter the agent never sees (or a retry loop), and
+    every `submit`, `result` of it and `results` of its whole run a refusal "ask again", for
+    good: the id could never be evaluated again."""
+    await proven_instance(ctx)
+    ops = FakeOps()
+    first, other = request("fast a"), request("slow", model="m2")
+    assert await on_request(ctx, ops, first) == "evaluated"
+    assert await on_request(ctx, ops, other) == "evaluated"
+    await corrupt(ctx, first.id, how)
+
+    # the agent's side: one clear line, the run's other rows, and the id can be asked again
+    answer = await gateway.result(ctx, AGENT, m.encode(m.AgentQuery(id=first.id)))
+    if how == "value":  # nothing known of it: one line saying what to do
+        assert not answer.ok and "unreadable" in answer.error and "submit" in answer.error, answer
+    else:  # its verdict is in the record: answered as a report that is not JSON is
+        assert answer.ok and (answer.result or {})["reason"] == gateway.UNREADABLE_REPORT, answer
+    rows = await gateway.results(ctx, AGENT, m.encode(m.AgentQuery(run_id="r")))
+    listed = [first.id, other.id] if how == "blob" else [other.id]  # (the run's other row, always)
+    assert rows.ok and [r["id"] for r in rows.results or []] == listed, rows
+    before = await queued(ctx)
+    body = m.encode(m.AgentSubmit(instance_id=IID, patch="fast a", run_id="r", model="m"))
+    sent = await gateway.submit(ctx, AGENT, body)
+    assert sent.ok and sent.status == "queued" and not sent.duplicate, sent
+    assert await queued(ctx) == before + 1  # really queued, not dropped as the first submit's duplicate
+
+    # the worker's side (a redelivery, or the request just queued): evaluated again, rewritten
+    assert await on_request(ctx, ops, first) == "evaluated"
+    assert [r.patch for r in ops.ran] == ["fast a", "slow", "fast a"]
+    done = await gateway.result(ctx, AGENT, m.encode(m.AgentQuery(id=first.id)))
+    assert done.ok and done.status == "done" and (done.result or {})["verdict"] == "opt", done
+
+
+async def test_an_unreadable_instance_record_answers_the_agent(ctx: ServiceContext) -> None:
+    """An agent's request for an instance whose stored record does not decode was BadInput: a
+    dead letter, no announcement, no record, so `result` said `pending` for ever."""
+    await buckets.put(
+        ctx.store, INSTANCES_BUCKET, IID, InstanceState(verdict=Verdict.IMPROVED, record='{"metadata": {}}')
+    )
+    ops = FakeOps()
+    req = request("fast")
+    assert await on_request(ctx, ops, req) == "evaluated"
+    assert ops.ran == []  # nothing to grade on
+    done = await gateway.result(ctx, AGENT, m.encode(m.AgentQuery(id=req.id)))
+    assert done.ok and done.status == "done", done
+    report = done.result or {}
+    assert report["verdict"] == EvalVerdict.UNKNOWN_INSTANCE and "metadata" not in report["reason"], report
+
+
+class MidFlight(FakeValidator):
+    """A validation during which `meanwhile` runs on the event loop (a rebuild, a removal)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, meanwhile: Callable[[], Any]) -> None:
+        super().__init__()
+        self.loop, self.meanwhile = loop, meanwhile
+
+    def validate(self, record: InstanceRecord, *, force: bool) -> InstanceRecord:
+        if len(self.ran) == 0:  # only the first validation is overtaken
+            asyncio.run_coroutine_threadsafe(self.meanwhile(), self.loop).result(timeout=10)
+        return super().validate(record, force=force)
+
+
+async def test_a_record_rebuilt_during_its_validation_is_not_overwritten(ctx: ServiceContext) -> None:
+    """Gold validation takes two evaluations (minutes); the builder may store a new record of the
+    instance meanwhile (a rebuild). The validation wrote the old record with its validation over
+    the new one (compare-and-set on the key, but of fields read before the validation): the
+    rebuild was lost. Now the new record stays and the request is retried, validating it."""
+    await proven_instance(ctx)
+    rebuilt = json.loads(json.dumps(RECORD))
+    rebuilt["commit_info"]["patch"] = ["rebuilt"]
+
+    async def rebuild() -> None:
+        state = InstanceState(stage=Stage.BUILT, verdict=Verdict.IMPROVED, record=json.dumps(rebuilt))
+        await buckets.put(ctx.store, INSTANCES_BUCKET, IID, state)
+
+    ops = MidFlight(asyncio.get_running_loop(), rebuild)
+    with pytest.raises(TransientError, match="changed"):
+        await on_validate(ctx, ops, m.ValidateRequested(instance_id=IID))
+    record = await instance_record(ctx.store, IID)
+    assert record is not None and record.commit_info.patch == ["rebuilt"]
+    assert await on_validate(ctx, ops, m.ValidateRequested(instance_id=IID)) == "validated"  # the retry
+    record = await instance_record(ctx.store, IID)
+    assert record is not None and record.commit_info.patch == ["rebuilt"] and record.cppperf.oracle == "ctest"
+    state = await buckets.get(ctx.store, INSTANCES_BUCKET, IID)
+    assert state is not None and state.oracle == Oracle.CTEST
+
+
+async def test_a_record_removed_during_its_validation_is_not_brought_back(
+    ctx: ServiceContext, tmp_path: Path
+) -> None:
+    """An instance removed while it is validated came back as a half record (the validated
+    record and `oracle`, without `stage` or `verdict`). Now it stays removed; the retry is an
+    unknown instance (a dead letter with that reason)."""
+    await proven_instance(ctx)
+
+    async def remove() -> None:
+        await ctx.store.delete(INSTANCES_BUCKET.name, IID)
+
+    ops = MidFlight(asyncio.get_running_loop(), remove)
+    with pytest.raises(TransientError, match="changed"):
+        await on_validate(ctx, ops, m.ValidateRequested(instance_id=IID))
+    assert await ctx.store.get(INSTANCES_BUCKET.name, IID) is None
+    assert not (Path(ctx.settings.out_dir) / "instances" / f"{IID}.json").exists()
