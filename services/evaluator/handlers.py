@@ -51,6 +51,7 @@ from cppperf.shared.domain import (
     Verdict,
     decode_record,
     record_text,
+    to_json_dict,
     to_struct,
 )
 from cppperf.shared.errors import BadInput, TransientError
@@ -170,30 +171,75 @@ def completed_subject(msg: m.EvalRequested) -> str:
     return m.eval_completed_subject(msg.agent) if msg.agent else m.EVAL_COMPLETED
 
 
-async def _prior(ctx: StageContext, eid: str) -> tuple[EvaluationState, EvalReport | None]:
-    """The stored evaluation `eid` and its report; the report None when there is none or it
-    cannot be read (a corrupt value or report, its blob gone: then the request is evaluated
-    again and the record rewritten, never dead-lettered unanswered for a store's fault)."""
+UNREADABLE: Final = {"unreadable": True}  # what `_prior` read when the stored value is not JSON
+
+
+@dataclass(frozen=True)
+class Prior:
+    """What the `evaluations` bucket held for an id when a request was read: the value as stored
+    (`raw`, compared again before the new record is written), its state and report (None when
+    there is none or it cannot be read: a corrupt value or report, its blob gone — then the
+    request is evaluated again and the record rewritten, never dead-lettered unanswered)."""
+
+    raw: dict[str, Any] | None
+    state: EvaluationState
+    report: EvalReport | None
+
+
+async def _prior(ctx: StageContext, eid: str) -> Prior:
     try:
-        prior = await buckets.get(ctx.store, EVALUATIONS, eid) or EvaluationState()
-        if prior.verdict is None or not (prior.report or prior.report_ref):
-            return prior, None
-        text = await ctx.store.resolve_text(prior.report, prior.report_ref)
-    except (ValueError, BadInput) as exc:  # msgspec's decode errors are ValueErrors
+        raw = await ctx.store.get(EVALUATIONS.name, eid)
+    except ValueError as exc:  # msgspec's decode errors are ValueErrors
         log.warning("stored_evaluation_unreadable", evaluation=eid, error=str(exc))
-        return EvaluationState(), None
-    return prior, stored_report(text)
+        return Prior(UNREADABLE, EvaluationState(), None)
+    try:
+        state = EvaluationState() if raw is None else to_struct(raw, EvaluationState)
+        if state.verdict is None or not (state.report or state.report_ref):
+            return Prior(raw, state, None)
+        text = await ctx.store.resolve_text(state.report, state.report_ref)
+    except (ValueError, BadInput) as exc:  # another shape; the report's blob gone
+        log.warning("stored_evaluation_unreadable", evaluation=eid, error=str(exc))
+        return Prior(raw, EvaluationState(), None)
+    return Prior(raw, state, stored_report(text))
+
+
+async def _answer_stored(ctx: StageContext, msg: m.EvalRequested, prior: Prior, patch: str) -> bool:
+    """Answer `msg` from the stored report when it is of this very patch (True), announced under
+    the record's announcement id: deduplicated if it was announced already (a crash after the
+    record, before the ack; another worker's evaluation of the same request)."""
+    stored = prior.report
+    if stored is None or stored.patch_sha256 != patch_sha256(patch):  # the same patch, not the id
+        return False
+    done = completed(msg, stored)
+    await ctx.bus.publish(completed_subject(msg), done, msg_id=prior.state.announced or None)
+    if msg.reply_to:
+        await ctx.bus.reply(msg.reply_to, done)
+    return True
+
+
+async def _record(ctx: StageContext, eid: str, state: EvaluationState, read: dict[str, Any] | None) -> bool:
+    """Store `state` as the evaluation `eid` if the bucket still holds what was `read` before the
+    evaluation (compare-and-set); False when another evaluation was recorded meanwhile."""
+    value = to_json_dict(state)
+    unchanged = True
+
+    def change(current: dict[str, Any] | None) -> dict[str, Any] | None:
+        nonlocal unchanged
+        unchanged = current == read
+        return value if unchanged else None
+
+    try:
+        await ctx.store.modify(EVALUATIONS.name, eid, change)
+    except ValueError:  # the stored value is not JSON (`read` was UNREADABLE, or it became so)
+        await ctx.store.put(EVALUATIONS.name, eid, value)
+        return True
+    return unchanged
 
 
 async def on_request(ctx: StageContext, ops: EvaluatorOps, msg: m.EvalRequested) -> Outcome:
     patch = await _patch(ctx, msg)
-    prior, stored = await _prior(ctx, msg.id)
-    if stored is not None and stored.patch_sha256 == patch_sha256(patch):  # the same patch, not the id
-        done = completed(msg, stored)
-        # deduplicated if it was announced already (a crash after the record, before the ack)
-        await ctx.bus.publish(completed_subject(msg), done, msg_id=prior.announced or None)
-        if msg.reply_to:
-            await ctx.bus.reply(msg.reply_to, done)
+    prior = await _prior(ctx, msg.id)
+    if await _answer_stored(ctx, msg, prior, patch):
         return "answered-from-store"
     # an agent's run is keyed under the agent: its run dir and record are `<agent>.<run_id>`
     run_id = m.agent_run(msg.agent, msg.run_id)
@@ -230,7 +276,15 @@ async def on_request(ctx: StageContext, ops: EvaluatorOps, msg: m.EvalRequested)
         },
         EvaluationState,
     )
-    await buckets.put(ctx.store, EVALUATIONS, req.id, state)
+    if not await _record(ctx, req.id, state, prior.raw):
+        # recorded meanwhile (this request evaluated twice at once: a redelivery while the first
+        # worker still ran, its heartbeats lost): the agent gets that one verdict, announced once
+        if await _answer_stored(ctx, msg, await _prior(ctx, msg.id), patch):
+            log.warning("evaluated_twice", evaluation=req.id, kept="the first recorded")
+            return "answered-from-store"
+        await buckets.put(
+            ctx.store, EVALUATIONS, req.id, state
+        )  # another patch's: this later one replaces it
     # after the record: a crash re-publishes from it, with the same id
     await ctx.bus.publish(completed_subject(msg), done, msg_id=announced)
     if msg.reply_to:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from cppperf.shared import buckets
 from cppperf.shared import messages as m
 from cppperf.shared.bus import WORK_QUEUES
 from cppperf.shared.domain import (
+    EvalReport,
     EvalVerdict,
     InstanceRecord,
     InstanceState,
@@ -186,3 +189,60 @@ async def test_a_record_removed_during_its_validation_is_not_brought_back(
         await on_validate(ctx, ops, m.ValidateRequested(instance_id=IID))
     assert await ctx.store.get(INSTANCES_BUCKET.name, IID) is None
     assert not (Path(ctx.settings.out_dir) / "instances" / f"{IID}.json").exists()
+
+
+class Racing(FakeOps):
+    """Two evaluations of one request at once (a redelivery to a second replica while the first
+    still works: its heartbeats lost in an outage longer than `ack_wait`); timing noise gives
+    them different verdicts: the first to start `opt`; the second `correct`, recorded first."""
+
+    def __init__(self, ctx: ServiceContext, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self.ctx, self.loop = ctx, loop
+        self.both = threading.Barrier(2, timeout=10)
+        self.lock = threading.Lock()
+
+    def recorded(self, eid: str) -> bool:
+        found = asyncio.run_coroutine_threadsafe(self.ctx.store.get("evaluations", eid), self.loop)
+        return found.result(timeout=10) is not None
+
+    def evaluate(self, req: Any, instance: Any) -> EvalReport:
+        with self.lock:
+            report = super().evaluate(req, instance)
+            first = len(self.ran) == 1
+        self.both.wait()
+        if not first:
+            return msgspec.structs.replace(report, verdict=EvalVerdict.CORRECT, opt=False)
+        while not self.recorded(req.id):  # the second's record is written before this one ends
+            time.sleep(0.01)
+        return report
+
+
+async def announcements(ctx: ServiceContext) -> list[str]:
+    """The verdicts announced on `eval.completed.bob`, in order."""
+    sub = await ctx.bus.js.subscribe(m.eval_completed_subject(AGENT), ordered_consumer=True)
+    verdicts: list[str] = []
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=0.5)
+            except TimeoutError:
+                return verdicts
+            verdicts.append(json.loads(msg.data)["verdict"])
+    finally:
+        await sub.unsubscribe()
+
+
+async def test_two_evaluations_of_one_request_at_once_give_the_agent_one_verdict(ctx: ServiceContext) -> None:
+    """Both wrote their record (the last one stays) and announced under ids of their own: the agent
+    got `correct`, then `opt`, and `result` changed its answer after the fact. The record is now
+    written only over the state read before the evaluation: the later one finds the first one's
+    record of the same patch, answers from it (its announcement id: deduplicated) and writes nothing."""
+    await proven_instance(ctx)
+    ops = Racing(ctx, asyncio.get_running_loop())
+    req = request("fast")
+    outcomes = await asyncio.gather(on_request(ctx, ops, req), on_request(ctx, ops, req))
+    assert sorted(outcomes) == ["answered-from-store", "evaluated"]
+    assert await announcements(ctx) == ["correct"]
+    done = await gateway.result(ctx, AGENT, m.encode(m.AgentQuery(id=req.id)))
+    assert (done.result or {})["verdict"] == "correct", done
