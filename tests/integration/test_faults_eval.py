@@ -16,6 +16,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -246,3 +250,85 @@ async def test_two_evaluations_of_one_request_at_once_give_the_agent_one_verdict
     assert await announcements(ctx) == ["correct"]
     done = await gateway.result(ctx, AGENT, m.encode(m.AgentQuery(id=req.id)))
     assert (done.result or {})["verdict"] == "correct", done
+
+
+# ----------------------------------------------------------------- SIGKILL around the announcement
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def spawn_evaluator(url: str, tmp: Path, kill: str) -> subprocess.Popen[bytes]:
+    markers = tmp / "markers"
+    markers.mkdir(exist_ok=True)
+    overrides = {
+        "out_dir": str(tmp / "out"),
+        "health_dir": str(tmp / "health"),
+        "bus": {
+            "ack_wait": 2.0,
+            "max_deliver": 5,
+            "nak_delay": 0.2,
+            "stop_grace": 1.0,
+            "health_interval": 0.5,
+        },
+        "builder": {"work_dir": str(tmp / "work")},
+        "evaluator": {"runs_dir": str(tmp / "runs")},
+    }
+    with (markers / f"log-{kill}.txt").open("wb") as log:  # the child has its own copy of the fd
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.eval_fault_worker", url, str(markers), kill, json.dumps(overrides)],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+
+
+async def eventually(cond: Callable[[], Any], timeout: float = 60) -> None:
+    async with asyncio.timeout(timeout):
+        while not await cond():
+            await asyncio.sleep(0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill", ["before-announce", "after-announce"])
+async def test_an_evaluator_killed_around_the_announcement_answers_once(
+    ctx: ServiceContext, tmp_path: Path, kill: str
+) -> None:
+    """SIGKILL after the record is written, before (or after) the announcement, never acked: the
+    request comes back after `ack_wait` to another evaluator, which answers from the record (not
+    evaluated again: the record's `worker` stays the dead one) under the record's announcement id:
+    one announcement, the record's verdict."""
+    await proven_instance(ctx)
+    req = request("fast")
+    procs = []
+    try:
+        procs.append(first := spawn_evaluator(ctx.settings.nats_url, tmp_path, kill))
+        await eventually(lambda: _exists(tmp_path / "markers" / f"ready-{first.pid}"))
+        await ctx.bus.publish(m.eval_requested_subject(AGENT), req, msg_id="kill-test")
+        await eventually(lambda: _exited(first))
+        assert first.returncode == -signal.SIGKILL
+        recorded = await ctx.store.get("evaluations", req.id)
+        assert recorded is not None and recorded["worker"].endswith(f":{first.pid}")
+        assert await announcements(ctx) == ([] if kill == "before-announce" else ["opt"])
+        procs.append(second := spawn_evaluator(ctx.settings.nats_url, tmp_path, "none"))
+        await eventually(lambda: _drained(ctx))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    assert second.pid != first.pid
+    assert await announcements(ctx) == ["opt"]
+    again = await ctx.store.get("evaluations", req.id)
+    assert again == recorded  # answered from it, not evaluated again
+
+
+async def _exists(path: Path) -> bool:
+    return path.exists()
+
+
+async def _exited(proc: subprocess.Popen[bytes]) -> bool:
+    return proc.poll() is not None
+
+
+async def _drained(ctx: ServiceContext) -> bool:
+    return await queued(ctx) == 0
