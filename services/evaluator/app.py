@@ -22,9 +22,11 @@ from cppperf.services.evaluator.handlers import (
     on_request,
     on_validate,
 )
+from cppperf.services.evaluator.pipeline import remove_stale_workspaces
 from cppperf.shared import messages as m
 from cppperf.shared.fair import FairQueue, subscribe_fair
 from cppperf.shared.service import ServiceContext, subscribe
+from cppperf.shared.settings import Settings
 
 
 class Ops(EvaluatorOps, ValidatorOps, Protocol):
@@ -34,11 +36,14 @@ class Ops(EvaluatorOps, ValidatorOps, Protocol):
 class Wired:
     """What `register` started: the agents' work queues and their API (closed on the way out)."""
 
-    def __init__(self, fair: FairQueue, api: AgentApi) -> None:
+    def __init__(self, fair: FairQueue, api: AgentApi, settings: Settings) -> None:
         self.fair = fair
         self.api = api
+        self.settings = settings
 
     async def startup(self) -> None:
+        # before consuming: workspaces of evaluations whose evaluator died (their lock not held)
+        await asyncio.to_thread(remove_stale_workspaces, self.settings)
         await self.api.subscribed()  # `run_services` starts consuming once agents can be answered
 
     async def close(self) -> None:
@@ -77,4 +82,4 @@ def register(broker: NatsBroker, ctx: ServiceContext, *, ops: Ops | None = None)
     api = AgentApi(ctx, gate)
     ctx.liveness.check("evaluator", API_QUEUE, api.problem)  # its own connection: in the heartbeat
     api.start()
-    return Wired(fair, api)  # `run_services` closes both on the way out
+    return Wired(fair, api, ctx.settings)  # `run_services` closes both on the way out

@@ -25,13 +25,16 @@ untrusted-refused | unknown-instance.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
+import os
 import re
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
@@ -316,6 +319,23 @@ def _evaluate(
         log.warning("evaluating without the jail (trust_patches)", reason=why_not, evaluation=req.id)
     repo_path = ensure_local(inst.url, inst.repo, s.mirror_dir())
     ws = workspace(s, req)
+    with in_use(ws):
+        return _in_workspace(req, inst, s, out, phase, ws, repo_path, rules, why_not, base)
+
+
+def _in_workspace(
+    req: EvalRequest,
+    inst: EvalInstance,
+    s: Settings,
+    out: Path,
+    phase: Phase,
+    ws: Path,
+    repo_path: Path,
+    rules: Rules,
+    why_not: str | None,
+    base: dict[str, Any],
+) -> EvalReport:
+    docker = s.builder.backend == "docker"
     # local: always sandboxed, jailed when bubblewrap works; docker: see docker_backend.py
     # hardened for agents' code (or an InfraFailure: never a silent unhardened run)
     backend = make_backend(s.builder, ws, source=(repo_path, inst.expert_sha, inst.date), untrusted=True)
@@ -343,6 +363,56 @@ def workspace(s: Settings, req: EvalRequest) -> Path:
     return (
         s.work_dir() / "eval" / f"{hashlib.sha256(req.id.encode()).hexdigest()[:16]}-{uuid.uuid4().hex[:12]}"
     )
+
+
+LOCK_SUFFIX = ".lock"
+
+
+@contextlib.contextmanager
+def in_use(ws: Path) -> Iterator[None]:
+    """Hold `<ws>.lock` (an flock, released by the kernel when the process dies) while the
+    evaluation may use `ws`; the lock file is removed at the end, whether the workspace is
+    removed or kept (`keep_workspace`: then nothing marks it, and nothing ever removes it). A
+    lock file nobody holds is an evaluator that died mid-evaluation (`remove_stale_workspaces`)."""
+    lock = ws.parent / (ws.name + LOCK_SUFFIX)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        lock.unlink(missing_ok=True)  # before the lock is released: no one takes it for stale
+        os.close(fd)
+
+
+def remove_stale_workspaces(s: Settings) -> list[Path]:
+    """Remove the workspaces (`work_dir/eval/<hash>-<random>`) of evaluations whose evaluator died
+    (SIGKILL, OOM, power): their `<ws>.lock` exists and nobody holds it. A workspace being used
+    (its lock held, by this or another process sharing the work dir) and one kept on purpose or
+    made before these locks (no lock file) are left alone. Random names: no later evaluation
+    reuses a folder, so without this they stayed for good."""
+    root = s.work_dir() / "eval"
+    removed: list[Path] = []
+    for lock in sorted(root.glob(f"*{LOCK_SUFFIX}")):
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except OSError:  # removed meanwhile (its evaluation ended)
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: an evaluation in progress
+            os.close(fd)
+            continue
+        try:
+            ws = lock.with_name(lock.name.removesuffix(LOCK_SUFFIX))
+            shutil.rmtree(ws, ignore_errors=True)
+            lock.unlink(missing_ok=True)
+            removed.append(ws)
+        finally:
+            os.close(fd)
+    if removed:
+        log.warning("stale_workspace_removed", count=len(removed), workspaces=[p.name for p in removed])
+    return removed
 
 
 def keep_workspace(s: Settings, report: EvalReport | None) -> bool:

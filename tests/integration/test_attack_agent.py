@@ -1444,3 +1444,4 @@ def test_two_evaluations_of_one_id_never_share_a_workspace(
             pipeline.evaluate_report(req, settings, instance=inst, force=True)
     assert len(set(workspaces)) == 3, workspaces
     assert not any(ws.exists() for ws in workspaces)
+    assert list((settings.work_dir() / "eval").iterdir()) == []  # nor their lock files

@@ -299,6 +299,9 @@ async def test_an_evaluator_killed_around_the_announcement_answers_once(
     one announcement, the record's verdict."""
     await proven_instance(ctx)
     req = request("fast")
+    stale = tmp_path / "work" / "eval" / f"{'0' * 16}-{'0' * 12}"  # an earlier evaluator's, killed
+    stale.mkdir(parents=True)
+    (stale.parent / f"{stale.name}.lock").touch()
     procs = []
     try:
         procs.append(first := spawn_evaluator(ctx.settings.nats_url, tmp_path, kill))
@@ -320,6 +323,7 @@ async def test_an_evaluator_killed_around_the_announcement_answers_once(
     assert await announcements(ctx) == ["opt"]
     again = await ctx.store.get("evaluations", req.id)
     assert again == recorded  # answered from it, not evaluated again
+    assert not stale.exists()  # removed when the evaluator started
 
 
 async def _exists(path: Path) -> bool:
@@ -332,3 +336,54 @@ async def _exited(proc: subprocess.Popen[bytes]) -> bool:
 
 async def _drained(ctx: ServiceContext) -> bool:
     return await queued(ctx) == 0
+
+
+# ------------------------------------------------------------------ workspaces of dead evaluators
+HOLD = """
+import sys, time
+from pathlib import Path
+from cppperf.services.evaluator.pipeline import in_use
+ws = Path(sys.argv[1])
+with in_use(ws):
+    ws.mkdir()
+    (ws / "tree").write_text("built")
+    Path(sys.argv[2]).write_text("")
+    time.sleep(120)
+"""
+
+
+def hold(ws: Path, ready: Path) -> subprocess.Popen[bytes]:
+    """A process evaluating in `ws` (its lock held) until it is killed."""
+    return subprocess.Popen([sys.executable, "-c", HOLD, str(ws), str(ready)], cwd=ROOT)
+
+
+async def test_only_workspaces_of_dead_evaluators_are_removed(tmp_path: Path) -> None:
+    """Each evaluation has a folder of its own with a random suffix, so one left by an evaluator
+    killed mid-evaluation was never reused nor removed. At start the evaluator removes those
+    whose lock nobody holds; never one in use by another process sharing the work dir or by this
+    process, nor one kept on purpose (`evaluator.keep_failed`, `builder.keep`: no lock file)."""
+    from cppperf.services.evaluator.pipeline import in_use, remove_stale_workspaces
+    from tests.conftest import make_settings
+
+    settings = make_settings(tmp_path, builder={"work_dir": str(tmp_path / "work")})
+    root = settings.work_dir() / "eval"
+    dead, alive, kept, mine = (root / f"{n}-{'0' * 12}" for n in ("dead", "alive", "kept", "mine"))
+    procs = [hold(dead, tmp_path / "dead.ready"), hold(alive, tmp_path / "alive.ready")]
+    try:
+        await eventually(lambda: _exists(tmp_path / "dead.ready"))
+        await eventually(lambda: _exists(tmp_path / "alive.ready"))
+        procs[0].kill()  # SIGKILL mid-evaluation: the kernel drops its lock, the folder stays
+        procs[0].wait()
+        kept.mkdir(parents=True)
+        with in_use(mine):
+            mine.mkdir()
+            assert remove_stale_workspaces(settings) == [dead]
+            assert not dead.exists() and not (root / f"{dead.name}.lock").exists()
+            assert alive.is_dir() and kept.is_dir() and mine.is_dir()
+        assert not (root / f"{mine.name}.lock").exists()  # the end of its use removes the lock file
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    assert remove_stale_workspaces(settings) == [alive]  # its evaluator is dead now too
