@@ -393,7 +393,12 @@ def remove_stale_workspaces(s: Settings) -> list[Path]:
     reuses a folder, so without this they stayed for good."""
     root = s.work_dir() / "eval"
     removed: list[Path] = []
-    for lock in sorted(root.glob(f"*{LOCK_SUFFIX}")):
+    try:
+        locks = sorted(root.glob(f"*{LOCK_SUFFIX}"))
+    except OSError as exc:  # an unreadable work dir: the evaluations will say so themselves
+        log.warning("stale_workspace_not_removed", workspace=str(root), error=str(exc))
+        return removed
+    for lock in locks:
         try:
             fd = os.open(lock, os.O_RDWR)
         except OSError:  # removed meanwhile (its evaluation ended)
@@ -403,11 +408,13 @@ def remove_stale_workspaces(s: Settings) -> list[Path]:
         except OSError:  # held: an evaluation in progress
             os.close(fd)
             continue
+        ws = lock.with_name(lock.name.removesuffix(LOCK_SUFFIX))
         try:
-            ws = lock.with_name(lock.name.removesuffix(LOCK_SUFFIX))
             shutil.rmtree(ws, ignore_errors=True)
             lock.unlink(missing_ok=True)
             removed.append(ws)
+        except OSError as exc:  # a read-only or broken work dir: say so, never stop the evaluator
+            log.warning("stale_workspace_not_removed", workspace=str(ws), error=str(exc))
         finally:
             os.close(fd)
     if removed:

@@ -28,6 +28,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from structlog.testing import capture_logs
 
 from cppperf.services.evaluator import gateway
 from cppperf.services.evaluator.handlers import on_request, on_validate
@@ -387,3 +388,25 @@ async def test_only_workspaces_of_dead_evaluators_are_removed(tmp_path: Path) ->
                 p.kill()
             p.wait()
     assert remove_stale_workspaces(settings) == [alive]  # its evaluator is dead now too
+
+
+def test_a_stale_workspace_that_cannot_be_removed_does_not_stop_the_evaluator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cleanup runs at the evaluator's start: a work dir it cannot write (read-only, a broken
+    disk) must be one log line, not an evaluator that never starts."""
+    from cppperf.services.evaluator.pipeline import remove_stale_workspaces
+    from tests.conftest import make_settings
+
+    settings = make_settings(tmp_path, builder={"work_dir": str(tmp_path / "work")})
+    lock = settings.work_dir() / "eval" / f"{'0' * 16}-{'0' * 12}.lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+
+    def read_only(self: Path, missing_ok: bool = False) -> None:
+        raise PermissionError(30, "Read-only file system", str(self))
+
+    monkeypatch.setattr(Path, "unlink", read_only)
+    with capture_logs() as logs:
+        assert remove_stale_workspaces(settings) == []
+    assert [e["event"] for e in logs] == ["stale_workspace_not_removed"]
