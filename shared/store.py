@@ -17,6 +17,7 @@ bucket created or brought to the configured limits, also one that exists with ol
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -308,6 +309,11 @@ class Store:
         key = encode_key(name)
         await self._on_blobs(lambda b: b.put(key, data))
         return key
+
+    async def delete_blob(self, ref: str) -> None:
+        """Remove the object `ref` (absent already: nothing to do)."""
+        with contextlib.suppress(ObjectNotFoundError):
+            await self._on_blobs(lambda b: b.delete(ref))
 
     async def blob_size(self, ref: str) -> int:
         """The size of a stored object, read from its metadata (the object is not fetched)."""

@@ -96,6 +96,9 @@ class MemoryRecords:
             raise BadInput(f"{ref!r} is not in the object store (blobs)")
         return self.blobs[ref]
 
+    async def delete_blob(self, ref: str) -> None:
+        self.blobs.pop(ref, None)
+
     async def blob_size(self, ref: str) -> int:
         return len(await self.get_blob(ref))
 

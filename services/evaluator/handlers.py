@@ -260,7 +260,9 @@ async def on_request(ctx: StageContext, ops: EvaluatorOps, msg: m.EvalRequested)
             report = await asyncio.to_thread(ops.evaluate, req, instance)
     done = completed(msg, report)
     announced = f"{done.id}@{uuid.uuid4().hex}"  # this evaluation's announcement, not the id's
-    text, ref = await ctx.store.inline_or_ref(f"report/{req.id}", json.dumps(done.report))
+    # a large report: an object of this evaluation's own (`report/<id>` alone was overwritten
+    # by a second evaluation of the id, under the first's record)
+    text, ref = await ctx.store.inline_or_ref(f"report/{announced}", json.dumps(done.report))
     state = to_struct(
         {
             "verdict": done.verdict,
@@ -281,6 +283,8 @@ async def on_request(ctx: StageContext, ops: EvaluatorOps, msg: m.EvalRequested)
         # worker still ran, its heartbeats lost): the agent gets that one verdict, announced once
         if await _answer_stored(ctx, msg, await _prior(ctx, msg.id), patch):
             log.warning("evaluated_twice", evaluation=req.id, kept="the first recorded")
+            if ref:
+                await ctx.store.delete_blob(ref)  # this evaluation's report: never recorded
             return "answered-from-store"
         await buckets.put(
             ctx.store, EVALUATIONS, req.id, state

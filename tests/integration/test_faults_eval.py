@@ -410,3 +410,33 @@ def test_a_stale_workspace_that_cannot_be_removed_does_not_stop_the_evaluator(
     with capture_logs() as logs:
         assert remove_stale_workspaces(settings) == []
     assert [e["event"] for e in logs] == ["stale_workspace_not_removed"]
+
+
+class RacingLarge(Racing):
+    """`Racing` with reports over the inline limit: each goes to the object store."""
+
+    def evaluate(self, req: Any, instance: Any) -> EvalReport:
+        report = super().evaluate(req, instance)
+        return msgspec.structs.replace(report, reason=f"{report.verdict} " + "x" * 300_000)
+
+
+async def test_a_large_report_of_an_evaluation_that_lost_the_race_does_not_replace_the_kept_one(
+    ctx: ServiceContext,
+) -> None:
+    """A report over the inline limit went to the object store as `report/<id>`, one name per
+    id, written before the record: the second evaluation of a request (`Racing`) overwrote the
+    first's report under the first's record — the record `correct`, its report `opt`'s. Each
+    evaluation's report now has an object of its own."""
+    await proven_instance(ctx)
+    ops = RacingLarge(ctx, asyncio.get_running_loop())
+    req = request("fast")
+    await asyncio.gather(on_request(ctx, ops, req), on_request(ctx, ops, req))
+    state = await buckets.get(ctx.store, buckets.EVALUATIONS, req.id)
+    assert state is not None and state.report_ref and state.verdict == "correct"
+    report = json.loads(await ctx.store.resolve_text(state.report, state.report_ref))
+    assert report["verdict"] == "correct" and report["reason"].startswith("correct "), report["verdict"]
+    assert await announcements(ctx) == ["correct"]
+    objects = await (await ctx.bus.js.object_store("blobs")).list()
+    assert [o.name for o in objects if not o.deleted] == [
+        state.report_ref
+    ]  # the other evaluation's report removed
