@@ -17,6 +17,7 @@ validated again (a redelivery, a second request) unless the request says `force`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -278,7 +279,14 @@ async def on_request(ctx: StageContext, ops: EvaluatorOps, msg: m.EvalRequested)
         },
         EvaluationState,
     )
-    if not await _record(ctx, req.id, state, prior.raw):
+    try:
+        recorded = await _record(ctx, req.id, state, prior.raw)
+    except Exception:  # not recorded (the bucket full, the bus away): its report object is no one's
+        if ref:
+            with contextlib.suppress(Exception):
+                await ctx.store.delete_blob(ref)
+        raise
+    if not recorded:
         # recorded meanwhile (this request evaluated twice at once: a redelivery while the first
         # worker still ran, its heartbeats lost): the agent gets that one verdict, announced once
         if await _answer_stored(ctx, msg, await _prior(ctx, msg.id), patch):

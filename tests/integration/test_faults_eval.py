@@ -28,6 +28,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from nats.js.errors import NotFoundError
 from structlog.testing import capture_logs
 
 from cppperf.services.evaluator import gateway
@@ -221,6 +222,15 @@ class Racing(FakeOps):
         while not self.recorded(req.id):  # the second's record is written before this one ends
             time.sleep(0.01)
         return report
+
+
+async def live_objects(ctx: ServiceContext) -> list[str]:
+    """The names of the objects in the object store (not deleted)."""
+    try:
+        objects = await (await ctx.bus.js.object_store("blobs")).list(ignore_deletes=True)
+    except NotFoundError:  # nats-py's answer for an empty store
+        return []
+    return [o.name for o in objects if not o.deleted and o.name]
 
 
 async def announcements(ctx: ServiceContext) -> list[str]:
@@ -436,7 +446,34 @@ async def test_a_large_report_of_an_evaluation_that_lost_the_race_does_not_repla
     report = json.loads(await ctx.store.resolve_text(state.report, state.report_ref))
     assert report["verdict"] == "correct" and report["reason"].startswith("correct "), report["verdict"]
     assert await announcements(ctx) == ["correct"]
-    objects = await (await ctx.bus.js.object_store("blobs")).list()
-    assert [o.name for o in objects if not o.deleted] == [
-        state.report_ref
-    ]  # the other evaluation's report removed
+    assert await live_objects(ctx) == [state.report_ref]  # the other evaluation's report: removed
+
+
+class Large(FakeOps):
+    def evaluate(self, req: Any, instance: Any) -> EvalReport:
+        return msgspec.structs.replace(super().evaluate(req, instance), reason="x" * 300_000)
+
+
+async def test_a_full_evaluations_bucket_writes_nothing_and_the_retry_answers_once(
+    ctx: ServiceContext,
+) -> None:
+    """`evaluations` at its `max_bytes` (discard new) when a record is stored: the attempt fails
+    (the worker retries it) with nothing half-written — no record, no announcement, and its large
+    report's object (one per attempt) removed; once there is room the retry records and
+    announces it once."""
+    await proven_instance(ctx)
+    config = (await ctx.bus.js.stream_info("KV_evaluations")).config
+    config.max_bytes = 4096
+    await ctx.bus.js.update_stream(config)
+    kv = await ctx.bus.js.key_value("evaluations")
+    await kv.put("filler", b"x" * 3900)
+    req = request("fast")
+    with pytest.raises(Exception, match="maximum bytes"):
+        await on_request(ctx, Large(), req)
+    assert await ctx.store.get("evaluations", req.id) is None
+    assert await announcements(ctx) == []
+    assert await live_objects(ctx) == []
+    config.max_bytes = -1
+    await ctx.bus.js.update_stream(config)
+    assert await on_request(ctx, Large(), req) == "evaluated"
+    assert await announcements(ctx) == ["opt"]
