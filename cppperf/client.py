@@ -119,9 +119,14 @@ class AgentClient:
 
     async def result(self, evaluation_id: str, *, patch: str | None = None) -> dict[str, Any] | None:
         """The report of a finished evaluation (verdict, opt, speed-ups), None while pending;
-        with `patch`, None too while the id holds another patch's report (one asked before)."""
+        with `patch`, None too while the id holds another patch's report (one asked before).
+        `Refused` when it is neither queued nor stored (never submitted, or its request was
+        dead-lettered): `wait` ends with that line instead of polling for ever."""
         digest = "" if patch is None else hashlib.sha256(patch.encode("utf-8", "surrogateescape")).hexdigest()
-        return (await self._ask("result", m.AgentQuery(id=evaluation_id, patch_sha256=digest))).result
+        answer = await self._ask("result", m.AgentQuery(id=evaluation_id, patch_sha256=digest))
+        if answer.status == "lost":  # neither queued nor stored: waiting would never end
+            raise Refused(answer.error)
+        return answer.result
 
     async def results(self, run_id: str) -> list[dict[str, Any]]:
         """A summary row (id, instance_id, model, verdict, opt, speed-ups) per finished evaluation

@@ -354,7 +354,9 @@ class AgentAnswer(_Msg, frozen=True, kw_only=True):
     error: str = ""
     id: str = ""
     duplicate: bool = False  # the same request (agent, run, model, instance, patch) was queued before
-    status: str = ""  # submit: queued | done (this very patch's report is there) | result: done | pending
+    # submit: queued | done (this very patch's report is there) | result: done | pending | lost
+    # (neither queued nor stored: never submitted, or dead-lettered; `error` says so)
+    status: str = ""
     result: dict[str, Any] | None = None
     results: list[dict[str, Any]] = msgspec.field(default_factory=list)
     more: bool = False  # results: rows beyond this page (ask again with `after` = its last id)

@@ -158,10 +158,15 @@ async def submit(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:
         instance_id=req.instance_id,
         patch=req.patch,
     )
+    subject, msg_id = m.eval_requested_subject(agent), dedup_id(agent, req, replaces)
     try:
-        fresh = await ctx.bus.publish(
-            m.eval_requested_subject(agent), msg, msg_id=dedup_id(agent, req, replaces)
-        )
+        fresh = await ctx.bus.publish(subject, msg, msg_id=msg_id)
+        if not fresh and queued == 0:
+            # a duplicate of a request no longer queued, and not stored for this patch: it was
+            # dead-lettered; for the dedup window (24 h) every submit of it would be dropped
+            # again, answered `queued` with nothing queued. Queued again under an id of its own.
+            log.warning("agent_request_requeued", agent=agent, item=msg.id, reason="dead-lettered before")
+            fresh = await ctx.bus.publish(subject, msg, msg_id=f"{msg_id}:{uuid.uuid4().hex[:12]}")
     except APIError as exc:  # the stream is full (discard: new) or JetStream is unavailable
         log.warning("agent_request_refused", agent=agent, error=str(exc))
         return refused(f"the evaluation queue refused the request: {exc.description or exc}")
@@ -249,7 +254,15 @@ def _summary(evaluation_id: str, report: EvalReport) -> ResultSummary:
     )
 
 
-async def result(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:
+def _lost(evaluation_id: str, digest: str) -> str:
+    what = "this patch of " if digest else ""
+    return (
+        f"no evaluation of {what}{evaluation_id[:200]!r} is queued or stored: never submitted, or its "
+        "request failed for good (the operator's `cppperf dlq list` says why); submit it again"
+    )
+
+
+async def result(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:  # noqa: PLR0911 - one answer per state
     try:
         q = m.decode(data, m.AgentQuery)
     except CppPerfError as exc:
@@ -261,7 +274,10 @@ async def result(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:
     except Unreadable as exc:
         return refused(str(exc))
     if report is None or (q.patch_sha256 and report.patch_sha256 != q.patch_sha256):
-        return m.AgentAnswer(ok=True, id=q.id, status="pending")  # (another patch's report: not this one's)
+        # (another patch's report: not this one's)
+        if await pending(ctx, agent) == 0:  # the record is written before the request is acked
+            return m.AgentAnswer(ok=True, id=q.id, status="lost", error=_lost(q.id, q.patch_sha256))
+        return m.AgentAnswer(ok=True, id=q.id, status="pending")
     whole = {**to_json_dict(report), "id": q.id}
     if len(json.dumps(whole)) > MAX_REPORT_REPLY:  # a reply must fit NATS's max payload
         brief = msgspec.structs.replace(_summary(q.id, report), truncated=True)

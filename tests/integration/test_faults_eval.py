@@ -477,3 +477,44 @@ async def test_a_full_evaluations_bucket_writes_nothing_and_the_retry_answers_on
     await ctx.bus.js.update_stream(config)
     assert await on_request(ctx, Large(), req) == "evaluated"
     assert await announcements(ctx) == ["opt"]
+
+
+async def dead_letter_next(ctx: ServiceContext) -> None:
+    """Take the agent's next queued request off the work queue as the worker does when it gives
+    up on it (`term`, after writing its dead letter)."""
+    stream = WORK_QUEUES[m.EVAL_REQUESTED].stream
+    sub = await ctx.bus.js.pull_subscribe(
+        m.eval_requested_subject(AGENT), durable="faults-eval", stream=stream
+    )
+    try:
+        (msg,) = await sub.fetch(1, timeout=5)
+        await msg.term()
+        await eventually(lambda: _drained(ctx), timeout=10)  # the term is asynchronous
+    finally:
+        await sub.unsubscribe()
+        await ctx.bus.js.delete_consumer(stream, "faults-eval")
+
+
+async def test_a_dead_lettered_request_is_not_pending_for_ever_and_can_be_sent_again(
+    ctx: ServiceContext,
+) -> None:
+    """A request the evaluator gave up on (a dead letter: `bus.max_deliver` failures, a full
+    bucket) left the agent with `result` answering `pending` for ever (`wait` polled for ever),
+    and sending it again was a duplicate of the dead one (the same dedup id for JetStream's 24 h
+    window): `queued`, with nothing queued. Now `result` says `lost` (the client raises with the
+    line) and a submit of it queues it again."""
+    await proven_instance(ctx)
+    body = m.encode(m.AgentSubmit(instance_id=IID, patch="fast", run_id="r", model="m"))
+    sent = await gateway.submit(ctx, AGENT, body)
+    assert sent.ok and sent.status == "queued" and not sent.duplicate
+    ask = m.encode(m.AgentQuery(id=sent.id))
+    assert (await gateway.result(ctx, AGENT, ask)).status == "pending"  # queued: it is
+    await dead_letter_next(ctx)
+    lost = await gateway.result(ctx, AGENT, ask)
+    assert lost.ok and lost.status == "lost" and "submit it again" in lost.error, lost
+    again = await gateway.submit(ctx, AGENT, body)
+    assert again.ok and again.status == "queued" and not again.duplicate, again
+    assert await queued(ctx) == 1
+    assert (await gateway.result(ctx, AGENT, ask)).status == "pending"
+    twice = await gateway.submit(ctx, AGENT, body)  # while it is queued: the duplicate it is
+    assert twice.duplicate and await queued(ctx) == 1
