@@ -316,15 +316,15 @@ async def test_an_evaluator_killed_around_the_announcement_answers_once(
     procs = []
     try:
         procs.append(first := spawn_evaluator(ctx.settings.nats_url, tmp_path, kill))
-        await eventually(lambda: _exists(tmp_path / "markers" / f"ready-{first.pid}"))
+        await eventually(lambda: _exists(tmp_path / "markers" / f"ready-{first.pid}"), timeout=180)
         await ctx.bus.publish(m.eval_requested_subject(AGENT), req, msg_id="kill-test")
-        await eventually(lambda: _exited(first))
+        await eventually(lambda: _exited(first), timeout=120)
         assert first.returncode == -signal.SIGKILL
         recorded = await ctx.store.get("evaluations", req.id)
         assert recorded is not None and recorded["worker"].endswith(f":{first.pid}")
         assert await announcements(ctx) == ([] if kill == "before-announce" else ["opt"])
         procs.append(second := spawn_evaluator(ctx.settings.nats_url, tmp_path, "none"))
-        await eventually(lambda: _drained(ctx))
+        await eventually(lambda: _drained(ctx), timeout=180)
     finally:
         for p in procs:
             if p.poll() is None:
