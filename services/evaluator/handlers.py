@@ -5,12 +5,17 @@ State lives in the `evaluations` bucket: a request already evaluated is answered
 report (a redelivery or a re-sent request never re-runs the work but still gets its answer), only
 when that report is for the very same patch (its `patch_sha256`); another patch is evaluated. The
 patch comes inline or by `patch_ref` from the object store; the instance from the `instances`
-bucket (its file under OUT/instances when the bucket has none, e.g. an imported dataset).
+bucket (its file under OUT/instances when the bucket has none, e.g. an imported dataset). The
+record is written by compare-and-set over the value read before the evaluation: the same request
+evaluated twice at once (a redelivery while the first worker still ran) is answered with the
+first recorded verdict. A record or report that cannot be read is evaluated again, never a dead
+letter the agent does not see.
 
 `validate.requested` → `on_validate`: gold validation (gold.py) of an instance in the `instances`
 bucket. Its result is the instance's state, not an announcement: the record (inline or in the
 object store) gets `cppperf.validation`/`cppperf.oracle` and the KV value `oracle`, in one
-compare-and-set update; whoever waits watches that key. A record already validated is not
+compare-and-set update over the value read before the validation (a rebuild or removal meanwhile
+is kept: the request is retried); whoever waits watches that key. A record already validated is not
 validated again (a redelivery, a second request) unless the request says `force`.
 """
 
@@ -294,9 +299,8 @@ async def on_request(ctx: StageContext, ops: EvaluatorOps, msg: m.EvalRequested)
             if ref:
                 await ctx.store.delete_blob(ref)  # this evaluation's report: never recorded
             return "answered-from-store"
-        await buckets.put(
-            ctx.store, EVALUATIONS, req.id, state
-        )  # another patch's: this later one replaces it
+        # another patch's evaluation recorded meanwhile: this later one replaces it
+        await buckets.put(ctx.store, EVALUATIONS, req.id, state)
     # after the record: a crash re-publishes from it, with the same id
     await ctx.bus.publish(completed_subject(msg), done, msg_id=announced)
     if msg.reply_to:
