@@ -47,10 +47,12 @@ from cppperf.shared.engine.cmake import TestCase, normalise
 from cppperf.shared.engine.fileapi import codemodel_targets
 from cppperf.shared.engine.gbench import (
     LIST_ARGS,
-    PROBE_ARGS,
+    PROBE_SECONDS,
+    UNITS_ARGS,
     BenchOutputError,
     BenchSettings,
     listed,
+    min_time_arg,
     parse_run,
     run_args,
 )
@@ -144,10 +146,12 @@ def benchmark_of(name: str) -> str:
     return name[len(PREFIX) :].partition("/")[2]
 
 
-def workload(exe: str, cwd: str, target: str, benchmark: str, s: BenchSettings) -> TestCase:
+def workload(
+    exe: str, cwd: str, target: str, benchmark: str, s: BenchSettings, *, units: bool = False
+) -> TestCase:
     return TestCase(
         name=workload_name(target, benchmark),
-        command=[exe, *run_args(benchmark, s)],
+        command=[exe, *run_args(benchmark, s, units=units)],
         cwd=cwd,
         timeout=s.timeout,
     )
@@ -248,7 +252,10 @@ def discover(
             continue
         for side, root in build_roots.items():
             exe = f"{root}/{t.executable}"
-            res = run_on[side](TestCase(name=t.target, command=[exe, *LIST_ARGS], cwd=root))
+            res = run_on[side](TestCase(name=t.target, command=[exe, *UNITS_ARGS], cwd=root))
+            units = res.ok and bool(listed(res.output))
+            if not units:  # Google Benchmark before 1.8 (no unit in --benchmark_min_time), or no listing
+                res = run_on[side](TestCase(name=t.target, command=[exe, *LIST_ARGS], cwd=root))
             names = listed(res.output) if res.ok else []
             if not names:
                 why = f"on the {side} side: exit {res.returncode}: {res.output[-300:]}"
@@ -264,7 +271,7 @@ def discover(
             for b in names:
                 n = workload_name(t.target, b)
                 if wanted is None or n in wanted:
-                    found.by_side[side][n] = workload(exe, root, t.target, b, s)
+                    found.by_side[side][n] = workload(exe, root, t.target, b, s, units=units)
                     names_by_side[side].add(n)
                     found.targets[n] = t
     everywhere = set.intersection(*names_by_side.values()) if names_by_side else set()
@@ -330,9 +337,11 @@ def spread(names: list[str], limit: int) -> list[str]:
 
 
 def _probe(t: TestCase) -> TestCase:
-    """The workload once, as short as Google Benchmark allows (one repetition, minimal time)."""
+    """The workload once, as short as Google Benchmark allows (one repetition, minimal time; the
+    minimum time written as the workload's own is, with or without its unit)."""
+    units = any(a.startswith("--benchmark_min_time=") and a.endswith("s") for a in t.command)
     cmd = [a for a in t.command if not a.startswith(("--benchmark_repetitions=", "--benchmark_min_time="))]
-    return replace(t, command=[*cmd, *PROBE_ARGS])
+    return replace(t, command=[*cmd, "--benchmark_repetitions=1", min_time_arg(PROBE_SECONDS, units=units)])
 
 
 def files_identical(old: Path, new: Path, old_prefix: bytes, new_prefix: bytes) -> bool:

@@ -30,18 +30,30 @@ class BenchSettings:
     timeout: float
 
 
-def run_args(benchmark: str, s: BenchSettings) -> list[str]:
+def min_time_arg(seconds: float, *, units: bool) -> str:
+    """`--benchmark_min_time` as the library linked in takes it: Google Benchmark 1.8 and later
+    want a unit (`0.5s`) and, given none, write a warning on stderr that lands inside the JSON
+    on stdout (no newline after it: scnlib's benchmarks, built against 1.9, gave no readable
+    output at all); 1.7 and earlier refuse the unit (`units`: the executable took it when listed,
+    `UNITS_ARGS`)."""
+    return f"--benchmark_min_time={seconds:g}{'s' if units else ''}"
+
+
+def run_args(benchmark: str, s: BenchSettings, *, units: bool = False) -> list[str]:
     """The switches that run one benchmark, timed, with its JSON on stdout."""
     return [
         f"--benchmark_filter=^{ere_escape(benchmark)}$",
         "--benchmark_format=json",
         f"--benchmark_repetitions={s.repetitions}",
-        f"--benchmark_min_time={s.min_time:g}",
+        min_time_arg(s.min_time, units=units),
     ]
 
 
-PROBE_ARGS = ["--benchmark_repetitions=1", "--benchmark_min_time=0.001"]  # as short as it allows
+PROBE_SECONDS = 0.001  # a probe run: one repetition, as short as Google Benchmark allows
 LIST_ARGS = ["--benchmark_list_tests=true"]
+# a listing that also says whether the executable takes a unit in --benchmark_min_time (1.8+;
+# 1.7 exits 1: "unrecognized command-line flag"), then listed again without it
+UNITS_ARGS = [*LIST_ARGS, "--benchmark_min_time=1s"]
 
 
 def listed(output: str) -> list[str]:
@@ -60,8 +72,13 @@ class BenchOutputError(ValueError):
         self.reason = reason
 
 
-def _json_document(output: str) -> dict[str, Any]:
-    """The first JSON object in `output` with a `benchmarks` list (stderr lines may surround it)."""
+# Google Benchmark's own log lines (`-- LOG(0): …`, `***WARNING*** …`) go to stderr, which the
+# run's output interleaves with the JSON on stdout, at times inside it with no newline after them
+# (the JSON's next line, indented, follows on the same line)
+_OWN_LOG = re.compile(r"(?:-- LOG\(-?\d+\): |\*\*\*WARNING\*\*\* )[^\n]*?(?=\n| {2,}[\[\]{}\"]|$)")
+
+
+def _first_document(output: str) -> dict[str, Any] | None:
     decoder = json.JSONDecoder()
     for mt in re.finditer(r"^\{", output, re.MULTILINE):
         try:
@@ -70,7 +87,21 @@ def _json_document(output: str) -> dict[str, Any]:
             continue
         if isinstance(doc, dict) and isinstance(doc.get("benchmarks"), list):
             return doc
-    raise BenchOutputError(BenchmarkSkip.MALFORMED_OUTPUT, "no Google Benchmark JSON in the output")
+    return None
+
+
+def _json_document(output: str) -> dict[str, Any]:
+    """The first JSON object in `output` with a `benchmarks` list (stderr lines may surround it,
+    and the library's own log lines may land inside it: `_OWN_LOG`, taken out)."""
+    doc = _first_document(output)
+    if doc is None and _OWN_LOG.search(output):
+        doc = _first_document(_OWN_LOG.sub("", output))
+    if doc is None:
+        tail = output[-200:].strip()
+        raise BenchOutputError(
+            BenchmarkSkip.MALFORMED_OUTPUT, f"no Google Benchmark JSON in the output (ends: {tail!r})"
+        )
+    return doc
 
 
 def parse_run(output: str, benchmark: str) -> tuple[float, float, int]:

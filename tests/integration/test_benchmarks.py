@@ -631,3 +631,58 @@ def test_a_limit_spreads_over_the_functions_and_data_readers_run_where_the_tests
         cwds = {n: t.cwd for n, t in found.by_side[side].items()}
         assert cwds.pop("bench:snappy_benchmark/BM_ZFlatAll") == root  # runs where it always did
         assert set(cwds.values()) == {f"/src/{side}"}  # the data readers: where the tests run
+
+
+def _glued(name: str) -> str:
+    """Google Benchmark 1.9's output, stdout and stderr in one stream, when `--benchmark_min_time`
+    has no unit: its warning lands inside the JSON, with no newline after it (scnlib's 50
+    benchmarks: none could be read)."""
+    doc = _gb_json(_it(name, 10.0, 9.0))
+    head, sep, rest = doc.partition('"benchmarks": [\n')
+    warning = (
+        "-- LOG(0): Value passed to --benchmark_min_time should have a suffix. Eg., `30s` for 30-seconds."
+    )
+    return head + sep + warning + rest
+
+
+def test_the_librarys_own_warning_inside_the_json_is_read_past() -> None:
+    real, cpu, n = parse_run(_glued("BM_a"), "BM_a")
+    assert (real, cpu, n) == (pytest.approx(10.0e-9), pytest.approx(9.0e-9), 1)
+    with pytest.raises(BenchOutputError) as err:  # anything else in the JSON is still no JSON
+        parse_run(_glued("BM_a").replace("-- LOG(0): ", "garbage: "), "BM_a")
+    assert err.value.reason == BenchmarkSkip.MALFORMED_OUTPUT and "ends: " in str(err.value)
+
+
+@pytest.mark.parametrize("version", ["1.7", "1.9"])
+def test_min_time_is_written_as_the_linked_library_takes_it(version: str) -> None:
+    """1.8 and later want a unit in `--benchmark_min_time` and warn on stderr (inside the JSON)
+    without one; 1.7 refuses the unit ("unrecognized command-line flag"). The listing tells them
+    apart; every probe and timed run then writes the minimum time that library's way."""
+    runs: list[list[str]] = []
+
+    def run(t: Case) -> RunResult:
+        runs.append(t.command)
+        min_time = next((a.split("=", 1)[1] for a in t.command if a.startswith("--benchmark_min_time=")), "")
+        if version == "1.7" and min_time.endswith("s"):
+            return RunResult(
+                1, 0.1, 0.1, "error: unrecognized command-line flag: --benchmark_min_time\n", False, False
+            )
+        if "--benchmark_list_tests=true" in t.command:
+            return RunResult(0, 0.1, 0.1, "BM_a\n", False, False)
+        out = _glued("BM_a") if min_time and not min_time.endswith("s") else _gb_json(_it("BM_a", 10.0, 9.0))
+        return RunResult(0, 0.1, 0.1, out, False, False)
+
+    found = discover(
+        [BenchTarget("b", "b", "google-benchmark")],
+        {"old": "/b/old"},
+        {"old": run},
+        BenchSettings(repetitions=3, min_time=0.25, timeout=10),
+        limit=5,
+    )
+    assert found.common == ["bench:b/BM_a"] and found.skipped == []
+    timed = found.by_side["old"]["bench:b/BM_a"].command
+    assert ("--benchmark_min_time=0.25s" in timed) == (version == "1.9")
+    assert ("--benchmark_min_time=0.25" in timed) == (version == "1.7")
+    probes = [c for c in runs if "--benchmark_repetitions=1" in c]
+    assert probes and all(("--benchmark_min_time=0.001s" in c) == (version == "1.9") for c in probes)
+    assert as_sample("bench:b/BM_a", run(found.by_side["old"]["bench:b/BM_a"])).cpu_s == pytest.approx(9.0e-9)
