@@ -76,6 +76,15 @@ def sink() -> tuple[list[tuple[str, bytes]], Callable[[Msg], Awaitable[None]]]:
     return got, on
 
 
+async def announcements_to(secured: SecuredBus, agent: str) -> tuple[nats.NATS, list[tuple[str, bytes]]]:
+    """A connection of `agent` listening to its own `eval.completed.<agent>`, and what it hears."""
+    nc = await as_user(secured, agent)
+    got, on = sink()
+    await nc.subscribe(f"eval.completed.{agent}", cb=on)
+    await nc.flush()
+    return nc, got
+
+
 async def queued(ctx: ServiceContext) -> int:
     return int((await ctx.bus.js.stream_info("EVAL_REQUESTED")).state.last_seq)
 
@@ -1335,10 +1344,7 @@ async def test_an_agents_answers_do_not_name_the_files_the_expert_changed(
         async with connect(settings_as(secured, tmp_path / "builder", "builder"), secured.url) as bctx:
             state = {"stage": "built", "verdict": "improved", "record": json.dumps(proven_record(iid))}
             await bctx.store.put("instances", iid, state)
-        nc = await as_user(secured, "bob")
-        announced, on = sink()
-        await nc.subscribe("eval.completed.bob", cb=on)
-        await nc.flush()
+        nc, announced = await announcements_to(secured, "bob")
         try:
             async with await AgentClient.connect(secured.url, secured.creds("bob")) as bob:
                 reports = [
@@ -1377,10 +1383,7 @@ async def test_a_new_patch_for_an_id_gets_its_own_report_and_announcement(
     from cppperf.services.evaluator.pipeline import patch_sha256
 
     _, ops = evaluator
-    nc = await as_user(secured, "alice")
-    announced, on = sink()
-    await nc.subscribe("eval.completed.alice", cb=on)
-    await nc.flush()
+    nc, announced = await announcements_to(secured, "alice")
     try:
         async with await AgentClient.connect(secured.url, secured.creds("alice")) as alice:
             seen = []
