@@ -473,6 +473,9 @@ class InstanceMeta(_Written, kw_only=True):
     rounds_run: dict[str, int] = msgspec.field(default_factory=dict)
     rounds_saved_by_early_stop: int = 0
     settled_early: dict[str, str] = msgspec.field(default_factory=dict)
+    # workloads taken out of the measurement, and why (the exact metric: a test that fails under
+    # Valgrind on both sides and passes natively on both); the evaluator does not count them
+    left_out: dict[str, str] = msgspec.field(default_factory=dict)
     added_tests: list[str] = msgspec.field(default_factory=list)
     removed_tests: list[str] = msgspec.field(default_factory=list)
     missing_packages: list[str] = msgspec.field(default_factory=list)

@@ -66,7 +66,7 @@ from cppperf.shared.engine.coverage import flag_controls, measure_coverage, spli
 from cppperf.shared.engine.errorlines import first_error_lines
 from cppperf.shared.engine.leases import Turns, core_plan, exact_metric, timing_turns
 from cppperf.shared.engine.limits import limits_for
-from cppperf.shared.engine.protocol import Measurement, RunFailure, check_metric, measure
+from cppperf.shared.engine.protocol import Drop, Measurement, RunFailure, check_metric, measure
 from cppperf.shared.engine.sandbox import Limits, RunResult
 from cppperf.shared.engine.stats import compare_all, compare_test, power_problem, verdict
 from cppperf.shared.engine.submodules import MissingSubmodule
@@ -409,6 +409,7 @@ def _attempt(once: _Once, settings: BuilderSettings) -> InstanceResult:
     _check_power(len(split_family(result.coverage, common)[0]) + len(benches.common), settings, result)
     with timing_turns(settings, phase) as turns:
         run_one = _runner(backend, settings, tests_by_side, benches, turns, count=count, exact=exact)
+        drop = _valgrind_only(backend, settings, tests_by_side, run_one, result) if exact else None
         meas = measure(
             common + benches.common,
             run_one,
@@ -426,6 +427,7 @@ def _attempt(once: _Once, settings: BuilderSettings) -> InstanceResult:
             max_repeats=settings.max_repeats,
             turn=turns.turn,
             pinned=dict.fromkeys(benches.common, 1),
+            drop=drop,
         )
         result.measurement = meas
         try:
@@ -462,6 +464,43 @@ def _runner(
         )
 
     return run_one
+
+
+def _valgrind_only(
+    backend: Backend,
+    settings: BuilderSettings,
+    tests: dict[SideName, dict[str, TestCase]],
+    run_one: Callable[[SideName, str], RunResult],
+    result: InstanceResult,
+) -> Drop:
+    """Under the exact metric: a test that fails under Valgrind on both sides and passes natively
+    on both is the metric's limit, not the project's or the commit's (Valgrind computes x87 long
+    double at 64 bits; timing-sensitive code runs 50x slower) — it is left out of the counted
+    tests (`left_out`, with why) instead of rejecting the instance. A test that fails counted on
+    one side only, fails natively too, ran out of a limit, or met an instruction Valgrind lacks
+    (`cpu_fallback`) keeps its failure: blame decides as before."""
+
+    def drop(f: RunFailure) -> str | None:
+        if is_benchmark(f.test) or f.valgrind_unhandled:
+            return None
+        if limit_category(timed_out=f.timed_out, returncode=f.returncode) is not None:
+            return None
+        other: SideName = "old" if f.side == "new" else "new"
+        if run_one(other, f.test).ok:
+            return None
+        for side in SIDES:  # untimed, on the build cores
+            test = tests[side][f.test]
+            if not timed_run(backend, side, test, limits_for(test, settings)).ok:
+                return None
+        why = (
+            f"fails under Valgrind on both sides (exit {f.returncode}) and passes natively on both: "
+            "the exact metric's limit, not the commit's"
+        )
+        result.tried.append(f"left {f.test} out of the counted tests: {why}")
+        log.info("left_out", instance=result.instance_id, test=f.test, reason=why)
+        return why
+
+    return drop
 
 
 def _benchmarks(

@@ -242,6 +242,7 @@ def _meta(commit: CommitSelected, res: InstanceResult, settings: BuilderSettings
         rounds_run=dict(meas.rounds_run) if meas else {},
         rounds_saved_by_early_stop=meas.rounds_saved if meas and meas.failure is None else 0,
         settled_early=dict(meas.settled) if meas else {},
+        left_out=dict(meas.left_out) if meas else {},
         added_tests=res.added_tests,
         removed_tests=res.removed_tests,
         missing_packages=res.missing_packages,

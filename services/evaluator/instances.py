@@ -24,6 +24,8 @@ class EvalInstance:
     # the tests that run the expert's change (`cppperf.coverage.deciding`, when coverage decided)
     deciding_tests: list[str] = field(default_factory=list)
     improved_benchmarks: list[str] = field(default_factory=list)  # `bench:` workloads that proved it
+    # tests the builder's exact metric could not count (`cppperf.left_out`): never counted here
+    left_out: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     date: str = ""
     metric: str = ""  # the metric the builder proved it on (`cppperf.metric`; "" for an imported record)
@@ -53,6 +55,7 @@ def from_record(rec: InstanceRecord) -> EvalInstance:
         improved_tests=list(rec.tests.significant_improvements_tests or []),
         deciding_tests=list(cov.deciding) if cov is not UNSET and cov.used else [],
         improved_benchmarks=list(ours.improved_benchmarks),
+        left_out=sorted(ours.left_out),
         files=[f.filename for f in ci.files_changed],
         date=ci.commit_date or "",
         metric=ours.metric or "",

@@ -526,6 +526,17 @@ def _build_all(backend: Backend, out: Path, applied_with: str, phase: Phase) -> 
     phase("build", 3, 3)
 
 
+def timed_workloads(
+    common: list[str], inst: EvalInstance, benchmarks: list[str], *, exact: bool
+) -> list[str]:
+    """What is timed: the expert's improved tests and the benchmarks, else the tests that run its
+    change (coverage), else every test; counted under Valgrind (`exact`), never a test the builder
+    could not count (`inst.left_out`) while another is left."""
+    countable = [n for n in common if not (exact and n in set(inst.left_out))] or common
+    timed = [n for n in countable if n in set(inst.improved_tests)] + benchmarks
+    return timed or [n for n in countable if n in set(inst.deciding_tests)] or countable
+
+
 def _same_tests(backend: Backend, applied_with: str) -> None:
     """The agent's tree must define the original's tests, by meaning (cmake.test_description)."""
     agent = test_description(backend.tests_json("agent"), backend.tree_root("agent"))
@@ -633,13 +644,10 @@ def _run(  # noqa: PLR0911 - one verdict per stage that can stop an evaluation
     info = _Built(applied=True, applied_with=applied_with, builds=True, tests=common)
     if benches.skipped:
         info["benchmarks_skipped"] = list(benches.skipped)
-    # the expert's improved tests and benchmarks, else the tests that run its change (coverage),
-    # else every test
-    timed = [n for n in common if n in set(inst.improved_tests)] + benches.common
-    timed = timed or [n for n in common if n in set(inst.deciding_tests)] or common
+    exact = exact_metric(s.builder)
+    timed = timed_workloads(common, inst, benches.common, exact=exact)
     workloads = {side: {**tests[side], **benches.by_side[side]} for side in SIDES}
     count = check_metric(backend, s.builder)
-    exact = exact_metric(s.builder)
     # correctness runs are untimed: on the build cores, before the timing core is leased, so a
     # second evaluation worker can time while this one checks. A timed test cannot behave only
     # while it is checked: every timed run on the leased core must pass too (measure).

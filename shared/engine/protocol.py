@@ -35,6 +35,9 @@ from cppperf.shared.settings import BuilderSettings
 RunOne = Callable[[SideName, str], RunResult]
 Progress = Callable[[int, int], None]
 Turn = Callable[[], AbstractContextManager[object]]  # one round's timing-core lease (leases.Turns)
+# a failed run -> why its workload is left out of the measurement (the rest goes on), or None: the
+# failure stands (`Measurement.failure`)
+Drop = Callable[["RunFailure"], str | None]
 
 
 METRICS = ("cpu", "wall", "instructions", "cachegrind")
@@ -158,6 +161,7 @@ class Measurement:
     decided_on: dict[str, str] = field(default_factory=dict)  # test -> metric that decides it
     repeats: dict[str, int] = field(default_factory=dict)  # test -> runs inside one sample
     multithread_ratio: float = 1.2
+    left_out: dict[str, str] = field(default_factory=dict)  # workload -> why `drop` took it out
 
     @property
     def rounds_saved(self) -> int:
@@ -295,6 +299,26 @@ def _after_warmup(
         )
 
 
+def _left_out(meas: Measurement, drop: Drop | None, active: list[str], warm: dict[str, float]) -> bool:
+    """Whether `drop` takes the failed run's workload out of the measurement (then out of
+    `active` and `warm`, its samples gone, the failure cleared, `left_out` says why). The last
+    workload is never left out: a measurement of nothing is the failure's."""
+    f = meas.failure
+    if f is None or drop is None or len(meas.samples) <= 1:
+        return False
+    why = drop(f)
+    if not why:
+        return False
+    meas.left_out[f.test] = why
+    warm.pop(f.test, None)
+    meas.failure = None
+    meas.samples.pop(f.test, None)
+    meas.rounds_run.pop(f.test, None)
+    meas.repeats.pop(f.test, None)
+    active.remove(f.test)
+    return True
+
+
 def measure(
     tests: list[str],
     run_one: RunOne,
@@ -316,6 +340,7 @@ def measure(
     pinned: Mapping[str, int] | None = None,
     budget: float = 0.0,
     max_rounds: int = 0,
+    drop: Drop | None = None,
 ) -> Measurement:
     """Run the rounds. `repeats` fixes the runs per sample (confirmation runs reuse the main
     protocol's); else tests shorter than `floor` get theirs from the warm-up runs, except those
@@ -325,7 +350,10 @@ def measure(
     `budget` (seconds, with a warm-up): short tests get more rounds — after the warm-up, as many
     kept rounds as the warm-up says fit in `budget` (each test's warm-up duration times its
     repeats per sample), never fewer than `rounds`, at most `max_rounds`. The count is fixed
-    from the warm-up's durations alone, before any kept sample: it cannot depend on the outcome."""
+    from the warm-up's durations alone, before any kept sample: it cannot depend on the outcome.
+
+    `drop`: asked about a failed run of a round; a reason takes that workload out of the
+    measurement (its samples too: `left_out`) and the rounds go on with the rest."""
     pinned = pinned or {}
     turn = turn or contextlib.nullcontext
     rng = random.Random(seed)
@@ -362,6 +390,9 @@ def measure(
                 order_sides = list(sides)
                 rng.shuffle(order_sides)
                 meas.failure = _run_sides(meas, run_one, name, order_sides, r, shortest, warm)
+                if _left_out(meas, drop, active, warm):
+                    total -= rounds - r  # its runs from this round on
+                    continue
                 if meas.failure is not None:
                     return meas
                 rounds_run[name] += 1

@@ -5,12 +5,13 @@ timing-core lease; the demo's perf commit is proven by it and its no-op commit i
 from __future__ import annotations
 
 import json
+import platform
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from cppperf.demo import create_demo_repo
+from cppperf.demo import DemoRepo, create_demo_repo
 from cppperf.shared.engine.protocol import check_metric
 from cppperf.shared.engine.runner_script import cachegrind_ir, valgrind_unsupported
 from cppperf.shared.engine.stats import compare_all, compare_exact
@@ -264,6 +265,31 @@ def _has_avx512f() -> bool:
         return False
 
 
+def _demo_with_test(path: Path, name: str, source: str, flags: str, spin: int, other_: int) -> DemoRepo:
+    """The demo project with one more test `name` (its source, built with `flags`) and its perf
+    commit (spin() three passes down to one)."""
+    from cppperf.demo import CMAKELISTS, CORE_H, core, other, tests_for
+
+    demo = DemoRepo(path)
+    demo.path.mkdir()
+    demo.git("init", "-q", "-b", "main")
+    cmake = CMAKELISTS + (
+        f"add_executable(test_{name} tests/test_{name}.cpp)\n"
+        + (f"target_compile_options(test_{name} PRIVATE {flags})\n" if flags else "")
+        + f"add_test(NAME {name} COMMAND test_{name})\n"
+    )
+    files = {"CMakeLists.txt": cmake, "include/core.h": CORE_H, "src/core.cpp": core(3)}
+    files |= {"src/other.cpp": other(), f"tests/test_{name}.cpp": source, **tests_for(spin, other_)}
+    demo.commit("base", "Initial import", files, date="2019-06-01T10:00:00+00:00")
+    demo.commit(
+        "perf",
+        "Speed up spin() by dropping redundant passes\n\nThe extra passes recomputed the same value.",
+        {"src/core.cpp": core(1)},
+        date="2024-01-10T10:00:00+00:00",
+    )
+    return demo
+
+
 @pytest.mark.build
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(not _has_avx512f(), reason="the CPU has no AVX-512F")
@@ -272,25 +298,7 @@ def test_a_project_valgrind_cannot_run_is_measured_on_cpu_instead(tmp_path: Path
     SIGILL under Valgrind 3.19: under `builder.metric=cachegrind` that is the metric's limit, not
     the project's: the instance is proven once more on CPU time, the record says `cpu`, both
     attempts are kept and `tried` says why."""
-    from cppperf.demo import CMAKELISTS, CORE_H, DemoRepo, core, other, tests_for
-
-    demo = DemoRepo(tmp_path / "wide")
-    demo.path.mkdir()
-    demo.git("init", "-q", "-b", "main")
-    cmake = CMAKELISTS + (
-        "add_executable(test_wide tests/test_wide.cpp)\n"
-        "target_compile_options(test_wide PRIVATE -mavx512f)\n"
-        "add_test(NAME wide COMMAND test_wide)\n"
-    )
-    files = {"CMakeLists.txt": cmake, "include/core.h": CORE_H, "src/core.cpp": core(3)}
-    files |= {"src/other.cpp": other(), "tests/test_wide.cpp": WIDE_TEST, **tests_for(8_000_000, 3_000_000)}
-    demo.commit("base", "Initial import", files, date="2019-06-01T10:00:00+00:00")
-    demo.commit(
-        "perf",
-        "Speed up spin() by dropping redundant passes\n\nThe extra passes recomputed the same value.",
-        {"src/core.cpp": core(1)},
-        date="2024-01-10T10:00:00+00:00",
-    )
+    demo = _demo_with_test(tmp_path / "wide", "wide", WIDE_TEST, "-mavx512f", 8_000_000, 3_000_000)
     settings = make_settings(
         tmp_path, builder={"metric": "cachegrind", "lease_dir": str(tmp_path / "leases")}
     )
@@ -341,3 +349,38 @@ def test_valgrind_s_unhandled_instruction_is_in_the_answer_and_the_output(tmp_pa
     assert "Valgrind cannot run this program" in host.output
     clean = run(["/bin/true"], limits=Limits(timeout=120, valgrind=True), sandbox=False)
     assert clean.ok and clean.valgrind_unhandled is None and "Valgrind" not in clean.output
+
+
+LONG_DOUBLE_TEST = """\
+#include <cfloat>
+#include <cstdio>
+
+int main() {
+  volatile long double one = 1.0L, eps = LDBL_EPSILON;  // x87: a 64-bit mantissa natively
+  long double sum = one + eps;  // Valgrind computes x87 long double at 64 bits: sum == one there
+  std::puts(sum == one ? "long double: 53-bit mantissa" : "long double: ok");
+  return sum == one ? 1 : 0;
+}
+"""
+
+
+@pytest.mark.build
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x87 long double is an x86-64 matter")
+def test_a_test_only_valgrind_fails_is_left_out_and_the_rest_proves(tmp_path: Path) -> None:
+    """A test that fails under Valgrind on both sides and passes natively on both (long double
+    arithmetic: Valgrind has no 80-bit x87) is the exact metric's limit: it is left out of the
+    counted tests with why, the others decide, the instance is proven on counts, not rejected."""
+    demo = _demo_with_test(tmp_path / "ld", "longdouble", LONG_DOUBLE_TEST, "", 300_000, 200_000)
+    settings = make_settings(
+        tmp_path, builder={"metric": "cachegrind", "lease_dir": str(tmp_path / "leases")}
+    )
+    rec = prove(demo, "perf", settings, tmp_path)["cppperf"]
+    assert rec["verdict"] == "improved", (rec["failure_detail"], rec["tried"])
+    assert rec["metric"] == "cachegrind" and len(rec["attempts"]) == 1
+    assert list(rec["left_out"]) == ["longdouble"]
+    assert "fails under Valgrind on both sides (exit 1)" in rec["left_out"]["longdouble"]
+    assert rec["tried"] == [f"left longdouble out of the counted tests: {rec['left_out']['longdouble']}"]
+    assert set(rec["decided_on"]) == {"spin", "other"} and set(rec["samples"]) == {"spin", "other"}
+    assert "longdouble" in rec["compared_tests"]
+    assert [t["name"] for t in rec["tests"] if t["improved"]] == ["spin"]
