@@ -1,13 +1,29 @@
-"""Writing files others read: whole or not at all."""
+"""Writing files others read: whole or not at all; taking turns on a file between processes."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive flock on `path` (created, with its folders) until the block ends: the
+    processes sharing the file system that lock it take turns; the kernel releases it when a
+    holder dies. The file stays (removing it would let a waiter and a newcomer both hold one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def write_atomic(path: Path, data: str | bytes, *, mode: int | None = None) -> Path:

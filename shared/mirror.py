@@ -11,29 +11,16 @@ and path given to git comes after `--`, so none is read as an option.
 
 from __future__ import annotations
 
-import fcntl
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from cppperf.shared.errors import BadInput, TransientError
+from cppperf.shared.files import locked
 from cppperf.shared.logging import scrub_text
 
 
 def is_remote(url: str) -> bool:
     return "://" in url or url.startswith("git@")
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 MIRROR_REFSPECS = ("+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*")
@@ -64,7 +51,7 @@ def ensure_local(url: str, repo: str, mirror_dir: Path, *, timeout: float = 1800
             raise BadInput(f"{url}: not a git repository")
         return path
     target = mirror_path(mirror_dir, repo)
-    with _locked(target.with_suffix(".lock")):
+    with locked(target.with_suffix(".lock")):
         try:
             if not target.exists():
                 _git("clone", "--bare", "--filter=blob:none", "--", url, str(target), timeout=timeout)

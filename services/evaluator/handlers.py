@@ -242,6 +242,19 @@ async def _record(ctx: StageContext, eid: str, state: EvaluationState, read: dic
     return unchanged
 
 
+async def _drop_replaced_report(ctx: StageContext, replaced: dict[str, Any] | None, kept: str | None) -> None:
+    """The report object of the record just replaced (an earlier patch's evaluation of the id) is
+    no one's now: removed, so an agent resubmitting one id with patch after patch does not fill
+    the object store with reports nothing names. A failure to remove it is a log line."""
+    old = replaced.get("report_ref") if isinstance(replaced, dict) else None
+    if not isinstance(old, str) or not old or old == kept:
+        return
+    try:
+        await ctx.store.delete_blob(old)
+    except Exception as exc:  # the bus away: an orphan object, never a lost verdict
+        log.warning("replaced_report_not_removed", ref=old, error=str(exc))
+
+
 async def on_request(ctx: StageContext, ops: EvaluatorOps, msg: m.EvalRequested) -> Outcome:
     patch = await _patch(ctx, msg)
     prior = await _prior(ctx, msg.id)
@@ -291,16 +304,20 @@ async def on_request(ctx: StageContext, ops: EvaluatorOps, msg: m.EvalRequested)
             with contextlib.suppress(Exception):
                 await ctx.store.delete_blob(ref)
         raise
+    replaced = prior.raw
     if not recorded:
         # recorded meanwhile (this request evaluated twice at once: a redelivery while the first
         # worker still ran, its heartbeats lost): the agent gets that one verdict, announced once
-        if await _answer_stored(ctx, msg, await _prior(ctx, msg.id), patch):
+        meanwhile = await _prior(ctx, msg.id)
+        if await _answer_stored(ctx, msg, meanwhile, patch):
             log.warning("evaluated_twice", evaluation=req.id, kept="the first recorded")
             if ref:
                 await ctx.store.delete_blob(ref)  # this evaluation's report: never recorded
             return "answered-from-store"
         # another patch's evaluation recorded meanwhile: this later one replaces it
         await buckets.put(ctx.store, EVALUATIONS, req.id, state)
+        replaced = meanwhile.raw
+    await _drop_replaced_report(ctx, replaced, ref)
     # after the record: a crash re-publishes from it, with the same id
     await ctx.bus.publish(completed_subject(msg), done, msg_id=announced)
     if msg.reply_to:

@@ -76,9 +76,9 @@ from cppperf.shared.engine.leases import EXACT_METRICS, exact_metric, on_build_c
 from cppperf.shared.engine.limits import limits_for
 from cppperf.shared.engine.protocol import check_metric, measure
 from cppperf.shared.engine.sandbox import Limits, RunResult, jail_problem
-from cppperf.shared.files import write_atomic
+from cppperf.shared.files import locked, write_atomic
 from cppperf.shared.logging import get_logger
-from cppperf.shared.messages import evaluation_id
+from cppperf.shared.messages import RUN_ID, evaluation_id
 from cppperf.shared.mirror import ensure_local
 from cppperf.shared.rules import Rules
 from cppperf.shared.settings import Settings
@@ -109,7 +109,13 @@ class EvalRequest:
 
 
 def safe_name(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "model"
+    """`name` (a run id, a model) as one folder name: itself when it is one unchanged (the run
+    id's rule, `messages.RUN_ID`), else its safe characters (at most 100) and a hash of the whole,
+    so two names never share a folder (`org/model` and `org_model`, `m` and `_m`, `m.`)."""
+    if RUN_ID.fullmatch(name):
+        return name
+    kept = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")[:100].rstrip("._") or "model"
+    return f"{kept}-{hashlib.sha256(name.encode(errors='surrogateescape')).hexdigest()[:10]}"
 
 
 def run_dir(settings: Settings, req: EvalRequest) -> Path:
@@ -186,6 +192,22 @@ def evaluate_report(
             patch_sha256=digest,
         )
     out = run_dir(settings, req)
+    # evaluations of one run, model and instance take turns on its folder (patches A and B at once,
+    # on evaluator processes sharing the runs dir): never A's patch.diff beside B's report
+    with locked(out.parent / f"{out.name}{LOCK_SUFFIX}"):
+        return _in_run_dir(req, settings, out, digest, force, on_phase, instance, validating)
+
+
+def _in_run_dir(
+    req: EvalRequest,
+    settings: Settings,
+    out: Path,
+    digest: str,
+    force: bool,
+    on_phase: Phase | None,
+    instance: EvalInstance | None,
+    validating: bool,
+) -> EvalReport:
     report_path = out / "report.json"
     cached = None if force else read_report(report_path)
     if cached is not None and cached.patch_sha256 == digest:
@@ -515,14 +537,12 @@ def _build_all(backend: Backend, out: Path, applied_with: str, phase: Phase) -> 
                     build_tail=last.result.output[-2000:],
                 )
             )
-        raise _Stop(
-            _verdict(
-                verdict,
-                f"the {side} side does not build: {last.result.output[-800:]}",
-                applied=True,
-                applied_with=applied_with,
-            )
-        )
+        why = f"the {side} side does not build"
+        if side == "expert":  # its compiler's output can quote the expert's change: not for agents
+            why += f" ({last.step} failed: {last.category}; its log is build.log in the run folder)"
+        else:
+            why += f": {last.result.output[-800:]}"
+        raise _Stop(_verdict(verdict, why, applied=True, applied_with=applied_with))
     phase("build", 3, 3)
 
 

@@ -26,7 +26,7 @@ import pytest
 
 from cppperf.demo import core
 from cppperf.services.evaluator.instances import EvalInstance
-from cppperf.services.evaluator.pipeline import EvalRequest, evaluate, summarize
+from cppperf.services.evaluator.pipeline import EvalRequest, evaluate, run_dir, summarize
 from cppperf.shared.domain import EvalReport
 from cppperf.shared.engine.leases import core_plan
 from cppperf.shared.settings import Settings
@@ -517,7 +517,8 @@ def test_gold_and_empty_predictions_cover_every_proven_instance(tmp_path: Path) 
 def test_an_original_that_no_longer_builds_is_instance_broken(tmp_path: Path) -> None:
     """A real instance (a generated repository proven by the builder) whose original side does not
     build when the evaluator runs it (here: its build needs longer than this evaluator's
-    `builder.build_timeout`) is `instance-broken`, never the agent's `build-failed`."""
+    `builder.build_timeout`) is `instance-broken`, never the agent's `build-failed`; so is one
+    whose expert side does not build, without its compiler's output in the reason."""
     from cppperf.services.builder.service import build_patch
     from tests.conftest import commit_for
     from tests.gitrepo import commit_files
@@ -551,13 +552,27 @@ def test_an_original_that_no_longer_builds_is_instance_broken(tmp_path: Path) ->
     strict(rep, EvalReport)
     assert rep["verdict"] == "instance-broken", rep.get("reason")
     assert rep["reason"].startswith("the old side does not build"), rep["reason"]
+    # an expert side that does not build is instance-broken too, and its compiler's output (which
+    # can quote the expert's change) is not in the reason an agent reads: only in build.log
+    secret = commit_files(repo, {"t.cpp": "int main() { return EXPERT_ONLY_42; }\n"}, "three")
+    record = json.loads(built.path.read_text())
+    record["commit_info"]["new_sha"] = secret
+    there = make_settings(tmp_path / "there", evaluator={"runs_dir": str(tmp_path / "runs-there")})
+    (Path(there.out_dir) / "instances").mkdir(parents=True)
+    (Path(there.out_dir) / "instances" / f"{iid}.json").write_text(json.dumps(record))
+    req = EvalRequest(run_id="t", model="broken-expert", instance_id=iid, patch=patch)
+    rep = evaluate(req, there)
+    assert rep["verdict"] == "instance-broken", rep.get("reason")
+    assert rep["reason"].startswith("the expert side does not build (build failed"), rep["reason"]
+    assert "EXPERT_ONLY_42" not in json.dumps(rep)
+    assert "EXPERT_ONLY_42" in (run_dir(there, req) / "build.log").read_text()  # the operator's
 
 
 def test_a_finished_report_is_read_back_as_its_struct_and_reused_for_its_patch(tmp_path: Path) -> None:
     """The cache goes through `EvalReport`: the same patch gets the stored report back (nothing is
     built: the instance does not even exist); a report.json that is not a report is evaluated
     again (here: `unknown-instance`), never returned as it stands."""
-    from cppperf.services.evaluator.pipeline import evaluate_report, patch_sha256, read_report, run_dir
+    from cppperf.services.evaluator.pipeline import evaluate_report, patch_sha256, read_report
 
     settings = make_settings(tmp_path)
     req = EvalRequest(run_id="c", model="m", instance_id="o__r-aaaaaaaaaaaa", patch="p")

@@ -454,6 +454,22 @@ class Large(FakeOps):
         return msgspec.structs.replace(super().evaluate(req, instance), reason="x" * 300_000)
 
 
+async def test_a_replaced_evaluation_s_large_report_is_removed(ctx: ServiceContext) -> None:
+    """One id, patch after patch: each evaluation replaces the record, and the report object of
+    the one it replaced was left behind, named by nothing — an agent could fill the object store
+    (every service's) by resubmitting one id. Only the kept record's object remains."""
+    await proven_instance(ctx)
+    ops = Large()
+    kept: list[str] = []
+    for patch in ("fast", "slow", "fast2"):
+        assert await on_request(ctx, ops, request(patch)) == "evaluated"
+        state = await buckets.get(ctx.store, buckets.EVALUATIONS, request(patch).id)
+        assert state is not None and state.report_ref
+        kept.append(state.report_ref)
+        assert await live_objects(ctx) == [state.report_ref]
+    assert len(set(kept)) == 3  # each evaluation's own object, the earlier ones removed
+
+
 async def test_a_full_evaluations_bucket_writes_nothing_and_the_retry_answers_once(
     ctx: ServiceContext,
 ) -> None:
