@@ -25,6 +25,7 @@ from typing import Any, Final, Literal, TypeVar
 
 import msgspec
 from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import (
@@ -254,23 +255,46 @@ class Store:
     async def ids(self, bucket: str, *, under: str | None = None) -> list[str]:
         """Every id in the bucket; `under`: only ids whose first dot-separated part is `under`
         (an agent's evaluations, `<agent>.<run>/…`), selected by the server (a subject filter),
-        so the rest of the bucket is never read."""
+        so the rest of the bucket is never read.
+
+        Read by an ephemeral pull consumer (last per key, headers only) up to the count the server
+        gave at its creation (a timeout short of it is a TransientError, never a shorter list) —
+        not by nats-py's `keys()`/`watch()`, which end at the first message whose `num_pending`
+        is 0: under load an agent's `results` page came back short (2008 rows of 2500) and its
+        run looked finished."""
+        prefix = f"$KV.{bucket}."
+        subject = f"{prefix}{encode_key(under)}.>" if under is not None else f"{prefix}>"
 
         async def op(kv: KeyValue) -> list[str]:
-            if under is None:
-                try:
-                    return list(await kv.keys())
-                except NoKeysError:
-                    return []
-            watcher = await kv.watch(f"{encode_key(under)}.>", ignore_deletes=True, meta_only=True)
+            await kv.status()  # a missing bucket raises what `_on_kv` re-creates it on
+            config = js_api.ConsumerConfig(
+                deliver_policy=js_api.DeliverPolicy.LAST_PER_SUBJECT,
+                ack_policy=js_api.AckPolicy.NONE,
+                headers_only=True,
+                # removed by the server this long after its last fetch (a service may not delete
+                # consumers); long enough for a busy client between creating and fetching
+                inactive_threshold=30.0,
+                mem_storage=True,
+                num_replicas=1,
+            )
+            sub = await self.js.pull_subscribe(subject, stream=f"KV_{bucket}", config=config)
             keys: list[str] = []
             try:
-                async for entry in watcher:
-                    if entry is None:  # the end of what is stored now
-                        break
-                    keys.append(entry.key)
+                # a pull consumer is sent nothing before it asks: its pending count is every key
+                total, seen = (await sub.consumer_info()).num_pending or 0, 0
+                while seen < total:  # to the count, never to a message's own `num_pending`
+                    try:
+                        msgs = await sub.fetch(batch=min(total - seen, 1024), timeout=10)
+                    except NatsTimeoutError:
+                        raise TransientError(f"listing {bucket}: {seen} of {total} keys came") from None
+                    seen += len(msgs)
+                    for msg in msgs:
+                        headers = msg.headers or {}
+                        if headers.get("KV-Operation") in ("DEL", "PURGE") or "Nats-Marker-Reason" in headers:
+                            continue  # a removed key (its marker is the last message of its subject)
+                        keys.append(msg.subject[len(prefix) :])
             finally:
-                await watcher.stop()  # type: ignore[no-untyped-call]  # nats-py leaves it unannotated
+                await sub.unsubscribe()
             return keys
 
         return [decode_key(k) for k in await self._on_kv(bucket, op)]

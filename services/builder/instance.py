@@ -409,7 +409,8 @@ def _attempt(once: _Once, settings: BuilderSettings) -> InstanceResult:
     _check_power(len(split_family(result.coverage, common)[0]) + len(benches.common), settings, result)
     with timing_turns(settings, phase) as turns:
         run_one = _runner(backend, settings, tests_by_side, benches, turns, count=count, exact=exact)
-        drop = _valgrind_only(backend, settings, tests_by_side, run_one, result) if exact else None
+        deciding = split_family(result.coverage, common + benches.common)[0]
+        drop = _valgrind_only(backend, settings, tests_by_side, run_one, result, deciding) if exact else None
         meas = measure(
             common + benches.common,
             run_one,
@@ -472,16 +473,20 @@ def _valgrind_only(
     tests: dict[SideName, dict[str, TestCase]],
     run_one: Callable[[SideName, str], RunResult],
     result: InstanceResult,
+    deciding: list[str],
 ) -> Drop:
     """Under the exact metric: a test that fails under Valgrind on both sides and passes natively
     on both is the metric's limit, not the project's or the commit's (Valgrind computes x87 long
     double at 64 bits; timing-sensitive code runs 50x slower) — it is left out of the counted
     tests (`left_out`, with why) instead of rejecting the instance. A test that fails counted on
     one side only, fails natively too, ran out of a limit, or met an instruction Valgrind lacks
-    (`cpu_fallback`) keeps its failure: blame decides as before."""
+    (`cpu_fallback`) keeps its failure: blame decides as before. The last of the `deciding`
+    tests (those that run the change, coverage's family) keeps it too: without one, the counts
+    could only say `not-improved` about a change they never measured."""
+    left = set(deciding)
 
     def drop(f: RunFailure) -> str | None:
-        if is_benchmark(f.test) or f.valgrind_unhandled:
+        if is_benchmark(f.test) or f.valgrind_unhandled or left == {f.test}:
             return None
         if limit_category(timed_out=f.timed_out, returncode=f.returncode) is not None:
             return None
@@ -496,6 +501,7 @@ def _valgrind_only(
             f"fails under Valgrind on both sides (exit {f.returncode}) and passes natively on both: "
             "the exact metric's limit, not the commit's"
         )
+        left.discard(f.test)
         result.tried.append(f"left {f.test} out of the counted tests: {why}")
         log.info("left_out", instance=result.instance_id, test=f.test, reason=why)
         return why

@@ -108,14 +108,21 @@ class EvalRequest:
         return evaluation_id(self.run_id, self.model, self.instance_id)
 
 
-def safe_name(name: str) -> str:
+def safe_name(name: str, *, longest: int = 128) -> str:
     """`name` (a run id, a model) as one folder name: itself when it is one unchanged (the run
-    id's rule, `messages.RUN_ID`), else its safe characters (at most 100) and a hash of the whole,
-    so two names never share a folder (`org/model` and `org_model`, `m` and `_m`, `m.`)."""
-    if RUN_ID.fullmatch(name):
+    id's rule, `messages.RUN_ID`) of at most `longest` characters, else its safe characters and
+    `+` and a hash of the whole — `+` is not in an unchanged name, so two names never share a
+    folder (`org/model` and `org_model`, `m` and `_m`, `m.`)."""
+    if RUN_ID.fullmatch(name) and len(name) <= longest:
         return name
-    kept = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")[:100].rstrip("._") or "model"
-    return f"{kept}-{hashlib.sha256(name.encode(errors='surrogateescape')).hexdigest()[:10]}"
+    kept = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")[: longest - 11].rstrip("._") or "model"
+    return f"{kept}+{hashlib.sha256(name.encode(errors='surrogateescape')).hexdigest()[:10]}"
+
+
+def model_folder(model: str) -> str:
+    """A model's folder (and file-name part): `safe_name` of at most 80 characters, so that
+    `<model>.<run_id>.json` (a run id has up to 128) and its temporary file fit in 255 bytes."""
+    return safe_name(model, longest=80)
 
 
 def run_dir(settings: Settings, req: EvalRequest) -> Path:
@@ -123,7 +130,7 @@ def run_dir(settings: Settings, req: EvalRequest) -> Path:
 
 
 def run_dir_of(settings: Settings, run_id: str, model: str, instance_id: str) -> Path:
-    return settings.runs_path() / safe_name(run_id) / safe_name(model) / instance_id
+    return settings.runs_path() / safe_name(run_id) / model_folder(model) / instance_id
 
 
 def _write(path: Path, text: str) -> None:
@@ -910,7 +917,7 @@ def _block(rs: list[EvalReport]) -> SummaryBlock:
 def summarize(settings: Settings, run_id: str, model: str) -> RunSummary:
     """Counts and `opt` rate over a model's reports, overall and single- vs multi-file (Table 2);
     a report.json that is not a report is left out."""
-    root = settings.runs_path() / safe_name(run_id) / safe_name(model)
+    root = settings.runs_path() / safe_name(run_id) / model_folder(model)
     reports = [r for p in sorted(root.glob("*/report.json")) if (r := read_report(p)) is not None]
     summary = RunSummary(
         run_id=run_id,
@@ -920,6 +927,7 @@ def summarize(settings: Settings, run_id: str, model: str) -> RunSummary:
         multi_file=_block([r for r in reports if r.multi_file is True]),
     )
     _write(
-        root.parent / f"{safe_name(model)}.summary.json", json.dumps(msgspec.to_builtins(summary), indent=1)
+        root.parent / f"{model_folder(model)}.summary.json",
+        json.dumps(msgspec.to_builtins(summary), indent=1),
     )
     return summary

@@ -85,9 +85,9 @@ class RunReport(msgspec.Struct, kw_only=True):
 
 
 def report_path(settings: Settings, run_id: str, model: str) -> Path:
-    from cppperf.services.evaluator.pipeline import safe_name
+    from cppperf.services.evaluator.pipeline import model_folder, safe_name
 
-    return settings.runs_path() / safe_name(run_id) / f"{safe_name(model)}.{safe_name(run_id)}.json"
+    return settings.runs_path() / safe_name(run_id) / f"{model_folder(model)}.{safe_name(run_id)}.json"
 
 
 def _gm(values: list[float]) -> float | None:

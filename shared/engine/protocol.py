@@ -402,7 +402,7 @@ def measure(
         if r == warmup - 1:
             learn = floor if repeats is None else 0.0
             _after_warmup(meas, shortest, warm, warm_repeats, learn, max_repeats, pinned, budget, max_rounds)
-            total += (meas.rounds - rounds) * len(tests)
+            total += (meas.rounds - rounds) * len(meas.samples)  # the workloads not left out
             rounds = meas.rounds
         kept = r + 1 - warmup
         if early_stop and kept >= min_rounds and set(sides) == {"old", "new"}:

@@ -279,3 +279,35 @@ async def test_ids_under_an_agent_are_selected_by_the_server(ctx: ServiceContext
         await ctx.store.put("evaluations", eid, {"verdict": "opt"})
     assert sorted(await ctx.store.ids("evaluations", under="amy")) == sorted(mine)
     assert await ctx.store.ids("evaluations", under="nobody") == []
+
+
+async def test_every_id_is_listed_however_busy_the_client(ctx: ServiceContext) -> None:
+    """nats-py's `watch()` (and `keys()`) put their end-of-keys marker first when the server had
+    pushed every key before the watcher asked how many were pending: the list came back empty
+    (here 1 listing in 32 did, before). Under load a page of an agent's `results` did, and its
+    run looked finished at 2008 rows of 2500. Listings at once, on a client whose event loop is
+    kept busy, each list every id; a removed key is not listed."""
+    ids = [m.evaluation_id(m.agent_run("amy", "big"), "m", f"o__r-{i:012x}") for i in range(2500)]
+    for eid in ids:
+        await ctx.store.put("evaluations", eid, {"verdict": "opt"})
+    await ctx.store.put("evaluations", "amy.gone/m/o__r-x", {"verdict": "opt"})
+    assert await ctx.store.delete("evaluations", "amy.gone/m/o__r-x")
+    stop = asyncio.Event()
+
+    async def busy() -> None:  # the event loop kept busy between the client's reads
+        while not stop.is_set():
+            time.sleep(0.005)
+            await asyncio.sleep(0)
+
+    hog = asyncio.create_task(busy())
+    listings: list[list[str]] = []
+    try:
+        for _ in range(4):
+            listings += await asyncio.gather(*(ctx.store.ids("evaluations", under="amy") for _ in range(8)))
+        whole = await ctx.store.ids("evaluations")
+    finally:
+        stop.set()
+        await hog
+    assert [len(x) for x in listings] == [len(ids)] * 32
+    assert all(sorted(x) == sorted(ids) for x in listings)
+    assert sorted(whole) == sorted(ids)

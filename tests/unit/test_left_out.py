@@ -88,7 +88,7 @@ def _failure(
 
 
 def _rule(
-    native_ok: dict[str, bool], counted_other_ok: bool
+    native_ok: dict[str, bool], counted_other_ok: bool, deciding: tuple[str, ...] = ("ld", "spin")
 ) -> tuple[Any, _Native, InstanceResult, list[Any]]:
     backend = _Native(native_ok)
     tests = {side: {"ld": Case("ld", ["./ld"], "/")} for side in ("old", "new")}
@@ -100,7 +100,7 @@ def _rule(
 
     result = InstanceResult(instance_id="x", verdict=Verdict.REJECTED)
     settings = BuilderSettings(metric="cachegrind", pin_cpu=False)
-    drop = _valgrind_only(backend, settings, tests, run_one, result)  # type: ignore[arg-type]
+    drop = _valgrind_only(backend, settings, tests, run_one, result, list(deciding))  # type: ignore[arg-type]
     return drop, backend, result, counted
 
 
@@ -128,6 +128,39 @@ def test_every_other_failure_keeps_its_blame() -> None:
     assert drop(_failure(unhandled="unhandled instruction bytes: 0x62")) is None  # cpu_fallback's
     assert drop(_failure("bench:BM_x")) is None  # benchmarks are never counted
     assert counted == [] and backend.runs == []
+
+
+def test_the_last_test_that_runs_the_change_keeps_its_failure() -> None:
+    """Coverage's deciding tests are what can show the change: with every one of them left out
+    the counts could only say `not-improved` about a change they never measured (controls
+    alone cannot prove anything), so the last one's failure stands (blame decides)."""
+    drop, backend, result, counted = _rule(
+        {"old": True, "new": True}, counted_other_ok=False, deciding=("ld",)
+    )
+    assert drop(_failure()) is None and counted == [] and backend.runs == [] and result.tried == []
+    drop, _, _, _ = _rule({"old": True, "new": True}, counted_other_ok=False, deciding=("ld", "spin"))
+    assert drop(_failure()) is not None  # another test that runs the change decides
+
+
+def test_progress_counts_only_the_workloads_measured_after_a_warm_up_drop() -> None:
+    seen: list[tuple[int, int]] = []
+    run_one, _ = _runner(lambda side, name, n: name == "b")
+    meas = measure(
+        ["a", "b", "c"],
+        run_one,  # type: ignore[arg-type]
+        rounds=4,
+        warmup=1,
+        seed=3,
+        metric="cpu",
+        drop=lambda f: "gone",
+        progress=lambda d, t: seen.append((d, t)),
+        budget=1.0,
+        max_rounds=6,
+    )
+    assert meas.failure is None and meas.left_out == {"b": "gone"}
+    assert seen[-1][0] == seen[-1][1]  # done equals the total at the end
+    done = sum(meas.rounds_run.values())
+    assert done == 2 * meas.rounds and seen[-2] == (done, done)  # the total as measured, b not in it
 
 
 def _inst(**kw: Any) -> EvalInstance:

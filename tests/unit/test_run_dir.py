@@ -3,6 +3,7 @@ same one take turns on it (patches A and B at once on evaluator processes sharin
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -10,11 +11,32 @@ from pathlib import Path
 
 import pytest
 
-from cppperf.services.evaluator.pipeline import LOCK_SUFFIX, EvalRequest, evaluate_report, run_dir, safe_name
+from cppperf.services.evaluator.pipeline import (
+    LOCK_SUFFIX,
+    EvalRequest,
+    evaluate_report,
+    model_folder,
+    run_dir,
+    safe_name,
+)
+from cppperf.services.evaluator.runreport import report_path
 from cppperf.shared.files import locked
 from tests.conftest import make_settings
 
-COLLIDED_BEFORE = ["m", "_m", "m_", ".m", "m.", "__m__", "org/model", "org_model", "org model", "org//model"]
+COLLIDED_BEFORE = [
+    "m",
+    "_m",
+    "m_",
+    ".m",
+    "m.",
+    "__m__",
+    "org/model",
+    "org_model",
+    "org model",
+    "org//model",
+    "org_model+" + hashlib.sha256(b"org/model").hexdigest()[:10],  # the hashed form, typed as a name
+    "org_model-" + hashlib.sha256(b"org/model").hexdigest()[:10],
+]
 
 
 def test_two_names_never_share_a_folder() -> None:
@@ -23,7 +45,7 @@ def test_two_names_never_share_a_folder() -> None:
     folders = [safe_name(n) for n in COLLIDED_BEFORE]
     assert len(set(folders)) == len(COLLIDED_BEFORE), dict(zip(COLLIDED_BEFORE, folders, strict=True))
     assert safe_name("m") == "m" and safe_name("org_model") == "org_model"  # a folder name stays itself
-    assert safe_name("org/model").startswith("org_model-")
+    assert safe_name("org/model").startswith("org_model+")
 
 
 @pytest.mark.parametrize("name", ["", ".", "..", "/", "a/../b", "x" * 300, "é" * 200, "a\0b", "._.", "-"])
@@ -32,6 +54,14 @@ def test_any_name_is_one_short_folder_name(name: str) -> None:
     assert folder not in ("", ".", "..") and "/" not in folder and "\0" not in folder
     assert len(folder.encode()) <= 128
     assert safe_name(name) == folder  # the same name, the same folder
+
+
+@pytest.mark.parametrize("model", ["m" * 128, "o/" + "m" * 300, "x" * 80, "x" * 81])
+def test_a_run_report_s_file_name_and_its_temporary_file_fit_in_255_bytes(model: str, tmp_path: Path) -> None:
+    s = make_settings(tmp_path, evaluator={"runs_dir": str(tmp_path / "runs")})
+    name = report_path(s, "r" * 128, model).name
+    assert len(name.encode()) + len("..12345678.tmp") <= 255, name
+    assert len(model_folder(model)) <= 80 and (model_folder(model) == model) == (len(model) <= 80)
 
 
 def test_evaluations_of_one_run_folder_take_turns(tmp_path: Path) -> None:
