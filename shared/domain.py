@@ -582,6 +582,10 @@ class EvalReport(_Written, kw_only=True):
     failing_tests: list[FailedTest] | UnsetType = UNSET
     timed_tests: list[str] | UnsetType = UNSET  # every timed workload: tests and `bench:` benchmarks
     timed_benchmarks: list[str] | UnsetType = UNSET  # the benchmarks among them
+    # tests Valgrind could not count on any side (passing natively on all): not counted, and why
+    left_out: dict[str, str] | UnsetType = UNSET
+    # why the exact metric could not grade and CPU time did (an instruction Valgrind lacks...)
+    cpu_fallback: str | UnsetType = UNSET
     benchmarks_skipped: list[SkippedBenchmark] | UnsetType = UNSET
     rounds: int | UnsetType = UNSET
     seed: int | UnsetType = UNSET

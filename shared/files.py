@@ -13,17 +13,24 @@ from pathlib import Path
 
 
 @contextlib.contextmanager
-def locked(path: Path) -> Iterator[None]:
+def locked(path: Path, *, remove: bool = False) -> Iterator[None]:
     """Hold an exclusive flock on `path` (created, with its folders) until the block ends: the
     processes sharing the file system that lock it take turns; the kernel releases it when a
-    holder dies. The file stays (removing it would let a waiter and a newcomer both hold one)."""
+    holder dies. The file stays (removing it would let a waiter and a newcomer both hold one),
+    unless `remove`: a marker only one holder ever locks (an evaluation's workspace), removed
+    before the lock is released — a file left with nobody holding it is a holder that died."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)  # a lock: nobody else's to read
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+            if remove:
+                path.unlink(missing_ok=True)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def write_atomic(path: Path, data: str | bytes, *, mode: int | None = None) -> Path:

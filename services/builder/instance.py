@@ -65,6 +65,7 @@ from cppperf.shared.engine.cmake import (
 from cppperf.shared.engine.coverage import flag_controls, measure_coverage, split_family
 from cppperf.shared.engine.errorlines import first_error_lines
 from cppperf.shared.engine.leases import Turns, core_plan, exact_metric, timing_turns
+from cppperf.shared.engine.leftout import metric_limit
 from cppperf.shared.engine.limits import limits_for
 from cppperf.shared.engine.protocol import Drop, Measurement, RunFailure, check_metric, measure
 from cppperf.shared.engine.sandbox import Limits, RunResult
@@ -475,38 +476,23 @@ def _valgrind_only(
     result: InstanceResult,
     deciding: list[str],
 ) -> Drop:
-    """Under the exact metric: a test that fails under Valgrind on both sides and passes natively
-    on both is the metric's limit, not the project's or the commit's (Valgrind computes x87 long
-    double at 64 bits; timing-sensitive code runs 50x slower) — it is left out of the counted
-    tests (`left_out`, with why) instead of rejecting the instance. A test that fails counted on
-    one side only, fails natively too, ran out of a limit, or met an instruction Valgrind lacks
-    (`cpu_fallback`) keeps its failure: blame decides as before. The last of the `deciding`
-    tests (those that run the change, coverage's family) keeps it too: without one, the counts
-    could only say `not-improved` about a change they never measured."""
+    """Under the exact metric, `leftout.metric_limit` over old/new: a test that fails under
+    Valgrind on both sides and passes natively on both is left out of the counted tests
+    (`left_out`, a tried line) instead of rejecting the instance. The last of the `deciding`
+    tests (those that run the change, coverage's family) keeps its failure: without one, the
+    counts could only say `not-improved` about a change they never measured."""
     left = set(deciding)
 
-    def drop(f: RunFailure) -> str | None:
-        if is_benchmark(f.test) or f.valgrind_unhandled or left == {f.test}:
-            return None
-        if limit_category(timed_out=f.timed_out, returncode=f.returncode) is not None:
-            return None
-        other: SideName = "old" if f.side == "new" else "new"
-        if run_one(other, f.test).ok:
-            return None
-        for side in SIDES:  # untimed, on the build cores
-            test = tests[side][f.test]
-            if not timed_run(backend, side, test, limits_for(test, settings)).ok:
-                return None
-        why = (
-            f"fails under Valgrind on both sides (exit {f.returncode}) and passes natively on both: "
-            "the exact metric's limit, not the commit's"
-        )
-        left.discard(f.test)
-        result.tried.append(f"left {f.test} out of the counted tests: {why}")
-        log.info("left_out", instance=result.instance_id, test=f.test, reason=why)
-        return why
+    def native(side: SideName, name: str) -> RunResult:  # untimed, on the build cores
+        test = tests[side][name]
+        return timed_run(backend, side, test, limits_for(test, settings))
 
-    return drop
+    def record(name: str, why: str) -> None:
+        left.discard(name)
+        result.tried.append(f"left {name} out of the counted tests: {why}")
+        log.info("left_out", instance=result.instance_id, test=name, reason=why)
+
+    return metric_limit(SIDES, run_one, native, keep=lambda name: left == {name}, left=record)
 
 
 def _benchmarks(

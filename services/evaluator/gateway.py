@@ -221,24 +221,42 @@ UNREADABLE_REPORT = "the stored report is unreadable"
 async def _report(ctx: ServiceContext, evaluation_id: str) -> EvalReport | None:
     """The finished report of an evaluation (verdict and `opt` as the bucket records them); a
     report that cannot be read (not JSON, not a report, its blob gone) says so in `reason`; a
-    record that cannot be read raises `Unreadable`."""
+    record that cannot be read raises `Unreadable`. A report object gone because a later
+    evaluation of the id replaced the record meanwhile (and removed it) is read from the new
+    record, not called unreadable."""
+    state = await _state(ctx, evaluation_id)
+    for _ in range(3):
+        verdict = state.verdict
+        if verdict is None:
+            return None
+        try:
+            text = await ctx.store.resolve_text(state.report, state.report_ref)
+            report = msgspec.convert(json.loads(text), EvalReport)
+        except BadInput:  # the blob gone: the record replaced meanwhile, or the blob lost
+            again = await _state(ctx, evaluation_id)
+            if (again.report, again.report_ref) != (state.report, state.report_ref):
+                state = again
+                continue
+            report = EvalReport(verdict=verdict, reason=UNREADABLE_REPORT)
+        except (ValueError, RecursionError):  # not JSON, not a report, too deep
+            report = EvalReport(verdict=verdict, reason=UNREADABLE_REPORT)
+        # an agent's reports are stored without the expert's files (`handlers.agent_view`); one
+        # stored before that is read the same way
+        return msgspec.structs.replace(agent_view(report), verdict=verdict, opt=state.opt)
+    # replaced three times while being read: say so rather than wait
+    if state.verdict is None:
+        return None
+    return EvalReport(verdict=state.verdict, opt=state.opt, reason=UNREADABLE_REPORT)
+
+
+async def _state(ctx: ServiceContext, evaluation_id: str) -> EvaluationState:
     try:
-        state = await buckets.get(ctx.store, EVALUATIONS, evaluation_id) or EvaluationState()
+        return await buckets.get(ctx.store, EVALUATIONS, evaluation_id) or EvaluationState()
     except ValueError as exc:  # msgspec's decode and validation errors
         raise Unreadable(
             f"the stored evaluation {evaluation_id} is unreadable ({exc}): submit its patch again "
             "to have it evaluated again"
         ) from exc
-    if state.verdict is None:
-        return None
-    try:
-        text = await ctx.store.resolve_text(state.report, state.report_ref)
-        report = msgspec.convert(json.loads(text), EvalReport)
-    except (ValueError, RecursionError, BadInput):  # not JSON, not a report, too deep, blob gone
-        report = EvalReport(verdict=state.verdict, reason=UNREADABLE_REPORT)
-    # an agent's reports are stored without the expert's files (`handlers.agent_view`); one
-    # stored before that is read the same way
-    return msgspec.structs.replace(agent_view(report), verdict=state.verdict, opt=state.opt)
 
 
 def _summary(evaluation_id: str, report: EvalReport) -> ResultSummary:

@@ -45,7 +45,6 @@ from cppperf.services.evaluator.pipeline import (
     patch_sha256,
     refused_report,
 )
-from cppperf.shared import buckets
 from cppperf.shared import messages as m
 from cppperf.shared.buckets import EVALUATIONS, INSTANCES
 from cppperf.shared.domain import (
@@ -54,6 +53,7 @@ from cppperf.shared.domain import (
     EvalVerdict,
     InstanceRecord,
     InstanceState,
+    SkippedBenchmark,
     Verdict,
     decode_record,
     record_text,
@@ -139,8 +139,20 @@ EXPERT_FIELDS: Final = ("files",)
 
 
 def agent_view(report: EvalReport) -> EvalReport:
-    """`report` as an agent may see it: without `EXPERT_FIELDS`."""
-    return msgspec.structs.replace(report, **dict.fromkeys(EXPERT_FIELDS, UNSET))
+    """`report` as an agent may see it: without `EXPERT_FIELDS`, and without the output of the
+    expert's tree where a benchmark could not be timed there (it can quote the expert's change,
+    as its compiler's can; the operator's report.json keeps it)."""
+    skipped = report.benchmarks_skipped
+    if skipped:
+        skipped = [without_expert_output(b) for b in skipped]
+    return msgspec.structs.replace(report, benchmarks_skipped=skipped, **dict.fromkeys(EXPERT_FIELDS, UNSET))
+
+
+def without_expert_output(skip: SkippedBenchmark) -> SkippedBenchmark:
+    """A skipped benchmark as an agent may read it: the expert side's output left out."""
+    if skip.side != "expert" or not skip.detail:
+        return skip
+    return msgspec.structs.replace(skip, detail="(the expert side's output is not shown to agents)")
 
 
 def wire_report(report: EvalReport, *, for_agent: bool = False) -> dict[str, Any]:
@@ -298,31 +310,51 @@ async def on_request(ctx: StageContext, ops: EvaluatorOps, msg: m.EvalRequested)
         EvaluationState,
     )
     try:
-        recorded = await _record(ctx, req.id, state, prior.raw)
+        recorded, replaced = await _record_over(ctx, msg, req.id, state, prior, patch, ref)
     except Exception:  # not recorded (the bucket full, the bus away): its report object is no one's
         if ref:
             with contextlib.suppress(Exception):
                 await ctx.store.delete_blob(ref)
         raise
-    replaced = prior.raw
     if not recorded:
-        # recorded meanwhile (this request evaluated twice at once: a redelivery while the first
-        # worker still ran, its heartbeats lost): the agent gets that one verdict, announced once
-        meanwhile = await _prior(ctx, msg.id)
-        if await _answer_stored(ctx, msg, meanwhile, patch):
-            log.warning("evaluated_twice", evaluation=req.id, kept="the first recorded")
-            if ref:
-                await ctx.store.delete_blob(ref)  # this evaluation's report: never recorded
-            return "answered-from-store"
-        # another patch's evaluation recorded meanwhile: this later one replaces it
-        await buckets.put(ctx.store, EVALUATIONS, req.id, state)
-        replaced = meanwhile.raw
+        return "answered-from-store"
     await _drop_replaced_report(ctx, replaced, ref)
     # after the record: a crash re-publishes from it, with the same id
     await ctx.bus.publish(completed_subject(msg), done, msg_id=announced)
     if msg.reply_to:
         await ctx.bus.reply(msg.reply_to, done)
     return "evaluated"
+
+
+async def _record_over(
+    ctx: StageContext,
+    msg: m.EvalRequested,
+    eid: str,
+    state: EvaluationState,
+    prior: Prior,
+    patch: str,
+    ref: str | None,
+) -> tuple[bool, dict[str, Any] | None]:
+    """Record `state` over what was read before the evaluation: whether it was recorded (not when
+    the same patch's evaluation was recorded meanwhile: answered from that one), and the record
+    it replaced."""
+    recorded = await _record(ctx, eid, state, prior.raw)
+    replaced = prior.raw
+    while not recorded:
+        # recorded meanwhile (this request evaluated twice at once: a redelivery while the first
+        # worker still ran, its heartbeats lost): the agent gets that one verdict, announced once
+        meanwhile = await _prior(ctx, msg.id)
+        if await _answer_stored(ctx, msg, meanwhile, patch):
+            log.warning("evaluated_twice", evaluation=eid, kept="the first recorded")
+            if ref:
+                await ctx.store.delete_blob(ref)  # this evaluation's report: never recorded
+            return False, None
+        # another patch's evaluation recorded meanwhile: this later one replaces it — over what
+        # was just read (compare-and-set again: a third one recorded since is replaced, its
+        # report object removed, never overwritten unseen and left behind)
+        recorded = await _record(ctx, eid, state, meanwhile.raw)
+        replaced = meanwhile.raw
+    return True, replaced
 
 
 async def on_validate(ctx: StageContext, ops: ValidatorOps, msg: m.ValidateRequested) -> ValidateOutcome:

@@ -73,8 +73,9 @@ from cppperf.shared.engine.benchmarks import Discovered, broken_on, is_benchmark
 from cppperf.shared.engine.benchmarks import find as find_benchmarks
 from cppperf.shared.engine.cmake import StepResult, TestCase, test_description
 from cppperf.shared.engine.leases import EXACT_METRICS, exact_metric, on_build_cores, timing_core
+from cppperf.shared.engine.leftout import metric_limit
 from cppperf.shared.engine.limits import limits_for
-from cppperf.shared.engine.protocol import check_metric, measure
+from cppperf.shared.engine.protocol import Drop, Measurement, RunFailure, check_metric, measure
 from cppperf.shared.engine.sandbox import Limits, RunResult, jail_problem
 from cppperf.shared.files import locked, write_atomic
 from cppperf.shared.logging import get_logger
@@ -270,7 +271,11 @@ def evaluation_metric(s: Settings, inst: EvalInstance) -> str:
 def on_metric(s: Settings, inst: EvalInstance) -> Settings:
     """`s` with `builder.metric` the evaluation's metric (`evaluation_metric`): checks, limits,
     leases, measurement and report all follow it."""
-    metric = evaluation_metric(s, inst)
+    return with_metric(s, evaluation_metric(s, inst))
+
+
+def with_metric(s: Settings, metric: str) -> Settings:
+    """`s` with `builder.metric` = `metric` (`s` itself when it is already)."""
     if metric == s.builder.metric:
         return s
     return msgspec.structs.replace(s, builder=msgspec.structs.replace(s.builder, metric=metric))
@@ -403,15 +408,8 @@ def in_use(ws: Path) -> Iterator[None]:
     evaluation may use `ws`; the lock file is removed at the end, whether the workspace is
     removed or kept (`keep_workspace`: then nothing marks it, and nothing ever removes it). A
     lock file nobody holds is an evaluator that died mid-evaluation (`remove_stale_workspaces`)."""
-    lock = ws.parent / (ws.name + LOCK_SUFFIX)
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with locked(ws.parent / (ws.name + LOCK_SUFFIX), remove=True):
         yield
-    finally:
-        lock.unlink(missing_ok=True)  # before the lock is released: no one takes it for stale
-        os.close(fd)
 
 
 def remove_stale_workspaces(s: Settings) -> list[Path]:
@@ -683,34 +681,10 @@ def _run(  # noqa: PLR0911 - one verdict per stage that can stop an evaluation
     if failed is not None:
         names = ", ".join(f.test for f in failures)
         return _verdict(failed, f"failing tests: {names}", **info, tests_pass=False, failing_tests=failures)
-    with timing_core(s.builder, phase, priority=s.evaluator.lease_priority) as pin:
-
-        def pinned(t: TestCase) -> Limits:
-            if is_benchmark(t.name):  # timed by its own JSON, never counted
-                return limits_for(t, s.builder, cpu=pin)
-            if exact:  # counted under Valgrind, on any core
-                return limits_for(t, s.builder, timeout=ev.test_timeout, counted=True)
-            return limits(t, pin, count)
-
-        def run_one(side: str, name: str) -> RunResult:
-            t = workloads[side][name]
-            return timed_run(backend, side, t, pinned(t))
-
-        meas = measure(
-            timed,
-            run_one,
-            # an exact count needs no warm-up: a few identical runs (as the builder counts)
-            rounds=s.builder.exact_runs if exact else ev.runs,
-            warmup=0 if exact else s.builder.warmup,
-            seed=s.builder.seed,
-            sides=SIDES,
-            progress=lambda d, t: phase("measure", d, t),
-            metric=s.builder.metric,
-            multithread_ratio=s.builder.multithread_ratio,
-            floor=0.0 if exact else s.builder.sample_floor,
-            max_repeats=s.builder.max_repeats,
-            pinned=dict.fromkeys(benches.common, 1),
-        )
+    meas, pin, cpu_fallback = _timed(backend, s, timed, workloads, benches.common, limits, phase, count=count)
+    if cpu_fallback:  # Valgrind could not count what decides: timed on CPU instead
+        s, exact = with_metric(s, "cpu"), False
+    timed = [n for n in timed if n not in meas.left_out]
     if meas.failure is not None:
         f = meas.failure
         timing = timing_verdict(f.side, timed_out=f.timed_out)
@@ -749,6 +723,8 @@ def _run(  # noqa: PLR0911 - one verdict per stage that can stop an evaluation
         tests_pass=True,
         timed_tests=timed,
         timed_benchmarks=benches.common,
+        left_out=dict(meas.left_out) or UNSET,
+        cpu_fallback=cpu_fallback or UNSET,
         rounds=s.builder.exact_runs if exact else ev.runs,
         seed=s.builder.seed,
         per_test=sc.per_test,
@@ -768,6 +744,89 @@ def _run(  # noqa: PLR0911 - one verdict per stage that can stop an evaluation
         native_confirmation=confirmation or UNSET,
         samples_confirm=confirm_samples or UNSET,
     )
+
+
+def _timed(
+    backend: Backend,
+    s: Settings,
+    timed: list[str],
+    workloads: Mapping[str, Mapping[str, TestCase]],
+    benchmarks: list[str],
+    limits: Callable[..., Limits],
+    phase: Phase,
+    *,
+    count: bool,
+) -> tuple[Measurement, int | None, str]:
+    """The three trees timed (or counted) on the leased timing core; the core; and, when the
+    exact metric met its limit on what decides, why the trees were timed on CPU instead (else "").
+
+    Under the exact metric a test that fails counted on every side and passes natively on every
+    side is left out (`leftout.metric_limit`). When that cannot be (it is the last workload), or
+    a run met an instruction Valgrind lacks (an agent's AVX-512 is an optimisation, not a fault),
+    the counts cannot grade: the measurement is made once more on CPU time — as the builder's
+    `cpu_fallback` does — never blamed on the agent's tree."""
+    ev, exact = s.evaluator, exact_metric(s.builder)
+    with timing_core(s.builder, phase, priority=ev.lease_priority) as pin:
+
+        def pinned(t: TestCase) -> Limits:
+            if is_benchmark(t.name):  # timed by its own JSON, never counted
+                return limits_for(t, s.builder, cpu=pin)
+            if exact:  # counted under Valgrind, on any core
+                return limits_for(t, s.builder, timeout=ev.test_timeout, counted=True)
+            return limits(t, pin, count)
+
+        def run_one(side: str, name: str) -> RunResult:
+            t = workloads[side][name]
+            return timed_run(backend, side, t, pinned(t))
+
+        def native(side: str, name: str) -> RunResult:  # untimed, on the build cores
+            t = workloads[side][name]
+            return timed_run(backend, side, t, limits(t))
+
+        drop = metric_limit(SIDES, run_one, native) if exact else None
+        meas = measure(
+            timed,
+            run_one,
+            # an exact count needs no warm-up: a few identical runs (as the builder counts)
+            rounds=s.builder.exact_runs if exact else ev.runs,
+            warmup=0 if exact else s.builder.warmup,
+            seed=s.builder.seed,
+            sides=SIDES,
+            progress=lambda d, t: phase("measure", d, t),
+            metric=s.builder.metric,
+            multithread_ratio=s.builder.multithread_ratio,
+            floor=0.0 if exact else s.builder.sample_floor,
+            max_repeats=s.builder.max_repeats,
+            pinned=dict.fromkeys(benchmarks, 1),
+            drop=drop,  # what Valgrind cannot count on any side (and runs natively on all) is left out
+        )
+        why = _uncountable(meas.failure, drop, meas.samples)
+    if not why:
+        return meas, pin, ""
+    why = f"{why}: timed on cpu instead"
+    log.info("eval_cpu_fallback", reason=why)
+    cpu = with_metric(s, "cpu")
+    meas, pin, _ = _timed(
+        backend, cpu, timed, workloads, benchmarks, limits, phase, count=check_metric(backend, cpu.builder)
+    )
+    return meas, pin, why
+
+
+def _uncountable(f: RunFailure | None, drop: Drop | None, meas_left: Collection[str]) -> str:
+    """Why a failed counted run is the exact metric's limit, not a tree's ("" when it is not).
+    `meas_left`: the workloads still measured; `drop` is asked here only about the last one
+    (`measure` never leaves out the last: it asked about every other failure itself)."""
+    if f is None or drop is None:
+        return ""
+    if f.valgrind_unhandled:
+        # where in the expert's tree (function, file, line) is the expert's business: logged only
+        where = "an instruction it lacks" if f.side == "expert" else f.valgrind_unhandled
+        log.info("valgrind_unhandled", test=f.test, side=f.side, where=f.valgrind_unhandled)
+        return f"Valgrind cannot run {f.test} on the {f.side} side ({where})"
+    if len(meas_left) > 1:  # `measure` asked `drop` already, and the failure stood
+        return ""
+    why = drop(f)
+    return f"{f.test} {why}" if why else ""
 
 
 def _unconfirmed(c: NativeConfirmation) -> str:

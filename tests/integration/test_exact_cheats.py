@@ -28,6 +28,7 @@ from cppperf.demo import core, create_demo_repo
 from cppperf.shared.engine.runner_script import cachegrind_counts, valgrind_unsupported
 from tests.conftest import make_settings
 from tests.integration.test_builder import prove
+from tests.integration.test_exact_metric import _has_avx512f
 
 pytestmark = [
     pytest.mark.skipif(valgrind_unsupported() is not None, reason="valgrind not installed"),
@@ -224,3 +225,43 @@ def test_confirm_runs_cannot_be_set_below_what_can_decide() -> None:
     assert load_settings(env={}).evaluator.confirm_runs == 8
     with pytest.raises(ConfigError, match=r"evaluator\.confirm_runs"):
         load_settings(env={"CPPPERF_EVALUATOR_CONFIRM_RUNS": "3"})
+
+
+# the expert's one pass plus an AVX-512 instruction executed on every call (vpbroadcastq zmm,
+# EVEX-encoded): natively a legitimate optimisation's instruction, under Valgrind 3.19 SIGILL
+WIDE_FN = """\
+#include <immintrin.h>
+
+static volatile long long wide_in = 0;
+
+__attribute__((target("avx512f"))) static unsigned long long wide_zero() {
+  alignas(64) long long out[8];
+  __m512i v = _mm512_set1_epi64(wide_in);
+  _mm512_store_si512(out, _mm512_add_epi64(v, v));
+  asm volatile("" : : "r"(out) : "memory");  // the store happens: no scalar shortcut
+  return (unsigned long long)out[7];
+}
+
+"""
+
+
+@pytest.mark.build
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(not _has_avx512f(), reason="the CPU has no AVX-512F")
+def test_an_agents_instruction_valgrind_lacks_is_timed_on_cpu_not_failed(counted: tuple[str, Any]) -> None:
+    """An agent's tree Valgrind cannot run (an AVX-512 instruction: Valgrind 3.19 has none) is not
+    a failing or flaky patch: the counts cannot grade it, so the three trees are timed on CPU
+    instead, the report says why (`cpu_fallback`) and the verdict is decided on time."""
+    from cppperf.services.evaluator.pipeline import EvalRequest, evaluate
+
+    iid, settings = counted
+    wide = core(1, bug=" + wide_zero()").replace('#include "core.h"\n', '#include "core.h"\n' + WIDE_FN, 1)
+    patch = patch_of("src/core.cpp", core(3), wide)
+    report = evaluate(EvalRequest(run_id="wide", model="wide", instance_id=iid, patch=patch), settings)
+    assert report["tests_pass"] and report["verdict"] in ("opt", "correct"), report["reason"]
+    fallback = report["cpu_fallback"]
+    assert fallback.startswith("Valgrind cannot run spin on the agent side (unhandled instruction"), fallback
+    assert fallback.endswith(": timed on cpu instead")
+    assert report["metric"] == "cpu" and set(report["decided_on"].values()) == {"cpu"}
+    assert report["rounds"] == settings.evaluator.runs and "native_confirmation" not in report

@@ -534,3 +534,66 @@ async def test_a_dead_lettered_request_is_not_pending_for_ever_and_can_be_sent_a
     assert (await gateway.result(ctx, AGENT, ask)).status == "pending"
     twice = await gateway.submit(ctx, AGENT, body)  # while it is queued: the duplicate it is
     assert twice.duplicate and await queued(ctx) == 1
+
+
+async def test_a_third_patch_recorded_while_a_replacement_is_written_is_not_lost_unseen(
+    ctx: ServiceContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One id, three patches at once: `a` evaluates while `b` is recorded; `a` finds `b`'s record
+    and replaces it — and `c` is recorded between that read and `a`'s write. The write was
+    unconditional: `c`'s record overwritten unseen and its report object named by nothing. It is
+    compare-and-set again: `a` replaces `c`'s record as read, and `c`'s object is removed."""
+    from cppperf.services.evaluator import handlers
+
+    await proven_instance(ctx)
+    loop = asyncio.get_running_loop()
+    armed: list[bool] = []
+    read_prior = handlers._prior
+
+    async def prior_then_c(c: ServiceContext, eid: str) -> Any:
+        got = await read_prior(c, eid)
+        if armed:  # `a`'s read after `b` recorded: `c` is recorded before `a` writes
+            armed.clear()
+            assert await on_request(ctx, Large(), request("c")) == "evaluated"
+        return got
+
+    class WhileA(Large):
+        def evaluate(self, req: Any, instance: Any) -> EvalReport:
+            done = asyncio.run_coroutine_threadsafe(on_request(ctx, Large(), request("b")), loop)
+            assert done.result(timeout=60) == "evaluated"
+            armed.append(True)
+            return super().evaluate(req, instance)
+
+    monkeypatch.setattr(handlers, "_prior", prior_then_c)
+    assert await on_request(ctx, WhileA(), request("a")) == "evaluated"
+    assert not armed  # `c` was recorded in between
+    state = await buckets.get(ctx.store, buckets.EVALUATIONS, request("a").id)
+    assert state is not None and state.report_ref
+    report = json.loads(await ctx.store.resolve_text(state.report, state.report_ref))
+    assert report["patch_sha256"] == hashlib.sha256(b"a").hexdigest()
+    assert await live_objects(ctx) == [state.report_ref]  # `b`'s and `c`'s objects removed
+
+
+async def test_a_result_read_while_its_record_is_replaced_is_the_new_report_not_unreadable(
+    ctx: ServiceContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`result` read the record, then its report object — removed meanwhile by a later patch's
+    evaluation of the id (its record replaced): the agent was told "the stored report is
+    unreadable". The record is read again: the agent gets the later patch's report."""
+    await proven_instance(ctx)
+    assert await on_request(ctx, Large(), request("slow")) == "evaluated"
+    read_state = gateway._state
+    replaced: list[bool] = []
+
+    async def state_then_replaced(c: ServiceContext, eid: str) -> Any:
+        got = await read_state(c, eid)
+        if not replaced:  # the first read: a later patch replaces the record before the report is read
+            replaced.append(True)
+            assert await on_request(ctx, Large(), request("fast")) == "evaluated"
+        return got
+
+    monkeypatch.setattr(gateway, "_state", state_then_replaced)
+    done = await gateway.result(ctx, AGENT, m.encode(m.AgentQuery(id=request("fast").id)))
+    assert replaced and done.ok, done
+    result = done.result or {}
+    assert result["verdict"] == "opt" and result["reason"].startswith("x"), result.get("reason", "")[:80]

@@ -9,9 +9,10 @@ from typing import Any
 
 from cppperf.services.builder.instance import InstanceResult, _valgrind_only
 from cppperf.services.evaluator.instances import EvalInstance
-from cppperf.services.evaluator.pipeline import timed_workloads
+from cppperf.services.evaluator.pipeline import _timed, timed_workloads
 from cppperf.shared.domain import Verdict
 from cppperf.shared.engine.cmake import TestCase as Case
+from cppperf.shared.engine.leftout import metric_limit
 from cppperf.shared.engine.protocol import RunFailure, measure
 from cppperf.shared.engine.sandbox import Limits, RunResult
 from cppperf.shared.settings import BuilderSettings
@@ -179,3 +180,119 @@ def test_the_evaluator_never_counts_what_the_builder_left_out() -> None:
     improved = _inst(left_out=["ld"], improved_tests=["a"])
     assert timed_workloads(common, improved, ["bench:x"], exact=True) == ["a", "bench:x"]
     assert timed_workloads(["ld"], inst, [], exact=True) == ["ld"]  # nothing else: it is tried
+
+
+def test_the_evaluators_rule_asks_every_other_side_counted_and_every_side_natively() -> None:
+    """The same rule over old/expert/agent: an agent's tree is never blamed for what Valgrind
+    cannot count on the original and the expert either."""
+    sides = ("old", "agent", "expert")
+    asked: list[tuple[str, str, str]] = []
+
+    def on(kind: str, ok: Callable[[str], bool]) -> Callable[[str, str], RunResult]:
+        def run(side: str, name: str) -> RunResult:
+            asked.append((kind, side, name))
+            return _res(0 if ok(side) else 1)
+
+        return run
+
+    heard: list[tuple[str, str]] = []
+    drop = metric_limit(
+        sides,
+        on("counted", lambda s: False),
+        on("native", lambda s: True),
+        left=lambda t, w: heard.append((t, w)),
+    )
+    agent_failed = RunFailure("ld", "agent", 0, 1, False, "", None)
+    why = drop(agent_failed)
+    assert (
+        why is not None
+        and "fails under Valgrind on all 3 sides (exit 1)" in why
+        and "natively on all 3" in why
+    )
+    assert [a for a in asked if a[0] == "counted"] == [("counted", "old", "ld"), ("counted", "expert", "ld")]
+    assert sorted(a[1] for a in asked if a[0] == "native") == ["agent", "expert", "old"]
+    assert heard == [("ld", why)]
+    # the expert's tree counts it: the agent's tree is the cause, its failure stands
+    drop = metric_limit(sides, on("counted", lambda s: s == "expert"), on("native", lambda s: True))
+    assert drop(agent_failed) is None
+    # it fails natively on the agent's tree: the agent's
+    drop = metric_limit(sides, on("counted", lambda s: False), on("native", lambda s: s != "agent"))
+    assert drop(agent_failed) is None
+
+
+class _Trees:
+    """Three trees' runs: `ld` fails under Valgrind everywhere (passes natively), `spin` counts
+    `ir[side]` instructions; `unhandled` sides meet an instruction Valgrind lacks in `spin`."""
+
+    def __init__(
+        self, unhandled: tuple[str, ...] = (), native_fails: tuple[tuple[str, str], ...] = ()
+    ) -> None:
+        self.ir = {"old": 3_000_000, "expert": 1_000_000, "agent": 1_000_000}
+        self.unhandled, self.native_fails = unhandled, native_fails
+        self.runs: list[tuple[str, str, bool]] = []
+
+    def instructions_unsupported(self) -> str:
+        return "no PMU here"
+
+    def run_test(self, side: str, test: Case, limits: Limits) -> RunResult:
+        self.runs.append((side, test.name, limits.valgrind))
+        if not limits.valgrind:
+            rc = 1 if (side, test.name) in self.native_fails else 0
+            return RunResult(rc, 0.01, self.ir[side] / 1e8, "ok", False, False)
+        if test.name == "ld":
+            return _res(1)
+        if side in self.unhandled:
+            return RunResult(
+                -4, 0.1, 0.1, "SIGILL", False, False, valgrind_unhandled="unhandled instruction bytes: 0x62"
+            )
+        return _res(0, ir=self.ir[side])
+
+
+def _timed_on(trees: _Trees, timed: list[str], tmp: Any) -> tuple[Any, Any, str]:
+    from tests.conftest import make_settings
+
+    s = make_settings(
+        tmp, builder={"metric": "cachegrind", "pin_cpu": False, "exact_runs": 3, "runs": 5, "warmup": 1}
+    )
+    workloads = {
+        side: {n: Case(n, [f"./{n}"], "/") for n in ("spin", "ld")} for side in ("old", "agent", "expert")
+    }
+
+    def limits(t: Case, cpu: int | None = None, instructions: bool = False) -> Limits:
+        return Limits(timeout=60, cpu=cpu, instructions=instructions)
+
+    return _timed(trees, s, timed, workloads, [], limits, lambda *_: None, count=False)  # type: ignore[arg-type]
+
+
+def test_the_evaluator_leaves_out_what_no_tree_can_be_counted_on(tmp_path: Any) -> None:
+    trees = _Trees()
+    meas, _, fallback = _timed_on(trees, ["spin", "ld"], tmp_path)
+    assert fallback == "" and meas.failure is None and meas.metric == "cachegrind"
+    assert list(meas.left_out) == ["ld"] and "on all 3 sides" in meas.left_out["ld"]
+    assert (
+        set(meas.samples) == {"spin"} and meas.samples["spin"].by_metric("cachegrind")["agent"] == [1e6] * 3
+    )
+
+
+def test_the_evaluator_times_on_cpu_when_the_counts_cannot_grade(tmp_path: Any) -> None:
+    """The last workload uncountable on every tree, or an instruction Valgrind lacks (an agent's
+    AVX-512 is an optimisation): measured once more on CPU time, never the agent's failure."""
+    for trees, timed, said in (
+        (_Trees(), ["ld"], "ld fails under Valgrind on all 3 sides"),
+        (_Trees(unhandled=("agent",)), ["spin"], "Valgrind cannot run spin on the agent side (unhandled"),
+    ):
+        meas, pin, fallback = _timed_on(trees, timed, tmp_path)
+        assert fallback.startswith(said) and fallback.endswith(": timed on cpu instead"), fallback
+        assert meas.failure is None and meas.metric == "cpu" and pin is None
+        assert set(meas.samples) == set(timed) and len(meas.samples[timed[0]].cpu["agent"]) >= 5
+        assert any(not counted for _, _, counted in trees.runs[-3:])  # the last runs were native
+
+
+def test_a_failure_the_rule_kept_is_the_failure_not_a_fallback(tmp_path: Any) -> None:
+    """`ld` fails natively on the original too: not the metric's limit — the failure stands (the
+    instance's or a tree's, as before), asked about once, and the counts are not swapped for CPU."""
+    trees = _Trees(native_fails=(("old", "ld"),))
+    meas, _, fallback = _timed_on(trees, ["spin", "ld"], tmp_path)
+    assert fallback == "" and meas.failure is not None and meas.failure.test == "ld"
+    assert meas.left_out == {} and meas.metric == "cachegrind"
+    assert [r for r in trees.runs if r[1] == "ld" and not r[2]] == [("old", "ld", False)]  # one native run

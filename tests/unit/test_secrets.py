@@ -1,4 +1,5 @@
-"""Secrets never printed: nested values, tracebacks, URLs (host:port only), the CLI's errors."""
+"""Secrets never printed: nested values, tracebacks, URLs (host:port only), the CLI's errors; and
+the expert's tree's output never in an agent's report (it can quote the expert's change)."""
 
 from __future__ import annotations
 
@@ -56,3 +57,25 @@ def test_a_malformed_url_is_refused_without_its_password() -> None:
     res = CliRunner().invoke(app, ["status", "--nats-url", f"http://cppperf:{PASSWORD}@host:4222"])
     assert res.exit_code != 0
     assert PASSWORD not in res.output
+
+
+def test_an_agent_never_reads_the_expert_trees_benchmark_output() -> None:
+    """`agent_view` (every report an agent is sent or reads, old stored ones too) leaves out
+    the expert side's output of a benchmark that could not be timed; the operator's keeps it."""
+    from cppperf.services.evaluator.handlers import agent_view, wire_report
+    from cppperf.shared.domain import BenchmarkSkip, EvalReport, EvalVerdict, SkippedBenchmark
+
+    def skip(side: str) -> SkippedBenchmark:
+        return SkippedBenchmark(
+            name="bench:x", reason=BenchmarkSkip.CRASHED, detail=f"exit 1: {side}_fast_path", side=side
+        )
+
+    report = EvalReport(
+        verdict=EvalVerdict.CORRECT, benchmarks_skipped=[skip(s) for s in ("expert", "agent", "old", "")]
+    )
+    shown = agent_view(report).benchmarks_skipped
+    assert isinstance(shown, list) and len(shown) == 4
+    assert "expert_fast_path" not in json.dumps(wire_report(report, for_agent=True))
+    assert "not shown to agents" in shown[0].detail and shown[0].reason == BenchmarkSkip.CRASHED
+    assert shown[1:] == report.benchmarks_skipped[1:]  # type: ignore[index]
+    assert "expert_fast_path" in json.dumps(wire_report(report))  # the operator's
