@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, Final, TypedDict
 
 import msgspec
 from msgspec import UNSET
@@ -224,8 +224,10 @@ def _in_run_dir(
     out.mkdir(parents=True, exist_ok=True)
     _write(out / "patch.diff", req.patch)
     t0 = time.perf_counter()
+    report = _evaluate(req, settings, out, on_phase or (lambda _p, _d, _t: None), instance, validating)
     report = msgspec.structs.replace(
-        _evaluate(req, settings, out, on_phase or (lambda _p, _d, _t: None), instance, validating),
+        report,
+        reason=short_reason(report.reason),
         instance_id=req.instance_id,
         run_id=req.run_id,
         model=req.model,
@@ -253,8 +255,21 @@ class _Built(TypedDict, total=False):
     benchmarks_skipped: list[SkippedBenchmark]
 
 
+# characters of a report's reason: checks quote what a patch names (a file name can be 250 kB)
+# and every agent's report is stored in the shared `evaluations` bucket, so it is cut here
+REASON_LIMIT: Final = 2000
+
+
+def short_reason(reason: str) -> str:
+    """`reason` cut to `REASON_LIMIT` characters (a marker says how many were cut)."""
+    if len(reason) <= REASON_LIMIT:
+        return reason
+    cut = len(reason) - REASON_LIMIT
+    return f"{reason[:REASON_LIMIT]} [... {cut} characters cut]"
+
+
 def _verdict(verdict: EvalVerdict, reason: str, **fields: Any) -> EvalReport:
-    return EvalReport(verdict=verdict, opt=False, reason=reason, **fields)
+    return EvalReport(verdict=verdict, opt=False, reason=short_reason(reason), **fields)
 
 
 def evaluation_metric(s: Settings, inst: EvalInstance) -> str:
@@ -595,6 +610,17 @@ def _benchmarks(backend: Backend, s: Settings, inst: EvalInstance, applied_with:
     return benches
 
 
+FAILURE_OUTPUT: Final = 6000  # characters of failing tests' output in one report, at most 1500 each
+
+
+def _tail(output: str, failures: list[FailedTest]) -> str:
+    """The tail of the next failing test's output the report keeps: the first failures' tails,
+    `FAILURE_OUTPUT` characters in all (every test of a big project failing loudly must not make
+    an agent's stored report one of megabytes)."""
+    keep = max(0, min(1500, FAILURE_OUTPUT - sum(len(f.output_tail) for f in failures)))
+    return output[-keep:] if keep else ""
+
+
 def _correctness(
     backend: Backend,
     tests: dict[str, TestCase],
@@ -619,7 +645,7 @@ def _correctness(
                         test=name,
                         returncode=res.returncode,
                         timed_out=res.timed_out,
-                        output_tail=res.output[-1500:],
+                        output_tail=_tail(res.output, failures),
                     )
                 )
     return failures
