@@ -19,6 +19,7 @@ import pytest
 
 from cppperf.demo import DemoRepo, create_demo_repo
 from cppperf.services.builder.service import build_patch
+from cppperf.services.evaluator.instances import EvalInstance
 from cppperf.services.filter.links import LinkResolver
 from cppperf.services.filter.select import to_message
 from cppperf.services.filter.walk import commit_details, iter_commits
@@ -123,6 +124,21 @@ async def ctx(nats_server: EmbeddedNats, tmp_path: Path) -> AsyncIterator[Servic
         yield ServiceContext(settings=settings, bus=bus, store=store)
     finally:
         await bus.close()
+
+
+def eval_instance(**fields: Any) -> EvalInstance:
+    """An evaluator's instance for unit tests of what is decided before any tree is built: a
+    valid id, a repository nowhere, proven improved; `fields` override."""
+    base: dict[str, Any] = {
+        "instance_id": "o__r-0123456789ab",
+        "repo": "o/r",
+        "url": "/nowhere",
+        "base_sha": "a" * 40,
+        "expert_sha": "b" * 40,
+        "expert_patch": "",
+        "verdict": "improved",
+    }
+    return EvalInstance(**(base | fields))
 
 
 @pytest.fixture(scope="session")

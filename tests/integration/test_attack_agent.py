@@ -31,6 +31,7 @@ from cppperf.shared.bus import credential_options, read_creds
 from cppperf.shared.domain import EvalReport, decode_record
 from cppperf.shared.errors import BadInput
 from cppperf.shared.service import ServiceContext
+from tests.conftest import eval_instance
 from tests.integration.test_bus_auth import INSTANCE, FakeOps, as_user, server_refuses
 from tests.secured_bus import (
     SecuredBus,
@@ -1432,15 +1433,7 @@ def test_two_evaluations_of_one_id_never_share_a_workspace(
     monkeypatch.setattr(pipeline, "make_backend", backend)
     monkeypatch.setattr(pipeline, "ensure_local", lambda *_a: tmp_path / "mirror")
     monkeypatch.setattr(pipeline, "jail_problem", lambda: None)
-    inst = pipeline.EvalInstance(
-        instance_id=INSTANCE,
-        repo="local/demo",
-        url="/nowhere",
-        base_sha="b" * 40,
-        expert_sha="c" * 40,
-        expert_patch="",
-        verdict="improved",
-    )
+    inst = eval_instance(instance_id=INSTANCE, repo="local/demo")
     for body in ("a", "b", "a"):
         patch = f"--- a/src/x.cpp\n+++ b/src/x.cpp\n@@ -1 +1 @@\n-int x;\n+int {body};\n"
         req = EvalRequest(run_id="bob.r", model="m", instance_id=INSTANCE, patch=patch, for_agent=True)

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from typing import Any
 
 from cppperf.services.builder.instance import InstanceResult, _valgrind_only
-from cppperf.services.evaluator.instances import EvalInstance
 from cppperf.services.evaluator.pipeline import _timed, timed_workloads
 from cppperf.shared.domain import Verdict
 from cppperf.shared.engine.cmake import TestCase as Case
@@ -16,6 +15,7 @@ from cppperf.shared.engine.leftout import metric_limit
 from cppperf.shared.engine.protocol import RunFailure, measure
 from cppperf.shared.engine.sandbox import Limits, RunResult
 from cppperf.shared.settings import BuilderSettings
+from tests.conftest import eval_instance, make_settings
 
 
 def _res(rc: int = 0, *, timed_out: bool = False, ir: int = 1000, unhandled: str | None = None) -> RunResult:
@@ -164,20 +164,14 @@ def test_progress_counts_only_the_workloads_measured_after_a_warm_up_drop() -> N
     assert done == 2 * meas.rounds and seen[-2] == (done, done)  # the total as measured, b not in it
 
 
-def _inst(**kw: Any) -> EvalInstance:
-    return EvalInstance(
-        instance_id="i", repo="o/r", url="u", base_sha="a", expert_sha="b", expert_patch="", **kw
-    )
-
-
 def test_the_evaluator_never_counts_what_the_builder_left_out() -> None:
     common = ["a", "b", "ld"]
-    inst = _inst(left_out=["ld"])
+    inst = eval_instance(left_out=["ld"])
     assert timed_workloads(common, inst, [], exact=True) == ["a", "b"]
     assert timed_workloads(common, inst, [], exact=False) == common  # timed natively it runs
-    deciding = _inst(left_out=["ld"], deciding_tests=["ld", "b"])
+    deciding = eval_instance(left_out=["ld"], deciding_tests=["ld", "b"])
     assert timed_workloads(common, deciding, [], exact=True) == ["b"]
-    improved = _inst(left_out=["ld"], improved_tests=["a"])
+    improved = eval_instance(left_out=["ld"], improved_tests=["a"])
     assert timed_workloads(common, improved, ["bench:x"], exact=True) == ["a", "bench:x"]
     assert timed_workloads(["ld"], inst, [], exact=True) == ["ld"]  # nothing else: it is tried
 
@@ -249,8 +243,6 @@ class _Trees:
 
 
 def _timed_on(trees: _Trees, timed: list[str], tmp: Any) -> tuple[Any, Any, str]:
-    from tests.conftest import make_settings
-
     s = make_settings(
         tmp, builder={"metric": "cachegrind", "pin_cpu": False, "exact_runs": 3, "runs": 5, "warmup": 1}
     )

@@ -9,24 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from cppperf.services.evaluator.instances import EvalInstance
 from cppperf.services.evaluator.pipeline import REASON_LIMIT, EvalRequest, evaluate_report, short_reason
 from cppperf.shared.domain import EvalVerdict
-from tests.conftest import make_settings
+from tests.conftest import eval_instance, make_settings
 
 LONG = "x" * 250_000
-
-
-def _inst() -> EvalInstance:
-    return EvalInstance(
-        instance_id="o__r-0123456789ab",
-        repo="o/r",
-        url="/nonexistent",
-        base_sha="a" * 40,
-        expert_sha="b" * 40,
-        expert_patch="",
-        verdict="improved",
-    )
 
 
 @pytest.mark.parametrize(
@@ -39,8 +26,10 @@ def _inst() -> EvalInstance:
 )
 def test_a_refusal_quoting_a_huge_file_name_is_a_short_reason(patch: str, tmp_path: Path) -> None:
     settings = make_settings(tmp_path, evaluator={"runs_dir": str(tmp_path / "runs")})
-    req = EvalRequest(run_id="r", model="m", instance_id=_inst().instance_id, patch=patch, for_agent=True)
-    report = evaluate_report(req, settings, instance=_inst())
+    req = EvalRequest(
+        run_id="r", model="m", instance_id=eval_instance().instance_id, patch=patch, for_agent=True
+    )
+    report = evaluate_report(req, settings, instance=eval_instance())
     assert report.verdict in (
         EvalVerdict.UNSAFE_PATCH,
         EvalVerdict.MALFORMED_PATCH,
