@@ -586,6 +586,8 @@ class EvalReport(_Written, kw_only=True):
     left_out: dict[str, str] | UnsetType = UNSET
     # why the exact metric could not grade and CPU time did (an instruction Valgrind lacks...)
     cpu_fallback: str | UnsetType = UNSET
+    # where in the expert's tree Valgrind stopped, when that caused it (the operator's; agents never see it)
+    cpu_fallback_expert: str | UnsetType = UNSET
     benchmarks_skipped: list[SkippedBenchmark] | UnsetType = UNSET
     rounds: int | UnsetType = UNSET
     seed: int | UnsetType = UNSET

@@ -135,7 +135,8 @@ def without_samples(report: EvalReport) -> EvalReport:
 # the bucket's copy, `result`); the report on the evaluator's disk keeps them for the operator.
 # `multi_file` (one bit: the expert changed more than one file) stays: the run report's
 # single/multi-file split (the paper's Table 2) is made from it.
-EXPERT_FIELDS: Final = ("files",)
+# `cpu_fallback_expert`: where Valgrind stopped in the expert's tree (function, file, line).
+EXPERT_FIELDS: Final = ("files", "cpu_fallback_expert")
 
 
 def agent_view(report: EvalReport) -> EvalReport:

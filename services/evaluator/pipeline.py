@@ -75,7 +75,7 @@ from cppperf.shared.engine.cmake import StepResult, TestCase, test_description
 from cppperf.shared.engine.leases import EXACT_METRICS, exact_metric, on_build_cores, timing_core
 from cppperf.shared.engine.leftout import metric_limit
 from cppperf.shared.engine.limits import limits_for
-from cppperf.shared.engine.protocol import Drop, Measurement, RunFailure, check_metric, measure
+from cppperf.shared.engine.protocol import Drop, Measurement, check_metric, measure
 from cppperf.shared.engine.sandbox import Limits, RunResult, jail_problem
 from cppperf.shared.files import locked, write_atomic
 from cppperf.shared.logging import get_logger
@@ -269,7 +269,7 @@ def short_reason(reason: str) -> str:
 
 
 def _verdict(verdict: EvalVerdict, reason: str, **fields: Any) -> EvalReport:
-    return EvalReport(verdict=verdict, opt=False, reason=short_reason(reason), **fields)
+    return EvalReport(verdict=verdict, opt=False, reason=reason, **fields)
 
 
 def evaluation_metric(s: Settings, inst: EvalInstance) -> str:
@@ -317,7 +317,7 @@ def refused_report(req: EvalRequest, verdict: EvalVerdict, reason: str) -> EvalR
     """The report of a request answered without evaluating it (nothing built, nothing written)."""
     return _verdict(
         verdict,
-        reason,
+        short_reason(reason),
         instance_id=req.instance_id,
         run_id=req.run_id,
         model=req.model,
@@ -610,14 +610,15 @@ def _benchmarks(backend: Backend, s: Settings, inst: EvalInstance, applied_with:
     return benches
 
 
-FAILURE_OUTPUT: Final = 6000  # characters of failing tests' output in one report, at most 1500 each
+FAILURE_OUTPUT: Final = 6000  # characters of failing tests' output in one report
+TEST_OUTPUT: Final = 1500  # characters of one failing test's output (its tail)
 
 
 def _tail(output: str, failures: list[FailedTest]) -> str:
     """The tail of the next failing test's output the report keeps: the first failures' tails,
-    `FAILURE_OUTPUT` characters in all (every test of a big project failing loudly must not make
+    `TEST_OUTPUT` characters each, `FAILURE_OUTPUT` in all (every test of a big project failing loudly must not make
     an agent's stored report one of megabytes)."""
-    keep = max(0, min(1500, FAILURE_OUTPUT - sum(len(f.output_tail) for f in failures)))
+    keep = max(0, min(TEST_OUTPUT, FAILURE_OUTPUT - sum(len(f.output_tail) for f in failures)))
     return output[-keep:] if keep else ""
 
 
@@ -708,7 +709,7 @@ def _run(  # noqa: PLR0911 - one verdict per stage that can stop an evaluation
         names = ", ".join(f.test for f in failures)
         return _verdict(failed, f"failing tests: {names}", **info, tests_pass=False, failing_tests=failures)
     meas, pin, cpu_fallback = _timed(backend, s, timed, workloads, benches.common, limits, phase, count=count)
-    if cpu_fallback:  # Valgrind could not count what decides: timed on CPU instead
+    if cpu_fallback is not None:  # Valgrind could not count what decides: timed on CPU instead
         s, exact = with_metric(s, "cpu"), False
     timed = [n for n in timed if n not in meas.left_out]
     if meas.failure is not None:
@@ -750,7 +751,8 @@ def _run(  # noqa: PLR0911 - one verdict per stage that can stop an evaluation
         timed_tests=timed,
         timed_benchmarks=benches.common,
         left_out=dict(meas.left_out) or UNSET,
-        cpu_fallback=cpu_fallback or UNSET,
+        cpu_fallback=cpu_fallback.reason if cpu_fallback else UNSET,
+        cpu_fallback_expert=(cpu_fallback and cpu_fallback.expert_where) or UNSET,
         rounds=s.builder.exact_runs if exact else ev.runs,
         seed=s.builder.seed,
         per_test=sc.per_test,
@@ -772,6 +774,16 @@ def _run(  # noqa: PLR0911 - one verdict per stage that can stop an evaluation
     )
 
 
+@dataclass(frozen=True)
+class CpuFallback:
+    """Why the exact metric could not grade and the trees were timed on CPU instead. `expert_where`:
+    where in the expert's tree Valgrind stopped (the expert's business: the operator's report
+    keeps it as `cpu_fallback_expert`, an agent's view drops it)."""
+
+    reason: str
+    expert_where: str = ""
+
+
 def _timed(
     backend: Backend,
     s: Settings,
@@ -782,15 +794,39 @@ def _timed(
     phase: Phase,
     *,
     count: bool,
-) -> tuple[Measurement, int | None, str]:
+) -> tuple[Measurement, int | None, CpuFallback | None]:
     """The three trees timed (or counted) on the leased timing core; the core; and, when the
-    exact metric met its limit on what decides, why the trees were timed on CPU instead (else "").
+    exact metric met its limit on what decides, why the trees were timed on CPU instead.
 
     Under the exact metric a test that fails counted on every side and passes natively on every
     side is left out (`leftout.metric_limit`). When that cannot be (it is the last workload), or
     a run met an instruction Valgrind lacks (an agent's AVX-512 is an optimisation, not a fault),
     the counts cannot grade: the measurement is made once more on CPU time — as the builder's
     `cpu_fallback` does — never blamed on the agent's tree."""
+    meas, pin, drop = _measure_on(backend, s, timed, workloads, benchmarks, limits, phase, count=count)
+    fallback = _uncountable(meas, drop)
+    if fallback is None:
+        return meas, pin, None
+    log.info("eval_cpu_fallback", reason=fallback.reason)
+    cpu = with_metric(s, "cpu")
+    count = check_metric(backend, cpu.builder)
+    meas, pin, _ = _measure_on(backend, cpu, timed, workloads, benchmarks, limits, phase, count=count)
+    return meas, pin, fallback
+
+
+def _measure_on(
+    backend: Backend,
+    s: Settings,
+    timed: list[str],
+    workloads: Mapping[str, Mapping[str, TestCase]],
+    benchmarks: list[str],
+    limits: Callable[..., Limits],
+    phase: Phase,
+    *,
+    count: bool,
+) -> tuple[Measurement, int | None, Drop | None]:
+    """One measurement of the three trees on `s`'s metric; the leased core; under the exact
+    metric, the rule that left out what Valgrind cannot count (`drop`)."""
     ev, exact = s.evaluator, exact_metric(s.builder)
     with timing_core(s.builder, phase, priority=ev.lease_priority) as pin:
 
@@ -826,33 +862,26 @@ def _timed(
             pinned=dict.fromkeys(benchmarks, 1),
             drop=drop,  # what Valgrind cannot count on any side (and runs natively on all) is left out
         )
-        why = _uncountable(meas.failure, drop, meas.samples)
-    if not why:
-        return meas, pin, ""
-    why = f"{why}: timed on cpu instead"
-    log.info("eval_cpu_fallback", reason=why)
-    cpu = with_metric(s, "cpu")
-    meas, pin, _ = _timed(
-        backend, cpu, timed, workloads, benchmarks, limits, phase, count=check_metric(backend, cpu.builder)
-    )
-    return meas, pin, why
+    return meas, pin, drop
 
 
-def _uncountable(f: RunFailure | None, drop: Drop | None, meas_left: Collection[str]) -> str:
-    """Why a failed counted run is the exact metric's limit, not a tree's ("" when it is not).
-    `meas_left`: the workloads still measured; `drop` is asked here only about the last one
+def _uncountable(meas: Measurement, drop: Drop | None) -> CpuFallback | None:
+    """Why `meas`'s failed counted run is the exact metric's limit, not a tree's (None when it is
+    not, or nothing failed). `drop` is asked here only about the last workload still measured
     (`measure` never leaves out the last: it asked about every other failure itself)."""
+    f = meas.failure
     if f is None or drop is None:
-        return ""
+        return None
     if f.valgrind_unhandled:
-        # where in the expert's tree (function, file, line) is the expert's business: logged only
-        where = "an instruction it lacks" if f.side == "expert" else f.valgrind_unhandled
-        log.info("valgrind_unhandled", test=f.test, side=f.side, where=f.valgrind_unhandled)
-        return f"Valgrind cannot run {f.test} on the {f.side} side ({where})"
-    if len(meas_left) > 1:  # `measure` asked `drop` already, and the failure stood
-        return ""
-    why = drop(f)
-    return f"{f.test} {why}" if why else ""
+        if f.side == "expert":  # where in the expert's tree (function, file, line): not the agent's to read
+            why = f"Valgrind cannot run {f.test} on the expert side (an instruction it lacks)"
+            return CpuFallback(f"{why}: timed on cpu instead", expert_where=f.valgrind_unhandled)
+        why = f"Valgrind cannot run {f.test} on the {f.side} side ({f.valgrind_unhandled})"
+        return CpuFallback(f"{why}: timed on cpu instead")
+    if len(meas.samples) > 1:  # `measure` asked `drop` already, and the failure stood
+        return None
+    limit = drop(f)
+    return CpuFallback(f"{f.test} {limit}: timed on cpu instead") if limit else None
 
 
 def _unconfirmed(c: NativeConfirmation) -> str:

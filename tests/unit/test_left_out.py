@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cppperf.services.builder.instance import InstanceResult, _valgrind_only
-from cppperf.services.evaluator.pipeline import _timed, timed_workloads
+from cppperf.services.evaluator.pipeline import CpuFallback, _timed, timed_workloads
 from cppperf.shared.domain import Verdict
 from cppperf.shared.engine.cmake import TestCase as Case
 from cppperf.shared.engine.leftout import metric_limit
@@ -242,7 +242,7 @@ class _Trees:
         return _res(0, ir=self.ir[side])
 
 
-def _timed_on(trees: _Trees, timed: list[str], tmp: Any) -> tuple[Any, Any, str]:
+def _timed_on(trees: _Trees, timed: list[str], tmp: Any) -> tuple[Any, Any, CpuFallback | None]:
     s = make_settings(
         tmp, builder={"metric": "cachegrind", "pin_cpu": False, "exact_runs": 3, "runs": 5, "warmup": 1}
     )
@@ -259,7 +259,7 @@ def _timed_on(trees: _Trees, timed: list[str], tmp: Any) -> tuple[Any, Any, str]
 def test_the_evaluator_leaves_out_what_no_tree_can_be_counted_on(tmp_path: Any) -> None:
     trees = _Trees()
     meas, _, fallback = _timed_on(trees, ["spin", "ld"], tmp_path)
-    assert fallback == "" and meas.failure is None and meas.metric == "cachegrind"
+    assert fallback is None and meas.failure is None and meas.metric == "cachegrind"
     assert list(meas.left_out) == ["ld"] and "on all 3 sides" in meas.left_out["ld"]
     assert (
         set(meas.samples) == {"spin"} and meas.samples["spin"].by_metric("cachegrind")["agent"] == [1e6] * 3
@@ -274,7 +274,10 @@ def test_the_evaluator_times_on_cpu_when_the_counts_cannot_grade(tmp_path: Any) 
         (_Trees(unhandled=("agent",)), ["spin"], "Valgrind cannot run spin on the agent side (unhandled"),
     ):
         meas, pin, fallback = _timed_on(trees, timed, tmp_path)
-        assert fallback.startswith(said) and fallback.endswith(": timed on cpu instead"), fallback
+        assert fallback is not None and fallback.expert_where == ""
+        assert fallback.reason.startswith(said) and fallback.reason.endswith(": timed on cpu instead"), (
+            fallback
+        )
         assert meas.failure is None and meas.metric == "cpu" and pin is None
         assert set(meas.samples) == set(timed) and len(meas.samples[timed[0]].cpu["agent"]) >= 5
         assert any(not counted for _, _, counted in trees.runs[-3:])  # the last runs were native
@@ -285,6 +288,15 @@ def test_a_failure_the_rule_kept_is_the_failure_not_a_fallback(tmp_path: Any) ->
     instance's or a tree's, as before), asked about once, and the counts are not swapped for CPU."""
     trees = _Trees(native_fails=(("old", "ld"),))
     meas, _, fallback = _timed_on(trees, ["spin", "ld"], tmp_path)
-    assert fallback == "" and meas.failure is not None and meas.failure.test == "ld"
+    assert fallback is None and meas.failure is not None and meas.failure.test == "ld"
     assert meas.left_out == {} and meas.metric == "cachegrind"
     assert [r for r in trees.runs if r[1] == "ld" and not r[2]] == [("old", "ld", False)]  # one native run
+
+
+def test_where_valgrind_stopped_in_the_experts_tree_is_kept_apart_from_the_reason(tmp_path: Any) -> None:
+    """The expert's tree meets an instruction Valgrind lacks: timed on cpu, the reason names the
+    side but not where (the expert's code); where is kept apart, for the operator's report only."""
+    meas, _, fallback = _timed_on(_Trees(unhandled=("expert",)), ["spin"], tmp_path)
+    assert fallback is not None and meas.metric == "cpu" and meas.failure is None
+    assert fallback.reason.startswith("Valgrind cannot run spin on the expert side (an instruction it lacks)")
+    assert "0x62" not in fallback.reason and fallback.expert_where == "unhandled instruction bytes: 0x62"

@@ -79,3 +79,20 @@ def test_an_agent_never_reads_the_expert_trees_benchmark_output() -> None:
     assert "not shown to agents" in shown[0].detail and shown[0].reason == BenchmarkSkip.CRASHED
     assert shown[1:] == report.benchmarks_skipped[1:]  # type: ignore[index]
     assert "expert_fast_path" in json.dumps(wire_report(report))  # the operator's
+
+
+def test_an_agent_never_reads_where_valgrind_stopped_in_the_experts_tree() -> None:
+    """`cpu_fallback_expert` (function, file and line in the expert's tree) is the operator's:
+    every agent's view drops it, the reason it came with stays."""
+    from cppperf.services.evaluator.handlers import agent_view, wire_report
+    from cppperf.shared.domain import EvalReport, EvalVerdict
+
+    where = "unhandled instruction bytes: 0x62 at 0x1234: expert_fast_path (fast.cpp:12)"
+    report = EvalReport(
+        verdict=EvalVerdict.OPT,
+        cpu_fallback="Valgrind cannot run t on the expert side (an instruction it lacks): timed on cpu instead",
+        cpu_fallback_expert=where,
+    )
+    assert "expert_fast_path" not in json.dumps(wire_report(report, for_agent=True))
+    assert agent_view(report).cpu_fallback == report.cpu_fallback
+    assert wire_report(report)["cpu_fallback_expert"] == where  # the operator's
