@@ -88,7 +88,8 @@ def agent_entry(name: str, public: str) -> str:
     """The agent's account: its one user, the imports of its own API and announcements, and its
     limits (`AGENT_LIMITS`)."""
     imports = (
-        f'{{service: {{account: SERVICES, subject: "{m.eval_api_subject(name, "*")}"}}}}, '
+        f'{{service: {{account: SERVICES, subject: "{m.eval_api_service_subject(name, "*")}"}}, '
+        f'to: "{m.eval_api_subject(name, "*")}"}}, '
         f'{{stream: {{account: SERVICES, subject: "{m.eval_completed_subject(name)}"}}}}'
     )
     user = f'{{nkey: "{public}", permissions: {agent_permissions(name)}}}'

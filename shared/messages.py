@@ -55,7 +55,27 @@ def eval_completed_subject(agent: str) -> str:
 
 
 def eval_api_subject(agent: str, verb: str) -> str:
+    """Where an agent sends its requests (in its own account; on an open bus, where they arrive)."""
     return f"{EVAL_API}.{agent}.{verb}"
+
+
+# The evaluator reads agents' requests on this many connections, one per partition of the agents'
+# names (services/evaluator/api.py): the server closes a connection it cannot write to fast enough
+# (a slow consumer), and NATS has no ingress rate limit, so one agent flooding its own subject can
+# only take its own partition's connection down, not every agent's.
+API_PARTITIONS: Final = 8
+
+
+def api_partition(agent: str) -> str:
+    """The partition token of `agent`'s requests: `p0` … `p7`, fixed by its name."""
+    n = int.from_bytes(hashlib.sha256(agent.encode()).digest()[:4], "big") % API_PARTITIONS
+    return f"p{n}"
+
+
+def eval_api_service_subject(agent: str, verb: str) -> str:
+    """Where `agent`'s request arrives in SERVICES on a secured bus: its account's import maps
+    `eval.api.<agent>.<verb>` to `eval.api.<partition>.<agent>.<verb>` (cppperf/agents.py)."""
+    return f"{EVAL_API}.{api_partition(agent)}.{agent}.{verb}"
 
 
 def dlq_subject(subject: str) -> str:
@@ -165,6 +185,11 @@ def evaluation_id(run_id: str, model: str, instance: str) -> str:
 def agent_run(agent: str, run_id: str) -> str:
     """An agent's run as the evaluator keys it: `<agent>.<run_id>` (agent names have no dot)."""
     return f"{agent}.{run_id}" if agent else run_id
+
+
+def run_prefix(run_id: str) -> str:
+    """What every `evaluation_id` of `run_id` starts with."""
+    return f"{_id_part(run_id)}/"
 
 
 class _Msg(msgspec.Struct, frozen=True, kw_only=True):
@@ -495,14 +520,14 @@ def _ids(msg: msgspec.Struct) -> list[tuple[str, Callable[[str], str], str]]:  #
             # instance_id is judged by the evaluator (an `unknown-instance` answer, see verdict.py)
             return [
                 ("run_id", check_run_id, msg.run_id),
-                *([("agent", _check_agent, msg.agent)] if msg.agent else []),
+                *([("agent", check_agent, msg.agent)] if msg.agent else []),
             ]
         case ValidateRequested():
             return [("instance_id", check_instance_id, msg.instance_id)]
     return []
 
 
-def _check_agent(agent: str) -> str:
+def check_agent(agent: str) -> str:
     if not AGENT_NAME.fullmatch(agent):
         raise BadInput(f"not an agent name: {_shown(agent)} ([a-z0-9][a-z0-9_-]{{0,31}})")
     return agent

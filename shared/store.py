@@ -252,7 +252,18 @@ class Store:
             return False
         return True
 
-    async def ids(self, bucket: str, *, under: str | None = None) -> list[str]:
+    async def forget(self, bucket: str, item_id: str) -> None:
+        """Remove every trace of the record: its revisions and its delete or purge marker (a
+        purge of its key's subject; `delete` leaves a marker that `count` still counts)."""
+        subject = f"$KV.{bucket}.{encode_key(item_id)}"
+
+        async def op(kv: KeyValue) -> bool:
+            await kv.status()  # a missing bucket raises what `_on_kv` re-creates it on
+            return await self.js.purge_stream(f"KV_{bucket}", subject=subject)
+
+        await self._on_kv(bucket, op)
+
+    async def ids(self, bucket: str, *, under: str | None = None, removed: bool = False) -> list[str]:
         """Every id in the bucket; `under`: only ids whose first dot-separated part is `under`
         (an agent's evaluations, `<agent>.<run>/…`), selected by the server (a subject filter),
         so the rest of the bucket is never read.
@@ -261,7 +272,8 @@ class Store:
         gave at its creation (a timeout short of it is a TransientError, never a shorter list) —
         not by nats-py's `keys()`/`watch()`, which end at the first message whose `num_pending`
         is 0: under load an agent's `results` page came back short (2008 rows of 2500) and its
-        run looked finished."""
+        run looked finished. `removed`: the ids whose last message is a delete or purge marker
+        too (what `count` counts)."""
         prefix = f"$KV.{bucket}."
         subject = f"{prefix}{encode_key(under)}.>" if under is not None else f"{prefix}>"
 
@@ -290,7 +302,10 @@ class Store:
                     seen += len(msgs)
                     for msg in msgs:
                         headers = msg.headers or {}
-                        if headers.get("KV-Operation") in ("DEL", "PURGE") or "Nats-Marker-Reason" in headers:
+                        gone = (
+                            headers.get("KV-Operation") in ("DEL", "PURGE") or "Nats-Marker-Reason" in headers
+                        )
+                        if gone and not removed:
                             continue  # a removed key (its marker is the last message of its subject)
                         keys.append(msg.subject[len(prefix) :])
             finally:

@@ -1,15 +1,30 @@
 """`agents`: the bus identities. `add|remove|list` for external agents (deploy/nats/agents.conf
-plus a creds file per agent), `service-keys` for the services (compose .env lines or a k8s Secret)."""
+plus a creds file per agent), `service-keys` for the services (compose .env lines or a k8s Secret),
+`forget` for an agent's stored evaluations (the operator's, as admin on the bus)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cppperf.cli.common import WholeHelpGroup, app, console, out
+from cppperf.cli.common import (
+    NatsUrl,
+    WholeHelpGroup,
+    _fail,
+    _settings,
+    app,
+    cli_nats,
+    console,
+    not_admin,
+    out,
+    run_async,
+)
 from cppperf.shared.errors import CppPerfError
+
+if TYPE_CHECKING:
+    from cppperf.services.evaluator.forget import Forgotten
 
 agents_app = typer.Typer(
     cls=WholeHelpGroup, help="Bus identities: external agents and the services' NKeys.", no_args_is_help=True
@@ -104,3 +119,74 @@ def service_keys_cmd(
         return
     for service, key in keys.items():
         out.print(f"NKEY_{service.upper()}={key.public}", markup=False, highlight=False)
+
+
+@agents_app.command("forget")
+def forget_cmd(
+    name: Annotated[str, typer.Argument(help="the agent whose evaluations go (as given to `agents add`)")],
+    run: Annotated[str | None, typer.Option("--run", help="only this run of the agent's")] = None,
+    runs_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--runs-dir",
+            help="this evaluator's runs directory (evaluator.runs_dir, OUT/runs): remove the run folders too",
+            file_okay=False,
+        ),
+    ] = None,
+    nats_url: NatsUrl = None,
+    creds: Annotated[
+        Path | None,
+        typer.Option(
+            "--creds",
+            envvar="CPPPERF_BUS_CREDS",
+            help="the admin's creds file (`cppperf agents service-keys`)",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config", envvar="CPPPERF_CONFIG", help="cppperf.toml path", exists=True, dir_okay=False
+        ),
+    ] = None,
+) -> None:
+    """Forget an agent's evaluations (all, or one --run's): their records in the `evaluations`
+    bucket with every revision and marker, their report objects and, with --runs-dir, their run
+    folders on this evaluator. They stop counting against evaluator.agent_max_evaluations. Run
+    it for a finished run (an evaluation still running is recorded again when it ends), on each
+    evaluator host for its --runs-dir.
+
+    \b
+    Examples:
+      cppperf agents forget alice --run r1 --nats-url nats://nats-1:4222 --creds admin.creds
+      cppperf agents forget alice --runs-dir /var/lib/cppperf/runs --nats-url … --creds admin.creds
+    """
+    from cppperf.runtime import connect
+    from cppperf.services.evaluator.forget import check_names, forget
+    from cppperf.shared.bus import AWAY_ERRORS
+
+    try:
+        check_names(name, run)
+    except CppPerfError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    s = _settings(config, nats_url=nats_url, bus__creds=str(creds) if creds else None)
+
+    async def main(url: str) -> Forgotten:
+        async with connect(s, url) as ctx:
+            return await forget(ctx.store, name, run, runs_dir)
+
+    with cli_nats(s) as url:
+        try:
+            done = run_async(main(url), waiting_for="the removal to stop")
+        except CppPerfError as exc:
+            raise _fail(exc) from None
+        except AWAY_ERRORS as exc:  # a refused $JS.API call times out
+            raise not_admin(exc) from None
+        except Exception as exc:  # nats' APIError and friends: one line
+            raise _fail(f"forgetting failed: {exc}") from None
+    what = f"{name}'s run {run}" if run else name
+    folders = f", {len(done.folders)} run folder(s)" if runs_dir is not None else ""
+    out.print(
+        f"{what}: {done.records} evaluation record(s), {done.reports} report object(s){folders} removed"
+    )

@@ -19,6 +19,7 @@ from cppperf.cli.common import (
     _settings,
     app,
     cli_nats,
+    not_admin,
     out,
     print_json,
     run_async,
@@ -80,9 +81,7 @@ def provision(
         except CppPerfError as exc:
             raise _fail(exc) from None
         except AWAY_ERRORS as exc:  # a refused $JS.API call times out: not the admin's rights
-            raise _fail(
-                f"the server did not answer a JetStream call ({exc or type(exc).__name__}): are these the admin's credentials?"
-            ) from None
+            raise not_admin(exc) from None
         except Exception as exc:  # nats' APIError and friends: one line
             raise _fail(f"provisioning failed: {exc}") from None
     if as_json:

@@ -216,6 +216,14 @@ def _fail(exc: BaseException | str, code: int = EXIT_FAILURES) -> typer.Exit:
     return typer.Exit(code)
 
 
+def not_admin(exc: BaseException) -> typer.Exit:
+    """An admin's verb whose JetStream call went unanswered (a refused `$JS.API` call times out:
+    the credentials are not the admin's): one line, exit 1."""
+    return _fail(
+        f"the server did not answer a JetStream call ({exc or type(exc).__name__}): are these the admin's credentials?"
+    )
+
+
 def print_json(data: Any) -> None:
     """One JSON document on stdout, never wrapped."""
     sys.stdout.write(json.dumps(data, default=_jsonable, indent=1) + "\n")

@@ -2,11 +2,15 @@
 (`evaluator-api`, shared by the evaluator replicas) on a connection of its own, answered by
 `gateway.answer` while evaluations run.
 
-Its own connection (named `evaluator-api`): the server closes a connection that leaves more than
-max_pending (64 MiB) unread, and an agent can send that much faster than any evaluator reads it
-(300 requests of 900 kB). On the connection that carries the evaluator's JetStream work (pulls,
-heartbeats, acks, KV) such a close cut the work too; on this one it costs only agents' requests,
-which the flood had made unanswerable anyway (the connection comes back by itself).
+Connections of its own (named `evaluator-api`): the server closes a connection that leaves more
+than max_pending (64 MiB) unread, and an agent can send that much faster than any evaluator reads
+it (300 requests of 900 kB; or, within its account's 16 connections, ~190 000 tiny requests a
+second: NATS has no ingress rate limit). On the connection that carries the evaluator's JetStream
+work (pulls, heartbeats, acks, KV) such a close cut the work too; on these it costs only agents'
+requests. One per partition of the agents (`messages.API_PARTITIONS`: an agent's import puts its
+requests on `eval.api.<partition>.<agent>.<verb>`, the partition fixed by its name), plus one for
+the open bus's `eval.api.<agent>.<verb>`: a flood closes only its own partition's connection (it
+comes back by itself), and the other partitions' agents are answered meanwhile.
 
 A plain nats-py subscription, not a FastStream subscriber: every request, refused or not, is one
 message this process reads and answers in turn, and FastStream's per-message work (~0.5 ms here)
@@ -58,8 +62,8 @@ class AgentApi:
     def __init__(self, ctx: ServiceContext, gate: gateway.RateGate | None) -> None:
         self.ctx = ctx
         self.gate = gate
-        self.bus: Bus | None = None
-        self.sub: Subscription | None = None
+        self.buses: list[Bus] = []  # one connection per subject of `subjects()`
+        self.subs: list[Subscription] = []
         self.task: asyncio.Task[None] | None = None
         self.lanes: dict[str, asyncio.Queue[Msg]] = {}  # agent -> its requests not answered yet
         self.workers: dict[str, asyncio.Task[None]] = {}  # agent -> the task answering its lane
@@ -76,15 +80,18 @@ class AgentApi:
             return "agents' API (eval.api) not started"
         if task.done() and not task.cancelled() and (exc := task.exception()) is not None:
             return f"agents' API (eval.api) cannot subscribe: {str(exc) or type(exc).__name__}"
-        if self.bus is None or self.sub is None:
+        if len(self.subs) < len(subjects()):
             return "agents' API (eval.api) connecting"
-        if self.bus.nc.is_closed:
-            return "agents' API connection (evaluator-api) closed: agents get no answer"
-        if not self.bus.nc.is_connected:
-            return "agents' API connection (evaluator-api) down (reconnecting)"
-        if isinstance(self.bus.nc, TolerantClient) and not self.bus.nc.reading:
-            # connected, but nothing is read any more (nats-py's read loop ended at an exception)
-            return "agents' API connection (evaluator-api) stopped reading: agents get no answer"
+        for bus, subject in zip(self.buses, subjects(), strict=True):
+            if bus.nc.is_closed:
+                return f"agents' API connection (evaluator-api, {subject}) closed: agents get no answer"
+            if not bus.nc.is_connected:
+                return f"agents' API connection (evaluator-api, {subject}) down (reconnecting)"
+            if isinstance(bus.nc, TolerantClient) and not bus.nc.reading:
+                # connected, but nothing is read any more (nats-py's read loop ended at an exception)
+                return (
+                    f"agents' API connection (evaluator-api, {subject}) stopped reading: agents get no answer"
+                )
         return None
 
     async def subscribed(self) -> None:
@@ -96,19 +103,21 @@ class AgentApi:
             await asyncio.shield(self.task)
 
     async def _subscribe(self) -> None:
-        bus = await Bus.connect(self.ctx.bus.url, self.ctx.bus.settings, name=QUEUE)
         try:
-            self.sub = await bus.nc.subscribe(
-                f"{m.EVAL_API}.*.*",
-                queue=QUEUE,
-                cb=self.on_request,
-                pending_msgs_limit=PENDING_MSGS,
-                pending_bytes_limit=PENDING_BYTES,
-            )
+            for subject in subjects():
+                bus = await Bus.connect(self.ctx.bus.url, self.ctx.bus.settings, name=QUEUE)
+                self.buses.append(bus)
+                sub = await bus.nc.subscribe(
+                    subject,
+                    queue=QUEUE,
+                    cb=self.on_request,
+                    pending_msgs_limit=PENDING_MSGS,
+                    pending_bytes_limit=PENDING_BYTES,
+                )
+                self.subs.append(sub)
         except BaseException:
-            await bus.close()  # the next try dials afresh
+            await self._close_buses()  # the next try dials afresh
             raise
-        self.bus = bus
 
     async def on_request(self, msg: Msg) -> None:
         """File the request into its agent's lane (a subject that names no agent is refused here)."""
@@ -155,22 +164,39 @@ class AgentApi:
 
     @staticmethod
     async def _respond(msg: Msg, reply: m.AgentAnswer) -> None:
-        if msg.reply:  # NATS's reply subject: back into the asker's own account, whatever the body says
+        if not msg.reply:  # NATS's reply subject: back into the asker's own account, whatever the body says
+            return
+        try:
+            await msg.respond(m.encode(reply))
+        except Exception as exc:  # an answer over the max payload gets a short refusal, not silence
+            log.warning("agent_answer_not_sent", subject=msg.subject[:200], error=str(exc)[:200])
             with contextlib.suppress(Exception):  # the connection is away: the agent's request times out
-                await msg.respond(m.encode(reply))
+                await msg.respond(
+                    m.encode(gateway.refused("the answer could not be sent (too large?): ask for less"))
+                )
 
     async def close(self) -> None:
         if self.task is not None:
             await stop_task(self.task)
-        if self.sub is not None:
+        for sub in self.subs:
             with contextlib.suppress(Exception):
-                await self.sub.unsubscribe()
-            self.sub = None
-        for worker in self.workers.values():  # after the subscription: no request opens a lane now
+                await sub.unsubscribe()
+        self.subs.clear()
+        for worker in self.workers.values():  # after the subscriptions: no request opens a lane now
             await stop_task(worker)
         self.workers.clear()
         self.lanes.clear()
         self.lane_bytes.clear()
-        if self.bus is not None:
-            await self.bus.close()
-            self.bus = None
+        await self._close_buses()
+
+    async def _close_buses(self) -> None:
+        self.subs.clear()
+        buses, self.buses = self.buses, []
+        for bus in buses:
+            await bus.close()
+
+
+def subjects() -> list[str]:
+    """What the API subscribes to, each on a connection of its own: every partition of the
+    agents (a secured bus), then the open bus's `eval.api.<agent>.<verb>`."""
+    return [f"{m.EVAL_API}.p{i}.*.*" for i in range(m.API_PARTITIONS)] + [f"{m.EVAL_API}.*.*"]

@@ -22,7 +22,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -69,13 +69,18 @@ def too_fast(gate: RateGate, agent: str) -> m.AgentAnswer:
 
 
 def agent_of(subject: str) -> tuple[str, str] | None:
-    """(agent, verb) of `eval.api.<agent>.<verb>`, or None for anything else."""
+    """(agent, verb) of `eval.api.<agent>.<verb>` (an open bus) or of
+    `eval.api.<partition>.<agent>.<verb>` (a secured bus: the agent's import put it in its
+    partition), or None for anything else."""
     parts = subject.split(".")
-    if len(parts) != 4 or ".".join(parts[:2]) != m.EVAL_API or parts[3] not in VERBS:
+    if len(parts) not in (4, 5) or ".".join(parts[:2]) != m.EVAL_API or parts[-1] not in VERBS:
         return None
-    if not m.AGENT_NAME.fullmatch(parts[2]):
+    agent = parts[-2]
+    if not m.AGENT_NAME.fullmatch(agent):
         return None
-    return parts[2], parts[3]
+    if len(parts) == 5 and parts[2] != m.api_partition(agent):
+        return None
+    return agent, parts[-1]
 
 
 def dedup_id(agent: str, req: m.AgentSubmit, replaces: str = "") -> str:
@@ -121,7 +126,7 @@ async def over_quota(ctx: ServiceContext, agent: str, *, queued: int) -> str | N
     return (
         f"{held} evaluations of {agent} kept or queued (limit {limit}): a new run, model or "
         "instance is refused; asking again for one you have replaces it (the operator can raise "
-        "evaluator.agent_max_evaluations or remove old runs)"
+        "evaluator.agent_max_evaluations or forget old runs: `cppperf agents forget`)"
     )
 
 
@@ -272,6 +277,11 @@ def _summary(evaluation_id: str, report: EvalReport) -> ResultSummary:
     )
 
 
+# the longest evaluation id: `<agent>.<run_id>/<model>/<instance_id>`, each part with `%` and `/`
+# escaped as three characters (agent 32, run id and model 128 each, an instance id well under 256)
+MAX_EVALUATION_ID: Final = 3 * (32 + 1 + 128 + 128 + 256) + 2
+
+
 def _lost(evaluation_id: str, digest: str) -> str:
     what = "this patch of " if digest else ""
     return (
@@ -285,6 +295,8 @@ async def result(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer:
         q = m.decode(data, m.AgentQuery)
     except CppPerfError as exc:
         return refused(str(exc))
+    if len(q.id) > MAX_EVALUATION_ID:  # echoed in the answer: a 1 MiB id made it too large to send
+        return refused(f"an evaluation id of {len(q.id)} characters: none is longer than {MAX_EVALUATION_ID}")
     if not owns(agent, q.id):
         return refused(f"{q.id[:200]!r} is not an evaluation of {agent}")
     try:
@@ -313,7 +325,7 @@ async def results(ctx: ServiceContext, agent: str, data: bytes) -> m.AgentAnswer
         return refused(str(exc))
     if error := _check_token("run_id", q.run_id):
         return refused(error)
-    prefix = m.evaluation_id(m.agent_run(agent, q.run_id), "x", "x").rsplit("/", 2)[0] + "/"
+    prefix = m.run_prefix(m.agent_run(agent, q.run_id))
     rows: list[dict[str, Any]] = []
     size = 0
     for eid in sorted(await ctx.store.ids(EVALUATIONS.name, under=agent)):  # only this agent's keys

@@ -23,7 +23,7 @@ from cppperf.agents import AGENT_LIMITS, add_agent, agent_entry, list_agents, ne
 from cppperf.client import AgentClient, Refused
 from cppperf.runtime import connect
 from cppperf.services.evaluator.api import LANE_BYTES, LANE_DEPTH
-from cppperf.services.evaluator.gateway import dedup_id
+from cppperf.services.evaluator.gateway import MAX_EVALUATION_ID, dedup_id
 from cppperf.services.evaluator.instances import EvalInstance
 from cppperf.services.evaluator.pipeline import EvalRequest
 from cppperf.shared import messages as m
@@ -164,6 +164,11 @@ def test_agents_conf_puts_every_agent_in_its_own_account(tmp_path: Path) -> None
     text = conf.read_text()
     assert text.count("agent_alice: {users: [") == 1 and text.count("agent_bob: {users: [") == 1
     assert '"eval.api.bob.*"' in text and '"eval.completed.bob"' in text
+    # its requests arrive in SERVICES in its own partition (the evaluator reads each on its own connection)
+    part = m.api_partition("bob")
+    assert (
+        f'{{service: {{account: SERVICES, subject: "eval.api.{part}.bob.*"}}, to: "eval.api.bob.*"}}' in text
+    )
     # bob may publish the API's three verbs, not `eval.api.bob.*` (a verb of any bytes)
     assert 'publish: {allow: ["eval.api.bob.submit", "eval.api.bob.result", "eval.api.bob.results"]}' in text
     assert "eval.api.*.*" not in text  # each imports only its own API
@@ -187,6 +192,9 @@ PUBLISH_ATTACKS = [
     "eval.api.>",
     "eval.api.bob",  # too few tokens
     "eval.api.bob.submit.x",  # too many
+    f"eval.api.{m.api_partition('bob')}.bob.submit",  # SERVICES' side of its own import
+    f"eval.api.{m.api_partition('alice')}.alice.submit",  # alice's partition
+    f"eval.api.{m.api_partition('alice')}.bob.submit",  # its own name in alice's partition
     "eval.api.bob\u00e9.submit",  # unicode next to the name
     "eval.api." + "b" * 2000 + ".submit",
     "eval.completed.alice",  # forge alice's announcement
@@ -365,7 +373,7 @@ async def test_an_agent_cannot_hold_unbounded_subscriptions(secured: SecuredBus,
         assert (await client.wait(eid, poll=0.1, max_wait=90))["verdict"] == "opt"
 
 
-RESPONSE_THRESHOLD = 10.0  # seconds: the `response_threshold` of the `eval.api.*.*` export
+RESPONSE_THRESHOLD = 10.0  # seconds: the `response_threshold` of the `eval.api.*.*.*` export
 
 
 def pending_responses(secured: SecuredBus) -> int:
@@ -397,7 +405,7 @@ async def test_unanswered_requests_do_not_pile_up_reply_routes(tmp_path: Path) -
         async def hold(msg: Msg) -> None:
             held.append(msg)
 
-        await stalled.subscribe("eval.api.*.*", queue="evaluator-api", cb=hold)
+        await stalled.subscribe("eval.api.*.*.*", queue="evaluator-api", cb=hold)
         await stalled.flush()
         bob = await as_user(bus, "bob")
         answered, on = sink()
@@ -690,6 +698,9 @@ async def test_ids_cannot_reach_another_agents_results(secured: SecuredBus, eval
         for trick in tricks:
             answer = await ask(bob, "eval.api.bob.result", json.dumps({"id": trick}).encode())
             # bob has nothing queued: none of them is an evaluation of his, pending or stored
+            if len(trick) > MAX_EVALUATION_ID:  # longer than any id: refused before any read
+                assert not answer.ok and "none is longer than" in answer.error
+                continue
             assert answer.ok and answer.status == "lost" and answer.result is None, trick[:40]
         for run_id in ("r", "r/m", ".", ".."):
             answer = await ask(bob, "eval.api.bob.results", json.dumps({"run_id": run_id}).encode())
@@ -1442,3 +1453,82 @@ def test_two_evaluations_of_one_id_never_share_a_workspace(
     assert len(set(workspaces)) == 3, workspaces
     assert not any(ws.exists() for ws in workspaces)
     assert list((settings.work_dir() / "eval").iterdir()) == []  # nor their lock files
+
+
+FLOODER = """
+import asyncio, sys, time
+import nats
+from cppperf.shared.bus import credential_options
+
+async def main(url, creds, seconds):
+    conns = [await nats.connect(url, allow_reconnect=False, pending_size=64 * 1024 * 1024,
+                                **credential_options(creds)) for _ in range(15)]
+    body, end = b'{"id":"bob.x"}', time.monotonic() + seconds
+    async def flood(nc):
+        while time.monotonic() < end:
+            for _ in range(500):
+                await nc.publish("eval.api.bob.result", body)
+            await asyncio.sleep(0)
+    await asyncio.gather(*(flood(nc) for nc in conns), return_exceptions=True)
+
+asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3])))
+"""
+
+
+@pytest.mark.slow
+async def test_one_agents_flood_of_its_own_subject_does_not_silence_the_api_for_another(
+    secured: SecuredBus, evaluator: Any
+) -> None:
+    """NATS has no ingress rate limit: within its account's 16 connections bob can publish tiny
+    requests on its own `eval.api.bob.result` faster than any evaluator reads them (a process
+    of its own here, ~100 000+ a second). With every agent's requests on one connection the
+    server closed it as a slow consumer and alice got NoResponders or timeouts for as long as
+    bob went on (2 of 34 answered). Each partition of the agents has a connection of its own
+    (`messages.api_partition`; alice and bob are in different ones): alice is answered
+    throughout, and her partition's connection is never closed."""
+    import subprocess
+    import sys
+
+    assert m.api_partition("alice") != m.api_partition("bob")
+    seconds = 8.0
+    flooder = subprocess.Popen(
+        [sys.executable, "-c", FLOODER, secured.url, secured.creds("bob"), str(seconds)],
+    )
+    answered: list[float] = []
+    failed: list[str] = []
+    try:
+        async with await AgentClient.connect(secured.url, secured.creds("alice"), request_timeout=5) as alice:
+            await asyncio.sleep(1.0)  # the flood is on
+            loop = asyncio.get_running_loop()
+            while flooder.poll() is None:
+                start = loop.time()
+                try:
+                    assert await alice.results("r") == []
+                    answered.append(loop.time() - start)
+                except Refused as exc:  # a timeout or no responders
+                    failed.append(str(exc))
+                await asyncio.sleep(0.25)
+    finally:
+        flooder.kill()
+        flooder.wait()
+    # (on 2 busy cores the evaluator reads bob's flood beside alice's requests: seconds, not 5)
+    assert len(answered) >= 3 and len(failed) <= 1, (failed, answered)
+    assert sorted(answered)[len(answered) // 2] < 3.0, answered  # the median answer
+
+
+async def test_a_result_id_of_a_megabyte_gets_a_refusal_not_silence(
+    secured: SecuredBus, evaluator: Any
+) -> None:
+    """The answer to `result` echoes the id: an id just under NATS's 1 MiB payload made the answer
+    too large to send, and the agent waited out its timeout with no word. Ids longer than any
+    evaluation id are refused (one line, without the id); the control, a long but possible id,
+    is answered."""
+    bob = await as_user(secured, "bob")
+    try:
+        huge = "bob." + "x" * (1024 * 1024 - 200)
+        answer = await ask(bob, "eval.api.bob.result", json.dumps({"id": huge}).encode())
+        assert not answer.ok and "none is longer than" in answer.error and len(answer.error) < 200
+        answer = await ask(bob, "eval.api.bob.result", json.dumps({"id": "bob.r/m/" + "y" * 200}).encode())
+        assert answer.ok and answer.status == "lost"
+    finally:
+        await bob.close()

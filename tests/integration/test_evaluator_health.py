@@ -53,8 +53,8 @@ async def healthy_evaluator(nats_server: EmbeddedNats, tmp_path: Path) -> AsyncI
 
     async with run_services(settings, nats_server.url, ["evaluator"], register={"evaluator": register}):
         await until(lambda: _true(health.check(hdir, "evaluator", 5)[0]), what="healthy")
-        api_bus = wired[0].api.bus
-        assert api_bus is not None and api_bus.nc.is_connected
+        api_bus = wired[0].api.buses[0]  # the first partition's connection
+        assert api_bus.nc.is_connected
         yield hdir, api_bus
 
 
@@ -71,7 +71,7 @@ async def test_a_dead_agents_api_connection_makes_the_evaluator_unhealthy(
         await until(lambda: _true(not health.check(hdir, "evaluator", 5)[0]), what="unhealthy")
         assert health.check(hdir, "evaluator", 5) == (
             False,
-            "evaluator: agents' API connection (evaluator-api) closed: agents get no answer",
+            "evaluator: agents' API connection (evaluator-api, eval.api.p0.*.*) closed: agents get no answer",
         )
         beat = json.loads(health.heartbeat_path(hdir, "evaluator").read_text())
         assert beat["checks"][0]["ok"] is False and "closed" in beat["checks"][0]["reason"]
@@ -94,7 +94,7 @@ async def test_an_api_connection_that_stopped_reading_makes_the_evaluator_unheal
         assert api_bus.nc.is_connected  # what the check used to rely on alone
         assert health.check(hdir, "evaluator", 5) == (
             False,
-            "evaluator: agents' API connection (evaluator-api) stopped reading: agents get no answer",
+            "evaluator: agents' API connection (evaluator-api, eval.api.p0.*.*) stopped reading: agents get no answer",
         )
 
 
