@@ -252,14 +252,37 @@ class Store:
             return False
         return True
 
-    async def forget(self, bucket: str, item_id: str) -> None:
-        """Remove every trace of the record: its revisions and its delete or purge marker (a
-        purge of its key's subject; `delete` leaves a marker that `count` still counts)."""
+    async def last(self, bucket: str, item_id: str) -> tuple[dict[str, Any] | None, int] | None:
+        """The key's last revision, a delete marker's too: (its value, its revision); the value is
+        None for a marker and {} when it is not JSON. None when the key has nothing at all."""
+        key = encode_key(item_id)
+
+        async def op(kv: KeyValue) -> tuple[dict[str, Any] | None, int] | None:
+            try:
+                e = await kv.get(key)
+            except (KeyNotFoundError, KeyDeletedError) as exc:  # nats-py: a marker's entry rides along
+                marker = exc.entry
+                return None if marker is None or marker.revision is None else (None, marker.revision)
+            if e.revision is None:
+                return None
+            try:
+                value = msgspec.json.decode(e.value or b"")
+            except msgspec.DecodeError:
+                value = {}
+            return (value if isinstance(value, dict) else {}), e.revision
+
+        return await self._on_kv(bucket, op)
+
+    async def forget(self, bucket: str, item_id: str, *, through: int | None = None) -> None:
+        """Remove every trace of the record — its revisions and its delete or purge marker (a
+        purge of its key's subject; `delete` leaves a marker that `count` still counts) — up to
+        revision `through` (inclusive) when given: a revision written after it stays."""
         subject = f"$KV.{bucket}.{encode_key(item_id)}"
+        upto = None if through is None else through + 1  # the purge keeps this sequence on
 
         async def op(kv: KeyValue) -> bool:
             await kv.status()  # a missing bucket raises what `_on_kv` re-creates it on
-            return await self.js.purge_stream(f"KV_{bucket}", subject=subject)
+            return await self.js.purge_stream(f"KV_{bucket}", subject=subject, seq=upto)
 
         await self._on_kv(bucket, op)
 

@@ -131,6 +131,7 @@ def forget_cmd(
             "--runs-dir",
             help="this evaluator's runs directory (evaluator.runs_dir, OUT/runs): remove the run folders too",
             file_okay=False,
+            exists=True,
         ),
     ] = None,
     nats_url: NatsUrl = None,
@@ -187,6 +188,7 @@ def forget_cmd(
             raise _fail(f"forgetting failed: {exc}") from None
     what = f"{name}'s run {run}" if run else name
     folders = f", {len(done.folders)} run folder(s)" if runs_dir is not None else ""
+    kept = f"; {done.kept} operator's run(s) named {name}.… kept" if done.kept else ""
     out.print(
-        f"{what}: {done.records} evaluation record(s), {done.reports} report object(s){folders} removed"
+        f"{what}: {done.records} evaluation record(s), {done.reports} report object(s){folders} removed{kept}"
     )

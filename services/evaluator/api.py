@@ -1,6 +1,6 @@
-"""The agents' door on the wire: `eval.api.<agent>.*` as a core NATS queue subscription
-(`evaluator-api`, shared by the evaluator replicas) on a connection of its own, answered by
-`gateway.answer` while evaluations run.
+"""The agents' door on the wire: `eval.api.<agent>.*` as core NATS queue subscriptions
+(`evaluator-api`, shared by the evaluator replicas), one per partition of the agents, each on a
+connection of its own, answered by `gateway.answer` while evaluations run.
 
 Connections of its own (named `evaluator-api`): the server closes a connection that leaves more
 than max_pending (64 MiB) unread, and an agent can send that much faster than any evaluator reads
@@ -36,6 +36,7 @@ import contextlib
 
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import MaxPayloadError
 
 from cppperf.services.evaluator import gateway
 from cppperf.shared import messages as m
@@ -57,7 +58,7 @@ LANE_BYTES = 4 * 1024 * 1024
 
 
 class AgentApi:
-    """Serves `eval.api.*.*` from `start()` until `close()`."""
+    """Serves the agents' API (`subjects()`) from `start()` until `close()`."""
 
     def __init__(self, ctx: ServiceContext, gate: gateway.RateGate | None) -> None:
         self.ctx = ctx
@@ -73,7 +74,8 @@ class AgentApi:
         self.task = asyncio.create_task(self._subscribe(), name="evaluator-api")
 
     def problem(self) -> str | None:  # noqa: PLR0911 - one reason per state
-        """None while the agents' API is subscribed on a connected connection, else why not (a
+        """None while the agents' API is subscribed and read (one partition's connection may be
+        reconnecting: a flood does that), else why not (a
         check of the evaluator's heartbeat: `register` adds it to `ctx.liveness`)."""
         task = self.task
         if task is None:
@@ -85,13 +87,16 @@ class AgentApi:
         for bus, subject in zip(self.buses, subjects(), strict=True):
             if bus.nc.is_closed:
                 return f"agents' API connection (evaluator-api, {subject}) closed: agents get no answer"
-            if not bus.nc.is_connected:
-                return f"agents' API connection (evaluator-api, {subject}) down (reconnecting)"
-            if isinstance(bus.nc, TolerantClient) and not bus.nc.reading:
+            if isinstance(bus.nc, TolerantClient) and bus.nc.is_connected and not bus.nc.reading:
                 # connected, but nothing is read any more (nats-py's read loop ended at an exception)
                 return (
                     f"agents' API connection (evaluator-api, {subject}) stopped reading: agents get no answer"
                 )
+        # one partition's connection away is what an agent's flood does to it (the server cuts a
+        # slow consumer; nats-py reconnects): not a reason to restart the evaluator, which would
+        # stop every other partition and the evaluations in progress. All of them away is.
+        if all(not bus.nc.is_connected for bus in self.buses):
+            return "agents' API connections (evaluator-api) down (reconnecting)"
         return None
 
     async def subscribed(self) -> None:
@@ -105,7 +110,9 @@ class AgentApi:
     async def _subscribe(self) -> None:
         try:
             for subject in subjects():
-                bus = await Bus.connect(self.ctx.bus.url, self.ctx.bus.settings, name=QUEUE)
+                parts = subject.split(".")  # evaluator-api-p3: which partition's connection a log line names
+                name = f"{QUEUE}-{parts[2]}" if len(parts) == 5 else QUEUE
+                bus = await Bus.connect(self.ctx.bus.url, self.ctx.bus.settings, name=name)
                 self.buses.append(bus)
                 sub = await bus.nc.subscribe(
                     subject,
@@ -168,12 +175,13 @@ class AgentApi:
             return
         try:
             await msg.respond(m.encode(reply))
-        except Exception as exc:  # an answer over the max payload gets a short refusal, not silence
-            log.warning("agent_answer_not_sent", subject=msg.subject[:200], error=str(exc)[:200])
-            with contextlib.suppress(Exception):  # the connection is away: the agent's request times out
-                await msg.respond(
-                    m.encode(gateway.refused("the answer could not be sent (too large?): ask for less"))
-                )
+        except MaxPayloadError:  # an answer too large to send gets a short refusal, not silence
+            log.warning("agent_answer_too_large", subject=msg.subject[:200])
+            with contextlib.suppress(Exception):
+                too_large = gateway.refused("the answer is larger than a message may be: ask for less")
+                await msg.respond(m.encode(too_large))
+        except Exception:  # noqa: S110 - the connection is away: the agent's request times out
+            pass
 
     async def close(self) -> None:
         if self.task is not None:

@@ -278,8 +278,8 @@ def _summary(evaluation_id: str, report: EvalReport) -> ResultSummary:
 
 
 # the longest evaluation id: `<agent>.<run_id>/<model>/<instance_id>`, each part with `%` and `/`
-# escaped as three characters (agent 32, run id and model 128 each, an instance id well under 256)
-MAX_EVALUATION_ID: Final = 3 * (32 + 1 + 128 + 128 + 256) + 2
+# escaped as three characters (agent name 32, run id and model 128 each, an instance id)
+MAX_EVALUATION_ID: Final = 3 * (32 + 1 + 128 + 128 + m.MAX_INSTANCE_ID_BYTES) + 2
 
 
 def _lost(evaluation_id: str, digest: str) -> str:

@@ -90,3 +90,65 @@ def test_a_request_names_its_agent_by_its_subject_and_partition() -> None:
     ):
         assert agent_of(subject) is None, subject
     assert {m.api_partition(f"agent{i}") for i in range(200)} == {f"p{i}" for i in range(m.API_PARTITIONS)}
+
+
+class _Conn:
+    def __init__(self, connected: bool = True, closed: bool = False) -> None:
+        self.is_connected, self.is_closed = connected, closed
+
+
+def test_one_partition_reconnecting_is_not_an_unhealthy_evaluator() -> None:
+    """A flood gets its partition's connection cut (and nats-py reconnects it): restarting the
+    evaluator for that would stop every other partition. All connections away, or one closed
+    for good, is unhealthy."""
+    ctx: Any = SimpleNamespace(bus=SimpleNamespace(url="nats://x", settings=None))
+    door = api.AgentApi(ctx, None)
+
+    async def done() -> None:
+        return None
+
+    async def scenario(conns: list[_Conn]) -> str | None:
+        door.task = asyncio.create_task(done())
+        await door.task
+        door.buses = [SimpleNamespace(nc=c) for c in conns]  # type: ignore[misc]
+        door.subs = [object() for _ in conns]  # type: ignore[misc]
+        return door.problem()
+
+    n = len(api.subjects())
+    assert asyncio.run(scenario([_Conn(connected=False)] + [_Conn() for _ in range(n - 1)])) is None
+    down = asyncio.run(scenario([_Conn(connected=False) for _ in range(n)]))
+    assert down is not None and "down (reconnecting)" in down
+    closed = asyncio.run(
+        scenario([_Conn(), _Conn(connected=False, closed=True)] + [_Conn() for _ in range(n - 2)])
+    )
+    assert closed is not None and "eval.api.p1.*.*) closed" in closed
+
+
+def test_an_answer_too_large_to_send_is_a_short_refusal() -> None:
+    """nats-py refuses to publish past the server's max payload: the agent gets a one-line
+    refusal instead of waiting out its timeout; other send failures (connection away) are silent."""
+    from nats.errors import MaxPayloadError
+
+    from cppperf.shared import messages as m
+
+    sent: list[bytes] = []
+
+    class Msg:
+        reply = "_INBOX.x"
+        subject = "eval.api.p0.bob.result"
+
+        def __init__(self, fail: type[Exception] | None) -> None:
+            self.fail = fail
+
+        async def respond(self, data: bytes) -> None:
+            if self.fail is not None and not sent:
+                sent.append(b"")
+                raise self.fail
+            sent.append(data)
+
+    asyncio.run(api.AgentApi._respond(Msg(MaxPayloadError), m.AgentAnswer(ok=True, id="x" * 10)))  # type: ignore[arg-type]
+    answer = m.decode(sent[-1], m.AgentAnswer)
+    assert not answer.ok and "larger than a message may be" in answer.error
+    sent.clear()
+    asyncio.run(api.AgentApi._respond(Msg(ConnectionError), m.AgentAnswer(ok=True)))  # type: ignore[arg-type]
+    assert sent == [b""]  # tried once, nothing else
