@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from cppperf.cli.common import (
+    AdminCreds,
+    Config,
     NatsUrl,
     WholeHelpGroup,
     _fail,
@@ -135,22 +137,8 @@ def forget_cmd(
         ),
     ] = None,
     nats_url: NatsUrl = None,
-    creds: Annotated[
-        Path | None,
-        typer.Option(
-            "--creds",
-            envvar="CPPPERF_BUS_CREDS",
-            help="the admin's creds file (`cppperf agents service-keys`)",
-            exists=True,
-            dir_okay=False,
-        ),
-    ] = None,
-    config: Annotated[
-        Path | None,
-        typer.Option(
-            "--config", envvar="CPPPERF_CONFIG", help="cppperf.toml path", exists=True, dir_okay=False
-        ),
-    ] = None,
+    creds: AdminCreds = None,
+    config: Config = None,
 ) -> None:
     """Forget an agent's evaluations (all, or one --run's): their records in the `evaluations`
     bucket with every revision and marker, their report objects and, with --runs-dir, their run

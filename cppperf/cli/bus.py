@@ -4,13 +4,11 @@ bus the services may not (shared/provision.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
-
 import typer
 from rich.table import Table
 
 from cppperf.cli.common import (
+    AdminCreds,
     AsJson,
     Config,
     NatsUrl,
@@ -35,16 +33,7 @@ app.add_typer(bus_app, name="bus")
 @bus_app.command("provision")
 def provision(
     nats_url: NatsUrl = None,
-    creds: Annotated[
-        Path | None,
-        typer.Option(
-            "--creds",
-            envvar="CPPPERF_BUS_CREDS",
-            help="the admin's creds file (`cppperf agents service-keys`); user:password goes in the URL",
-            exists=True,
-            dir_okay=False,
-        ),
-    ] = None,
+    creds: AdminCreds = None,
     as_json: AsJson = False,
     config: Config = None,
 ) -> None:

@@ -170,6 +170,16 @@ NatsUrl = Annotated[
         callback=_check_nats_url,
     ),
 ]
+AdminCreds = Annotated[
+    Path | None,
+    typer.Option(
+        "--creds",
+        envvar="CPPPERF_BUS_CREDS",
+        help="the admin's creds file (`cppperf agents service-keys`); user:password goes in the URL",
+        exists=True,
+        dir_okay=False,
+    ),
+]
 Config = Annotated[
     Path | None,
     typer.Option("--config", envvar="CPPPERF_CONFIG", help="cppperf.toml path", exists=True, dir_okay=False),

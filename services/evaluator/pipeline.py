@@ -708,7 +708,8 @@ def _run(  # noqa: PLR0911 - one verdict per stage that can stop an evaluation
     if failed is not None:
         names = ", ".join(f.test for f in failures)
         return _verdict(failed, f"failing tests: {names}", **info, tests_pass=False, failing_tests=failures)
-    meas, pin, cpu_fallback = _timed(backend, s, timed, workloads, benches.common, limits, phase, count=count)
+    trees = Trees(backend, timed, workloads, benches.common, limits, phase)
+    meas, pin, cpu_fallback = _timed(trees, s, count=count)
     if cpu_fallback is not None:  # Valgrind could not count what decides: timed on CPU instead
         s, exact = with_metric(s, "cpu"), False
     timed = [n for n in timed if n not in meas.left_out]
@@ -784,17 +785,20 @@ class CpuFallback:
     expert_where: str = ""
 
 
-def _timed(
-    backend: Backend,
-    s: Settings,
-    timed: list[str],
-    workloads: Mapping[str, Mapping[str, TestCase]],
-    benchmarks: list[str],
-    limits: Callable[..., Limits],
-    phase: Phase,
-    *,
-    count: bool,
-) -> tuple[Measurement, int | None, CpuFallback | None]:
+@dataclass(frozen=True)
+class Trees:
+    """What a measurement of the three trees needs besides the settings: the backend, the timed
+    workloads (their names, and each side's), the benchmarks among them, the limits, progress."""
+
+    backend: Backend
+    timed: list[str]
+    workloads: Mapping[str, Mapping[str, TestCase]]
+    benchmarks: list[str]
+    limits: Callable[..., Limits]
+    phase: Phase
+
+
+def _timed(trees: Trees, s: Settings, *, count: bool) -> tuple[Measurement, int | None, CpuFallback | None]:
     """The three trees timed (or counted) on the leased timing core; the core; and, when the
     exact metric met its limit on what decides, why the trees were timed on CPU instead.
 
@@ -803,31 +807,21 @@ def _timed(
     a run met an instruction Valgrind lacks (an agent's AVX-512 is an optimisation, not a fault),
     the counts cannot grade: the measurement is made once more on CPU time — as the builder's
     `cpu_fallback` does — never blamed on the agent's tree."""
-    meas, pin, drop = _measure_on(backend, s, timed, workloads, benchmarks, limits, phase, count=count)
+    meas, pin, drop = _measure_on(trees, s, count=count)
     fallback = _uncountable(meas, drop)
     if fallback is None:
         return meas, pin, None
     log.info("eval_cpu_fallback", reason=fallback.reason)
     cpu = with_metric(s, "cpu")
-    count = check_metric(backend, cpu.builder)
-    meas, pin, _ = _measure_on(backend, cpu, timed, workloads, benchmarks, limits, phase, count=count)
+    meas, pin, _ = _measure_on(trees, cpu, count=check_metric(trees.backend, cpu.builder))
     return meas, pin, fallback
 
 
-def _measure_on(
-    backend: Backend,
-    s: Settings,
-    timed: list[str],
-    workloads: Mapping[str, Mapping[str, TestCase]],
-    benchmarks: list[str],
-    limits: Callable[..., Limits],
-    phase: Phase,
-    *,
-    count: bool,
-) -> tuple[Measurement, int | None, Drop | None]:
+def _measure_on(trees: Trees, s: Settings, *, count: bool) -> tuple[Measurement, int | None, Drop | None]:
     """One measurement of the three trees on `s`'s metric; the leased core; under the exact
     metric, the rule that left out what Valgrind cannot count (`drop`)."""
     ev, exact = s.evaluator, exact_metric(s.builder)
+    backend, workloads, limits, phase = trees.backend, trees.workloads, trees.limits, trees.phase
     with timing_core(s.builder, phase, priority=ev.lease_priority) as pin:
 
         def pinned(t: TestCase) -> Limits:
@@ -847,7 +841,7 @@ def _measure_on(
 
         drop = metric_limit(SIDES, run_one, native) if exact else None
         meas = measure(
-            timed,
+            trees.timed,
             run_one,
             # an exact count needs no warm-up: a few identical runs (as the builder counts)
             rounds=s.builder.exact_runs if exact else ev.runs,
@@ -859,7 +853,7 @@ def _measure_on(
             multithread_ratio=s.builder.multithread_ratio,
             floor=0.0 if exact else s.builder.sample_floor,
             max_repeats=s.builder.max_repeats,
-            pinned=dict.fromkeys(benchmarks, 1),
+            pinned=dict.fromkeys(trees.benchmarks, 1),
             drop=drop,  # what Valgrind cannot count on any side (and runs natively on all) is left out
         )
     return meas, pin, drop

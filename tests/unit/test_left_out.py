@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cppperf.services.builder.instance import InstanceResult, _valgrind_only
-from cppperf.services.evaluator.pipeline import CpuFallback, _timed, timed_workloads
+from cppperf.services.evaluator.pipeline import CpuFallback, Trees, _timed, timed_workloads
 from cppperf.shared.domain import Verdict
 from cppperf.shared.engine.cmake import TestCase as Case
 from cppperf.shared.engine.leftout import metric_limit
@@ -253,7 +253,7 @@ def _timed_on(trees: _Trees, timed: list[str], tmp: Any) -> tuple[Any, Any, CpuF
     def limits(t: Case, cpu: int | None = None, instructions: bool = False) -> Limits:
         return Limits(timeout=60, cpu=cpu, instructions=instructions)
 
-    return _timed(trees, s, timed, workloads, [], limits, lambda *_: None, count=False)  # type: ignore[arg-type]
+    return _timed(Trees(trees, timed, workloads, [], limits, lambda *_: None), s, count=False)  # type: ignore[arg-type]
 
 
 def test_the_evaluator_leaves_out_what_no_tree_can_be_counted_on(tmp_path: Any) -> None:
