@@ -299,6 +299,9 @@ class Bus:
     async def close(self) -> None:
         with contextlib.suppress(Exception):
             await self.nc.drain()
+        if not self.nc.is_closed:  # drain refused (reconnecting: a flood just cut it) or timed out
+            with contextlib.suppress(Exception):
+                await self.nc.close()
 
     # ------------------------------------------------------------------ provisioning
     async def provision(

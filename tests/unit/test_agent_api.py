@@ -152,3 +152,26 @@ def test_an_answer_too_large_to_send_is_a_short_refusal() -> None:
     sent.clear()
     asyncio.run(api.AgentApi._respond(Msg(ConnectionError), m.AgentAnswer(ok=True)))  # type: ignore[arg-type]
     assert sent == [b""]  # tried once, nothing else
+
+
+def test_a_connection_that_cannot_drain_is_closed_all_the_same() -> None:
+    """A flood's partition connection is often reconnecting when the evaluator stops: nats-py
+    refuses to drain it (ConnectionReconnectingError), and the connection went on reconnecting
+    in the background after `close()`. It is closed outright then."""
+    from nats.errors import ConnectionReconnectingError
+
+    from cppperf.shared.bus import Bus
+    from cppperf.shared.settings import BusSettings
+
+    class Nc:
+        is_closed = False
+
+        async def drain(self) -> None:
+            raise ConnectionReconnectingError
+
+        async def close(self) -> None:
+            self.is_closed = True
+
+    nc = Nc()
+    asyncio.run(Bus(nc, None, BusSettings()).close())  # type: ignore[arg-type]
+    assert nc.is_closed
