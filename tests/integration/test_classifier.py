@@ -151,10 +151,12 @@ async def test_retries_on_429_and_500() -> None:
 
 
 async def test_concurrency_is_capped_per_model() -> None:
+    """At most 3 requests in flight, and more than one (each held 0.5 s: long enough to overlap
+    on a build node's loaded cores, where 0.15 s once let them through one at a time)."""
     with FakeOpenAI(lambda _m, _p: "No") as srv:
-        srv.delay = 0.15
+        srv.delay = 0.5
         client = ChatClient(srv.url, max_concurrency=3)
-        await asyncio.gather(*(client.ask("m1", "s", f"p{i}", ["Yes", "No"]) for i in range(12)))
+        await asyncio.gather(*(client.ask("m1", "s", f"p{i}", ["Yes", "No"]) for i in range(9)))
         assert 2 <= srv.max_in_flight <= 3
         await client.close()
 
