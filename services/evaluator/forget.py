@@ -53,7 +53,7 @@ async def forget_records(store: Store, agent: str, run: str | None = None) -> tu
     is removed only after its record."""
     check_names(agent, run)
     prefix = run_prefix(agent_run(agent, run)) if run is not None else None
-    records = reports = 0
+    records = reports = kept = 0
     keep: set[str] = set()
     for eid in await store.ids(EVALUATIONS.name, under=agent, removed=True):
         if prefix is not None and not eid.startswith(prefix):
@@ -64,6 +64,7 @@ async def forget_records(store: Store, agent: str, run: str | None = None) -> tu
         value, revision = found
         if value is not None and value.get("agent") != agent:
             log.warning("forget_kept_not_the_agents", agent=agent, evaluation=eid)
+            kept += 1
             run_id = value.get("run_id")
             keep.add(safe_name(agent_run(str(value.get("agent") or ""), str(run_id or ""))))
             continue
@@ -72,10 +73,8 @@ async def forget_records(store: Store, agent: str, run: str | None = None) -> tu
         if value is not None and isinstance(ref := value.get("report_ref"), str) and ref:
             await store.delete_blob(ref)
             reports += 1
-    log.info(
-        "evaluations_forgotten", agent=agent, run=run or "", records=records, reports=reports, kept=len(keep)
-    )
-    return Forgotten(records, reports, [], len(keep)), keep
+    log.info("evaluations_forgotten", agent=agent, run=run or "", records=records, reports=reports, kept=kept)
+    return Forgotten(records, reports, [], kept), keep
 
 
 def forget_folders(runs_dir: Path, agent: str, run: str | None = None, keep: Iterable[str] = ()) -> list[str]:
